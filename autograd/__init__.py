@@ -1,0 +1,27 @@
+"""A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
+from . import functional, ops
+from .backend import cuda_available, manual_seed
+from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
+
+
+def concat(tensors, axis=0):
+    """Join tensors along an existing axis."""
+    return ops.Concat.apply(*tensors, axis=axis)
+
+
+def stack(tensors, axis=0):
+    """Join tensors along a new axis."""
+    return ops.Stack.apply(*tensors, axis=axis)
+
+
+def where(condition, a, b):
+    """a where condition holds, else b (elementwise, broadcasting); a or b may be numbers."""
+    like = a if isinstance(a, Tensor) else b
+    if not isinstance(like, Tensor):
+        raise TypeError("where: a or b must be a Tensor")
+    condition = condition.data if isinstance(condition, Tensor) else like.xp.asarray(condition)
+    return ops.Where.apply(condition, like._operand(a), like._operand(b))
+
+
+__all__ = ["Function", "Tensor", "tensor", "no_grad", "is_grad_enabled", "concat", "stack", "where",
+           "functional", "ops", "manual_seed", "cuda_available"]

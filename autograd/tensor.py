@@ -1,0 +1,292 @@
+"""Tensor and Function: arrays that remember the ops that made them, and backpropagation.
+
+A `Function` is one op with its forward and backward side by side, both on raw NumPy/CuPy
+arrays. `Function.apply` runs the forward and, when gradients are wanted, records a `Node`
+(the op, its saved context, its input tensors) on the output. `Tensor.backward` walks those
+nodes from the output back to the leaves, adding each input's gradient as it goes.
+"""
+import numpy as np
+
+from . import backend
+
+_grad_enabled = True
+
+
+class no_grad:
+    """Context manager and decorator: ops inside it record no graph (evaluation, weight updates)."""
+
+    def __init__(self):
+        self._previous = []
+
+    def __enter__(self):
+        global _grad_enabled
+        self._previous.append(_grad_enabled)
+        _grad_enabled = False
+
+    def __exit__(self, *exc_info):
+        global _grad_enabled
+        _grad_enabled = self._previous.pop()
+
+    def __call__(self, fn):
+        def wrapper(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        return wrapper
+
+
+def is_grad_enabled():
+    return _grad_enabled
+
+
+class Context:
+    """What a forward leaves for its backward: `needs_input_grad` plus whatever it saves on it."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+
+
+class Node:
+    """An op in the graph: the Function, its context, and its inputs (None where not a Tensor)."""
+
+    def __init__(self, function, ctx, inputs):
+        self.function, self.ctx, self.inputs = function, ctx, inputs
+
+    def free(self):
+        self.ctx = self.inputs = None
+
+
+class Function:
+    """A differentiable op. Subclasses write two static methods on raw arrays:
+
+    forward(ctx, *args, **attrs) -> output array; it may save on ctx what backward needs.
+    backward(ctx, grad) -> one gradient per positional arg (a tuple, or the array alone for one
+        arg); None where an arg has no gradient or ctx.needs_input_grad says it is not wanted.
+        backward never writes into `grad`: the same array may flow to other inputs too.
+
+    Positional args that are Tensors are the graph inputs; anything else (numbers, index arrays)
+    reaches forward as it is.
+    """
+
+    @classmethod
+    def apply(cls, *args, **attrs):
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        float_dtype = _common_float_dtype(cls, tensors)
+        needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx = Context(needs_input_grad)
+        out = cls.forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs)
+        if float_dtype is not None and out.dtype != float_dtype:
+            raise TypeError(f"{cls.__name__} turned {float_dtype} inputs into a {out.dtype} output")
+        requires_grad = _grad_enabled and any(needs_input_grad)
+        result = Tensor(out, requires_grad=requires_grad)
+        if requires_grad:
+            inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
+            result._node = Node(cls, ctx, inputs)
+        return result
+
+
+def _common_float_dtype(function, tensors):
+    """The one floating dtype of an op's tensor inputs; mixing dtypes or devices is refused."""
+    if len(tensors) > 1 and len({type(t.data) for t in tensors}) > 1:
+        devices = ", ".join(t.device for t in tensors)
+        raise RuntimeError(f"{function.__name__}: inputs are on different devices ({devices})")
+    dtypes = {t.data.dtype for t in tensors if t.data.dtype.kind == "f"}
+    if len(dtypes) > 1:
+        names = ", ".join(sorted(str(d) for d in dtypes))
+        raise TypeError(f"{function.__name__}: inputs mix floating dtypes ({names}); convert one first")
+    return dtypes.pop() if dtypes else None
+
+
+class Tensor:
+    """An array (`.data`, numpy or cupy) with an optional gradient (`.grad`, same shape)."""
+
+    __array_ufunc__ = None  # make `ndarray + Tensor` call Tensor.__radd__ instead of numpy
+    __array_priority__ = 1000  # the same for cupy
+
+    def __init__(self, data, requires_grad=False):
+        if requires_grad and data.dtype.kind != "f":
+            raise TypeError(f"only floating tensors can require gradients, not {data.dtype}")
+        self.data = data
+        self.grad = None
+        self.requires_grad = requires_grad
+        self._node = None
+
+    # ----- what it is
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    dtype = property(lambda self: self.data.dtype)
+    device = property(lambda self: backend.device_of(self.data))
+    xp = property(lambda self: backend.get_array_module(self.data))
+    is_leaf = property(lambda self: self._node is None)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({backend.to_numpy(self.data)!r}, device='{self.device}'{grad})"
+
+    def numpy(self):
+        """A host copy of the data as a NumPy array."""
+        return backend.to_numpy(self.data).copy()
+
+    def item(self):
+        return self.data.item()
+
+    def detach(self):
+        """The same data, cut off from the graph."""
+        return Tensor(self.data)
+
+    # ----- arithmetic; numbers stay numbers, arrays take this tensor's dtype
+    def _operand(self, other):
+        if isinstance(other, Tensor) or type(other) in (int, float, bool):
+            return other
+        return self.xp.asarray(other, dtype=self.dtype)
+
+    def __add__(self, other): return ops.Add.apply(self, self._operand(other))
+    def __radd__(self, other): return ops.Add.apply(self._operand(other), self)
+    def __sub__(self, other): return ops.Sub.apply(self, self._operand(other))
+    def __rsub__(self, other): return ops.Sub.apply(self._operand(other), self)
+    def __mul__(self, other): return ops.Mul.apply(self, self._operand(other))
+    def __rmul__(self, other): return ops.Mul.apply(self._operand(other), self)
+    def __truediv__(self, other): return ops.Div.apply(self, self._operand(other))
+    def __rtruediv__(self, other): return ops.Div.apply(self._operand(other), self)
+    def __pow__(self, other): return ops.Pow.apply(self, self._operand(other))
+    def __rpow__(self, other): return ops.Pow.apply(self._operand(other), self)
+    def __matmul__(self, other): return ops.MatMul.apply(self, self._operand(other))
+    def __rmatmul__(self, other): return ops.MatMul.apply(self._operand(other), self)
+    def __neg__(self): return ops.Neg.apply(self)
+
+    # comparisons give plain boolean tensors (masks for `where`), with no gradient
+    def _compare(self, other, compare):
+        other = other.data if isinstance(other, Tensor) else self._operand(other)
+        return Tensor(compare(self.data, other))
+
+    def __lt__(self, other): return self._compare(other, self.xp.less)
+    def __le__(self, other): return self._compare(other, self.xp.less_equal)
+    def __gt__(self, other): return self._compare(other, self.xp.greater)
+    def __ge__(self, other): return self._compare(other, self.xp.greater_equal)
+
+    # ----- reductions and elementwise functions
+    def sum(self, axis=None, keepdims=False): return ops.Sum.apply(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return ops.Mean.apply(self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return ops.Max.apply(self, axis=axis, keepdims=keepdims)
+    def exp(self): return ops.Exp.apply(self)
+    def log(self): return ops.Log.apply(self)
+    def tanh(self): return ops.Tanh.apply(self)
+
+    # ----- shape
+    def reshape(self, *shape):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return ops.Reshape.apply(self, shape=tuple(shape))
+
+    def transpose(self, *axes):
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return ops.Transpose.apply(self, axes=tuple(axes) or None)
+
+    T = property(lambda self: self.transpose())
+
+    def __getitem__(self, index):
+        return ops.GetItem.apply(self, index=_raw_index(index))
+
+    # ----- backpropagation
+    def backward(self, grad=None):
+        """Add d(self)/d(leaf) into `.grad` of every leaf that requires it, then free the graph.
+
+        `grad` (shaped like self) is required unless self has one element; it weights the
+        outputs, so backward(grad) gives the vector-Jacobian product.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad (no graph leads to it)")
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError(f"backward() on a tensor of shape {self.shape} needs grad= of that shape")
+            grad = self.xp.ones(self.shape, dtype=self.dtype)
+        else:
+            grad = self.xp.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+            if grad.shape != self.shape:
+                raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
+
+        grads = {id(self): grad}
+        owned = set()  # ids of arrays already handed to a leaf's .grad in this pass
+        for t in _consumers_first(self):
+            g = grads.pop(id(t), None)
+            node = t._node
+            if node is None:
+                if g is not None:
+                    _accumulate(t, g, owned)
+                continue
+            if node.ctx is None:
+                raise RuntimeError("backward() through a graph that an earlier backward() has freed")
+            if g is not None:
+                input_grads = node.function.backward(node.ctx, g)
+                if not isinstance(input_grads, tuple):
+                    input_grads = (input_grads,)
+                for inp, ig in zip(node.inputs, input_grads):
+                    if inp is None or ig is None or not inp.requires_grad:
+                        continue
+                    if ig.shape != inp.shape or ig.dtype != inp.dtype:
+                        raise RuntimeError(
+                            f"{node.function.__name__}.backward gave a {ig.dtype} {ig.shape} gradient "
+                            f"for a {inp.dtype} {inp.shape} input"
+                        )
+                    grads[id(inp)] = ig if id(inp) not in grads else grads[id(inp)] + ig
+            node.free()
+
+
+def _accumulate(leaf, grad, owned):
+    """Add into leaf.grad; the first time, store the array, copied if anything else may share it."""
+    if leaf.grad is None:
+        leaf.grad = grad.copy() if grad.base is not None or id(grad) in owned else grad
+        owned.add(id(leaf.grad))
+    else:
+        leaf.grad += grad
+
+
+def _consumers_first(root):
+    """Every tensor of the graph under root that requires grad, each before the inputs it came from."""
+    order, visited, stack = [], set(), [(root, False)]
+    while stack:  # iterative depth-first search: graphs may be deeper than the recursion limit
+        t, inputs_done = stack.pop()
+        if inputs_done:
+            order.append(t)
+            continue
+        if id(t) in visited:
+            continue
+        visited.add(id(t))
+        stack.append((t, True))
+        if t._node is not None and t._node.inputs is not None:
+            stack.extend((i, False) for i in t._node.inputs if i is not None and i.requires_grad)
+    return reversed(order)
+
+
+def _raw_index(index):
+    """An index with Tensors replaced by their arrays (integer or boolean indices)."""
+    if isinstance(index, Tensor):
+        return index.data
+    if isinstance(index, tuple):
+        return tuple(i.data if isinstance(i, Tensor) else i for i in index)
+    return index
+
+
+def tensor(data, requires_grad=False, dtype=None, device=None):
+    """A new Tensor holding a copy of `data` (number, list, numpy or cupy array).
+
+    Floating data becomes float32 unless `dtype` says otherwise; integer and boolean data keep
+    their kind. `device` is 'cpu', 'cuda', 'cuda:N' or 'auto'; by default, where the data is.
+    """
+    if isinstance(data, Tensor):
+        data = data.data
+    device = backend.parse_device(device) if device is not None else backend.device_of(data)
+    if dtype is None:
+        kind = data.dtype.kind if hasattr(data, "dtype") else np.asarray(data).dtype.kind
+        dtype = np.float32 if kind == "f" else None
+    array = backend.to_device(data, device, dtype)
+    if array is data:
+        array = array.copy()
+    return Tensor(array, requires_grad=requires_grad)
+
+
+from . import ops  # noqa: E402  (ops builds on Function and Tensor above)
