@@ -125,7 +125,7 @@ def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10):
             for j in range(out_size):
                 a, n = analytic[i][(j,) + index], numeric[j]
                 if not _close(a, n, atol, rtol):
-                    bad.append(f"input {i}{list(index)} -> output {list(np.unravel_index(j, out_shape))}: "
+                    bad.append(f"input {i}{list(index)} -> output {[int(k) for k in np.unravel_index(j, out_shape)]}: "
                                f"backward {a:.10g}, finite differences {n:.10g}")
     if bad:
         shown = "\n  ".join(bad[:max_entries])

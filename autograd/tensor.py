@@ -5,6 +5,8 @@ arrays. `Function.apply` runs the forward and, when gradients are wanted, record
 (the op, its saved context, its input tensors) on the output. `Tensor.backward` walks those
 nodes from the output back to the leaves, adding each input's gradient as it goes.
 """
+import functools
+
 import numpy as np
 
 from . import backend
@@ -28,11 +30,11 @@ class no_grad:
         _grad_enabled = self._previous.pop()
 
     def __call__(self, fn):
+        @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with self:
                 return fn(*args, **kwargs)
 
-        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
         return wrapper
 
 

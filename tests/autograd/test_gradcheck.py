@@ -1,0 +1,70 @@
+"""The gradient checkers catch wrong backward passes and say where they are wrong."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import autograd as ag
+from autograd import Function
+from autograd.gradcheck import GradcheckError, gradcheck, jacobian_check
+from tests.helpers import arrays, leaf, shapes
+
+
+class ScaledSquare(Function):
+    """x * x with a backward scaled by `wrong` (1 is the right gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, wrong):
+        ctx.x, ctx.wrong = x, wrong
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2 * ctx.x * ctx.wrong, None
+
+
+def square(x, wrong=1.0):
+    return ScaledSquare.apply(x, wrong)
+
+
+@given(arrays(shapes(min_dims=1)), st.floats(0.5, 2.0).filter(lambda w: abs(w - 1) > 0.05))
+def test_gradcheck_accepts_a_right_backward_and_rejects_a_scaled_one(device, values, wrong):
+    values = values + np.sign(values) + (values == 0)  # |x| >= 1, so the directional derivative is not tiny
+    x = leaf(values, device)
+    gradcheck(square, [x])
+    with pytest.raises(GradcheckError, match="input 0"):
+        gradcheck(lambda x: square(x, wrong), [x])
+
+
+def test_gradcheck_names_only_the_input_that_is_wrong(device):
+    a, b = leaf(np.array([1.0, -2.0]), device), leaf(np.array([3.0, 0.5]), device)
+    with pytest.raises(GradcheckError) as error:
+        gradcheck(lambda a, b: a * square(b, wrong=1.5), [a, b])
+    assert "input 1" in str(error.value) and "input 0" not in str(error.value)
+
+
+def test_jacobian_check_points_at_the_wrong_entry(device):
+    class WrongAtOne(Function):
+        """Identity whose backward drops the gradient of entry 1."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.copy()
+
+        @staticmethod
+        def backward(ctx, grad):
+            out = grad.copy()
+            out[1] = 0
+            return out
+
+    x = leaf(np.array([0.5, 1.5, -1.0]), device)
+    jacobian_check(lambda x: x * 1.0, [x])
+    with pytest.raises(GradcheckError, match=r"input 0\[1\] -> output \[1\]") as error:
+        jacobian_check(WrongAtOne.apply, [x])
+    assert "1 Jacobian entries" in str(error.value)
+
+
+def test_checks_refuse_float32_and_inputs_without_grad(device):
+    with pytest.raises(TypeError, match="float64"):
+        gradcheck(lambda x: x * x, [ag.tensor([1.0, 2.0], requires_grad=True, device=device)])
+    with pytest.raises(ValueError, match="nothing to check"):
+        gradcheck(lambda x: x * x, [leaf(np.ones(2), device, requires_grad=False)])
