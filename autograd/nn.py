@@ -1,0 +1,183 @@
+"""Modules: layers that own Parameters, and the layers GPT-1 is made of.
+
+A Module finds its parameters by looking at its attributes: a Parameter, a Module, or a list of
+Modules, in the order they were assigned. Their dotted paths ("h.0.attn.c_attn.weight") are the
+names used by `state_dict` and `load_state_dict`.
+"""
+import numpy as np
+
+from . import backend
+from . import functional as F
+from .tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A tensor a Module trains: it requires grad unless told otherwise."""
+
+    def __init__(self, data, requires_grad=True):
+        super().__init__(data, requires_grad=requires_grad)
+
+
+def normal(shape, std):
+    """A float32 Parameter drawn from N(0, std^2) with the CPU's default (seeded) generator."""
+    return Parameter(backend.default_generator("cpu").standard_normal(shape, dtype=np.float32) * std)
+
+
+class Module:
+    """Base class of layers. Subclasses assign Parameters and sub-Modules in __init__ and
+    define forward(); calling the module calls forward."""
+
+    training = True
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def named_modules(self, prefix=""):
+        """(path, module) for this module and every module below it, parents first."""
+        yield prefix, self
+        for name, value in vars(self).items():
+            children = [(f"{name}.{i}", m) for i, m in enumerate(value)] if isinstance(value, (list, tuple)) else [(name, value)]
+            for child_name, child in children:
+                if isinstance(child, Module):
+                    yield from child.named_modules(f"{prefix}{child_name}.")
+
+    def named_parameters(self):
+        """(dotted name, Parameter) for every parameter, in the order they were assigned."""
+        for prefix, module in self.named_modules():
+            for name, value in vars(module).items():
+                if isinstance(value, Parameter):
+                    yield prefix + name, value
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self):
+        return sum(p.size for p in self.parameters())
+
+    def zero_grad(self):
+        for p in self.parameters():
+            p.grad = None
+
+    def train(self, mode=True):
+        """Set training mode (dropout on) for this module and all below it; returns self."""
+        for _, module in self.named_modules():
+            module.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def to(self, device):
+        """Move every parameter (and its gradient) to `device`; returns self."""
+        device = backend.parse_device(device)
+        for p in self.parameters():
+            p.data = backend.to_device(p.data, device)
+            if p.grad is not None:
+                p.grad = backend.to_device(p.grad, device)
+        return self
+
+    def state_dict(self):
+        """{dotted name: array} of every parameter (the arrays themselves, not copies)."""
+        return {name: p.data for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state, strict=True):
+        """Copy arrays from `state` into the parameters of the same names, keeping their dtype
+        and device. With strict, any missing, unexpected or mis-shaped key is an error that
+        lists them all, and nothing is changed."""
+        params = dict(self.named_parameters())
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        misshaped = [f"{k}: checkpoint {tuple(state[k].shape)}, model {p.shape}"
+                     for k, p in params.items() if k in state and tuple(state[k].shape) != p.shape]
+        problems = [(what, keys) for what, keys in
+                    (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped))
+                    if keys and (strict or what == "mis-shaped keys")]
+        if problems:
+            raise ValueError("load_state_dict: " + "; ".join(f"{what}: {', '.join(keys)}" for what, keys in problems))
+        for name, p in params.items():
+            if name in state:
+                array = backend.to_device(state[name], p.device, p.dtype)
+                p.data = array.copy() if array is state[name] else array
+        return missing, unexpected
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+
+class Linear(Module):
+    """y = x @ weight + bias, weight shaped (n_in, n_out); weights N(0, std^2), bias zero."""
+
+    def __init__(self, n_in, n_out, bias=True, std=0.02):
+        self.weight = normal((n_in, n_out), std)
+        self.bias = Parameter(np.zeros(n_out, dtype=np.float32)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(Module):
+    """A table of n vectors of width d, looked up by integer ids."""
+
+    def __init__(self, n, d, std=0.02):
+        self.weight = normal((n, d), std)
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the last axis with a learned gain (1) and bias (0)."""
+
+    def __init__(self, d, eps=1e-5):
+        self.weight = Parameter(np.ones(d, dtype=np.float32))
+        self.bias = Parameter(np.zeros(d, dtype=np.float32))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class Dropout(Module):
+    """Inverted dropout while training; the identity in eval mode."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+
+class CausalSelfAttention(Module):
+    """Masked multi-head self-attention: one projection to q, k, v (c_attn), heads attended
+    in parallel, merged back and projected (c_proj), then residual dropout."""
+
+    def __init__(self, n_embd, n_head, attn_pdrop=0.1, resid_pdrop=0.1, std=0.02):
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.attn_pdrop = attn_pdrop
+        self.c_attn = Linear(n_embd, 3 * n_embd, std=std)
+        self.c_proj = Linear(n_embd, n_embd, std=std)
+        self.resid_dropout = Dropout(resid_pdrop)
+
+    def forward(self, x):
+        batch, time, width = x.shape
+        heads = self.c_attn(x).reshape(batch, time, 3, self.n_head, width // self.n_head)
+        q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (batch, head, time, head width)
+        y = F.scaled_dot_product_attention(q, k, v, causal=True,
+                                           dropout_p=self.attn_pdrop if self.training else 0.0)
+        y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(Module):
+    """The position-wise feed-forward network: c_fc, GELU, c_proj, residual dropout."""
+
+    def __init__(self, n_embd, n_inner, resid_pdrop=0.1, approximate="tanh", std=0.02):
+        self.c_fc = Linear(n_embd, n_inner, std=std)
+        self.c_proj = Linear(n_inner, n_embd, std=std)
+        self.dropout = Dropout(resid_pdrop)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), self.approximate)))

@@ -1,0 +1,119 @@
+"""Adam with L2 regularisation (GPT-1's decoupled rule, or classic L2), gradient clipping, and
+the learning-rate schedules of GPT-1's original code."""
+import math
+
+from .backend import get_array_module
+from .tensor import no_grad
+
+
+class Adam:
+    """Adam over a list of Parameters. `lr` may be changed between steps (schedules do that).
+
+    l2_mode="decoupled" is GPT-1's rule, with t counted from 1:
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)
+        p -= lr_t (m / (sqrt(v) + eps) + l2 p)
+    where the l2 term applies only to tensors of two or more dimensions (vectors too with
+    vector_l2). l2_mode="coupled" is classic L2, g += l2 p before the moments, then the usual
+    Adam step: the numbers of torch.optim.Adam(weight_decay=l2), on every parameter.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, l2=0.0, l2_mode="decoupled",
+                 vector_l2=False):
+        if l2_mode not in ("decoupled", "coupled"):
+            raise ValueError(f"Adam: l2_mode must be 'decoupled' or 'coupled', got {l2_mode!r}")
+        for name, value in (("lr", lr), ("eps", eps), ("l2", l2), ("betas[0]", betas[0]), ("betas[1]", betas[1])):
+            if value < 0 or (name.startswith("betas") and value >= 1):
+                raise ValueError(f"Adam: {name}={value} is out of range")
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.l2 = lr, tuple(betas), eps, l2
+        self.l2_mode, self.vector_l2 = l2_mode, vector_l2
+        self.step_count = 0
+        self.m = [p.xp.zeros_like(p.data) for p in self.params]
+        self.v = [p.xp.zeros_like(p.data) for p in self.params]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @no_grad()
+    def step(self):
+        """Update every parameter that has a gradient."""
+        self.step_count += 1
+        t, (b1, b2) = self.step_count, self.betas
+        decoupled = self.l2_mode == "decoupled"
+        if decoupled:
+            lr_t = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        else:
+            step_size, v_correction = self.lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+        for p, m, v in zip(self.params, self.m, self.v):
+            if p.grad is None:
+                continue
+            xp, g = get_array_module(p.data), p.grad
+            if not decoupled and self.l2:
+                g = g + self.l2 * p.data
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            if decoupled:
+                update = m / (xp.sqrt(v) + self.eps)
+                if self.l2 and (p.ndim > 1 or self.vector_l2):
+                    update += self.l2 * p.data
+                update *= lr_t
+            else:
+                update = m / (xp.sqrt(v) / v_correction + self.eps)
+                update *= step_size
+            p.data -= update
+
+    def state_dict(self):
+        """The optimizer's state: step count, hyper-parameters and the moment arrays m and v."""
+        return {"step": self.step_count, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                "l2": self.l2, "l2_mode": self.l2_mode, "vector_l2": self.vector_l2,
+                "m": list(self.m), "v": list(self.v)}
+
+    def load_state_dict(self, state):
+        """Restore a state_dict() onto an optimizer made over parameters of the same shapes."""
+        for key in ("m", "v"):
+            if len(state[key]) != len(self.params):
+                raise ValueError(f"Adam.load_state_dict: {len(state[key])} {key} arrays for {len(self.params)} parameters")
+            for i, (array, p) in enumerate(zip(state[key], self.params)):
+                if tuple(array.shape) != p.shape:
+                    raise ValueError(f"Adam.load_state_dict: {key}[{i}] has shape {tuple(array.shape)}, parameter {p.shape}")
+        self.step_count = int(state["step"])
+        self.lr, self.betas, self.eps, self.l2 = state["lr"], tuple(state["betas"]), state["eps"], state["l2"]
+        self.l2_mode, self.vector_l2 = state["l2_mode"], state["vector_l2"]
+        self.m = [p.xp.array(a, dtype=p.dtype) for a, p in zip(state["m"], self.params)]
+        self.v = [p.xp.array(a, dtype=p.dtype) for a, p in zip(state["v"], self.params)]
+
+
+@no_grad()
+def clip_grad_norm(params, max_norm):
+    """Scale all gradients together so their global L2 norm is at most max_norm.
+
+    Returns the norm before clipping, as a 0-d array on the parameters' device (float() it to
+    log it); nothing here waits for the GPU.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    xp = get_array_module(grads[0])
+    norm = xp.sqrt(sum(xp.vdot(g.ravel(), g.ravel()) for g in grads))
+    scale = xp.minimum(max_norm / (norm + 1e-6), 1.0).astype(grads[0].dtype)
+    for g in grads:
+        g *= scale
+    return norm
+
+
+# The schedules of GPT-1's code: a factor on the learning rate at progress x = step / total,
+# rising linearly over the first `warmup` fraction of training (none when warmup is 0).
+def warmup_cosine(x, warmup=0.002):
+    return x / warmup if 0 < warmup and x <= warmup else 0.5 * (1 + math.cos(math.pi * x))
+
+
+def warmup_constant(x, warmup=0.002):
+    return x / warmup if 0 < warmup and x <= warmup else 1.0
+
+
+def warmup_linear(x, warmup=0.002):
+    return x / warmup * (1 - x) if 0 < warmup and x <= warmup else 1 - x

@@ -1,0 +1,139 @@
+"""GPT-1: a 12-layer decoder-only transformer with post-LN blocks and a tied LM head.
+
+    h_0 = W_e[U] + W_p                        (token and position embeddings, then dropout)
+    h_l = block(h_{l-1})  for l = 1..n        (masked self-attention, then an MLP)
+    P(u) = softmax(h_n W_e^T)                 (the LM head shares W_e)
+
+Parameter names are those of the openai-gpt checkpoints, so state dicts move both ways.
+"""
+import json
+import os
+
+import numpy as np
+
+from autograd import backend, nn
+from autograd import functional as F
+from autograd.serialization import load_file, save_file
+from autograd.tensor import Tensor
+
+from .config import ACTIVATIONS, GPTConfig
+
+
+class Block(nn.Module):
+    """One post-LN transformer block: n = ln_1(x + attn(x)); h = ln_2(n + mlp(n))."""
+
+    def __init__(self, config):
+        std = config.initializer_range
+        self.attn = nn.CausalSelfAttention(config.n_embd, config.n_head, config.attn_pdrop, config.resid_pdrop, std)
+        self.ln_1 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
+        self.mlp = nn.MLP(config.n_embd, config.n_inner, config.resid_pdrop, ACTIVATIONS[config.afn], std)
+        self.ln_2 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
+
+    def forward(self, x):
+        n = self.ln_1(x + self.attn(x))
+        return self.ln_2(n + self.mlp(n))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        std = config.initializer_range
+        self.tokens_embed = nn.Embedding(config.vocab_size, config.n_embd, std)
+        self.positions_embed = nn.Embedding(config.n_ctx, config.n_embd, std)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = [Block(config) for _ in range(config.n_layer)]
+
+    def hidden_states(self, ids):
+        """The last block's output (batch, time, n_embd) for token ids (batch, time)."""
+        ids = self._check_ids(ids)
+        positions = self.positions_embed.weight.xp.arange(ids.shape[1])
+        x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
+        for block in self.h:
+            x = block(x)
+        return x
+
+    def forward(self, ids):
+        """Next-token logits (batch, time, vocab_size): the hidden states times W_e^T."""
+        return F.linear(self.hidden_states(ids), self.tokens_embed.weight.T)
+
+    def _check_ids(self, ids):
+        ids = ids.data if isinstance(ids, Tensor) else ids
+        ids = self.tokens_embed.weight.xp.asarray(ids)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
+        if ids.shape[1] > self.config.n_ctx:
+            raise ValueError(f"sequence of {ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
+                             f"got {int(ids.min())}..{int(ids.max())}")
+        return ids
+
+    def resize_token_embeddings(self, n):
+        """Grow the vocabulary to n tokens (the paper's _start_, _delimiter_, _classify_);
+        new rows are drawn like the rest, old rows stay as they are."""
+        old = self.tokens_embed.weight
+        if n < old.shape[0]:
+            raise ValueError(f"resize_token_embeddings: {n} is fewer than the {old.shape[0]} tokens there are")
+        new_rows = nn.normal((n - old.shape[0], old.shape[1]), self.config.initializer_range).data
+        grown = old.xp.concatenate([old.data, backend.to_device(new_rows, old.device, old.dtype)])
+        self.tokens_embed.weight = nn.Parameter(grown)
+        self.config.vocab_size = n
+
+    # ----- checkpoints in the openai-gpt layout: config.json + model.safetensors
+    def save_pretrained(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        save_file(self.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "np"})
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(self.config.to_hf_dict(), f, indent=2)
+
+    @classmethod
+    def from_pretrained(cls, directory, device="cpu"):
+        """A model from config.json + model.safetensors; keys may carry a 'transformer.' prefix,
+        and a tied lm_head.weight or causal-mask buffers are ignored."""
+        config_path = os.path.join(directory, "config.json")
+        try:
+            with open(config_path) as f:
+                config = GPTConfig.from_hf_dict(json.load(f))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+        state = {}
+        for key, array in load_file(os.path.join(directory, "model.safetensors")).items():
+            key = key.removeprefix("transformer.")
+            if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):
+                continue
+            state[key] = array
+        model = cls(config)
+        model.load_state_dict(state)
+        return model.to(device)
+
+    @classmethod
+    def from_openai(cls, directory, config=None):
+        """GPT-1 from the original release: params_shapes.json and params_0.npy ... params_9.npy,
+        flat pieces joined and cut by the shapes (positions, tokens, then each block's c_attn,
+        c_proj, ln_1, c_fc, mlp c_proj, ln_2; conv weights stored as [1, in, out])."""
+        with open(os.path.join(directory, "params_shapes.json")) as f:
+            shapes = json.load(f)
+        pieces, i = [], 0
+        while os.path.exists(os.path.join(directory, f"params_{i}.npy")):
+            pieces.append(np.load(os.path.join(directory, f"params_{i}.npy"), allow_pickle=False))
+            i += 1
+        flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        if sum(sizes) != flat.size:
+            raise ValueError(f"{directory}: the shapes need {sum(sizes)} numbers, the params_*.npy files hold {flat.size}")
+        arrays = [piece.reshape(shape) for piece, shape in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
+        n_layer = (len(arrays) - 2) // 12
+        config = config or GPTConfig(vocab_size=arrays[1].shape[0], n_ctx=arrays[0].shape[0],
+                                     n_embd=arrays[0].shape[1], n_layer=n_layer)
+        names = ["positions_embed.weight", "tokens_embed.weight"]
+        for layer in range(n_layer):
+            names += [f"h.{layer}.{name}" for name in (
+                "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+                "ln_1.weight", "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias")]
+        if len(names) != len(arrays):
+            raise ValueError(f"{directory}: {len(arrays)} tensors do not make whole blocks of 12 after the embeddings")
+        state = {name: a[0] if name.endswith("weight") and a.ndim == 3 else a for name, a in zip(names, arrays)}
+        model = cls(config)
+        model.load_state_dict(state)
+        return model
