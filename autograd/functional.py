@@ -5,6 +5,8 @@ also be plain integer arrays.
 """
 import math
 
+import numpy as np
+
 from . import backend
 from .backend import get_array_module
 from .ops import unbroadcast
@@ -258,7 +260,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 # ----------------------------------------------------------------------------------------------
 def _keep_mask(generator, shape, p):
     """A boolean mask that keeps each entry with probability 1 - p."""
-    return generator.random(shape, dtype="float32") >= p
+    return generator.random(shape, dtype=np.float32) >= p
 
 
 def _drop(x, keep, scale):
