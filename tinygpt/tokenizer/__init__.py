@@ -1,0 +1,1 @@
+"""Tokenizers: a byte-level BPE you train on your own text, and GPT-1's original tokenizer."""
