@@ -1,1 +1,2 @@
 """Tokenizers: a byte-level BPE you train on your own text, and GPT-1's original tokenizer."""
+from .bpe import BPETokenizer

@@ -1,5 +1,7 @@
 """Applying learned BPE merges to one word, shared by both tokenizers."""
 
+_NEVER = float("inf")
+
 
 def apply_merges(symbols, ranks):
     """Merge adjacent symbols of a word, lowest-ranked pair first, until no known pair is left.
@@ -10,21 +12,21 @@ def apply_merges(symbols, ranks):
     """
     symbols = list(symbols)
     while len(symbols) > 1:
-        best_rank, best_pair = None, None
-        for pair in zip(symbols, symbols[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best_rank, best_pair = rank, pair
-        if best_pair is None:
+        pair = min(zip(symbols, symbols[1:]), key=lambda p: ranks.get(p, _NEVER))
+        if pair not in ranks:
             break
-        left, right = best_pair
-        merged, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and symbols[i] == left and symbols[i + 1] == right:
-                merged.append(left + right)
-                i += 2
-            else:
-                merged.append(symbols[i])
-                i += 1
-        symbols = merged
+        symbols = replace_pair(symbols, *pair, pair[0] + pair[1])
     return tuple(symbols)
+
+
+def replace_pair(symbols, left, right, merged):
+    """Replace each adjacent (left, right) in the list `symbols`, left to right, by `merged`."""
+    out, i, last = [], 0, len(symbols) - 1
+    while i <= last:
+        if i < last and symbols[i] == left and symbols[i + 1] == right:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out

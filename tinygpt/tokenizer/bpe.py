@@ -1,0 +1,403 @@
+"""Byte-level BPE: train on your own text, encode, decode, save and load in GPT-2's file layout.
+
+Text is cut into words by a split regex (GPT-2's by default), each word is turned into its UTF-8
+bytes, and learned merges join adjacent pieces, most frequent pair first. Because the 256 bytes
+are the base vocabulary, every string can be encoded and decoded back exactly.
+
+Bytes are written as printable characters with GPT-2's byte-to-unicode map (a space is 'Ġ', a
+newline 'Ċ'), so `vocab.json` and `merges.txt` have the same layout as GPT-2's and load in other
+byte-level BPE tools; special tokens (`_start_`, ...) get the last ids and are also listed in
+`special_tokens.json`.
+"""
+import glob
+import heapq
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import regex
+
+from .merges import apply_merges, replace_pair
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+DEFAULT_SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+MERGES_HEADER = "#version: 0.2"
+CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
+
+
+def _byte_to_char():
+    """GPT-2's map: printable Latin-1 bytes stand for themselves, the other 68 get chr(256 + n)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    char_of = {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(others)}}
+    return [char_of[byte] for byte in range(256)]
+
+
+BYTE_TO_CHAR = _byte_to_char()
+CHAR_TO_BYTE = {char: byte for byte, char in enumerate(BYTE_TO_CHAR)}
+
+
+def bytes_to_token(data):
+    """Raw bytes -> the token string that spells them in the byte-to-unicode alphabet."""
+    return data.decode("latin-1").translate(BYTE_TO_CHAR)  # Latin-1 turns byte b into chr(b)
+
+
+def token_to_bytes(token):
+    """The inverse of bytes_to_token."""
+    return bytes(CHAR_TO_BYTE[char] for char in token)
+
+
+# -- Reading a corpus from disk ---------------------------------------------------------------------
+
+
+def find_text_files(paths):
+    """Expand files, folders (every *.txt below, recursively) and glob patterns into a sorted list."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = []
+    for path in map(str, paths):
+        if any(char in path for char in "*?["):
+            matches = sorted(glob.glob(path, recursive=True))
+            if not matches:
+                raise ValueError(f"{path}: the pattern matches no file")
+            files += find_text_files(matches)
+        elif Path(path).is_dir():
+            files += sorted(Path(path).rglob("*.txt"))
+        elif Path(path).is_file():
+            files.append(Path(path))
+        else:
+            raise ValueError(f"{path}: no such file or folder")
+    return files
+
+
+def read_text_file(path, errors="strict"):
+    """Read a file as UTF-8.
+
+    Policy: with errors="strict" (the default) a file that is not valid UTF-8 (a Latin-1 book,
+    say) raises a ValueError naming the file and the byte offset of the first bad byte. Any other
+    Python decode handler, e.g. errors="replace" (bad bytes become U+FFFD), is an explicit choice.
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}: not valid UTF-8 at byte offset {error.start} ({error.reason}); convert the file "
+            "to UTF-8, or pass errors='replace' to read bad bytes as U+FFFD"
+        ) from None
+
+
+# -- Training ---------------------------------------------------------------------------------------
+
+
+def count_words(texts, pattern, special_tokens):
+    """Split every text into words (special tokens are cut out first and not counted) -> Counter."""
+    split_regex = regex.compile(pattern)
+    special_regex = _special_token_regex(special_tokens)
+    counts = Counter()
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"training texts must be strings, got {type(text).__name__}")
+        pieces = special_regex.split(text)[::2] if special_regex else [text]
+        for piece in pieces:
+            counts.update(split_regex.findall(piece))
+    return counts
+
+
+def learn_merges(word_counts, num_merges):
+    """Learn up to `num_merges` merges from {word: count}; returns [(left bytes, right bytes)].
+
+    Each step merges the pair with the highest count; ties go to the smallest pair in byte order
+    (left bytes first, then right bytes), so the result does not depend on the order of the input.
+    Words are counted once. After each merge only the words that held the pair are rewritten, and
+    only their pair counts change (an index pair -> words finds them). The best pair comes from a
+    max-heap whose entries go stale when a count changes; a stale entry is skipped when popped.
+    Stops early when no pair is left (every word is a single token).
+    """
+    words = [list(word.encode("utf-8")) for word in word_counts]  # token ids; ids 0-255 are bytes
+    freqs = list(word_counts.values())
+    token_bytes = [bytes([byte]) for byte in range(256)]
+
+    pair_counts = defaultdict(int)
+    words_with_pair = defaultdict(set)  # may still list a word that lost the pair: checked on use
+    for index, (symbols, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(symbols, symbols[1:]):
+            pair_counts[pair] += freq
+            words_with_pair[pair].add(index)
+
+    def heap_entry(pair):
+        return (-pair_counts[pair], token_bytes[pair[0]], token_bytes[pair[1]], pair)
+
+    heap = [heap_entry(pair) for pair in pair_counts]
+    heapq.heapify(heap)
+    merges = []
+    while heap and len(merges) < num_merges:
+        negative_count, left_bytes, right_bytes, pair = heapq.heappop(heap)
+        if pair_counts.get(pair) != -negative_count:
+            continue  # stale: this pair's count changed after the entry was pushed
+        merges.append((left_bytes, right_bytes))
+        new_id = len(token_bytes)
+        token_bytes.append(left_bytes + right_bytes)
+
+        changed = set()
+        for index in words_with_pair.pop(pair):
+            symbols, freq = words[index], freqs[index]
+            merged = replace_pair(symbols, *pair, new_id)
+            if len(merged) == len(symbols):
+                continue  # an earlier merge already took this word's occurrences of the pair
+            for old_pair in zip(symbols, symbols[1:]):
+                pair_counts[old_pair] -= freq
+                changed.add(old_pair)
+            for new_pair in zip(merged, merged[1:]):
+                pair_counts[new_pair] += freq
+                changed.add(new_pair)
+                words_with_pair[new_pair].add(index)
+            words[index] = merged
+        for changed_pair in changed:
+            if pair_counts[changed_pair] > 0:
+                heapq.heappush(heap, heap_entry(changed_pair))
+            else:
+                del pair_counts[changed_pair]
+    return merges
+
+
+# -- The tokenizer ----------------------------------------------------------------------------------
+
+
+def _special_token_regex(special_tokens):
+    """A regex that finds special tokens (longest first) and keeps them when used to split; or None."""
+    if not special_tokens:
+        return None
+    names = sorted(special_tokens, key=lambda name: (-len(name), name))
+    return regex.compile("(" + "|".join(regex.escape(name) for name in names) + ")")
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer: ids 0.. for ordinary tokens, then the special tokens."""
+
+    def __init__(self, vocab, merges, special_tokens=None, pattern=GPT2_PATTERN):
+        """vocab: {token string: id} for ordinary tokens, in the byte-to-unicode alphabet.
+        merges: [(left, right)] token strings in rank order. special_tokens: {name: id}.
+        Together the ids must be exactly 0 .. vocab_size - 1 (load() checks files for this).
+        """
+        special_tokens = dict(special_tokens or {})
+        clashes = sorted(set(special_tokens) & set(vocab))
+        if clashes:
+            raise ValueError(f"special tokens {clashes} are also ordinary tokens")
+        self._token_to_id = dict(vocab)
+        self._special_tokens = special_tokens
+        self._merges = [tuple(pair) for pair in merges]
+        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
+        self.pattern = pattern
+        self._split_regex = regex.compile(pattern)
+        self._special_regex = _special_token_regex(special_tokens)
+        self._id_to_token = [None] * (len(vocab) + len(special_tokens))
+        self._id_to_bytes = [None] * len(self._id_to_token)
+        for token, token_id in self._token_to_id.items():
+            self._id_to_token[token_id] = token
+            self._id_to_bytes[token_id] = token_to_bytes(token)
+        for name, token_id in special_tokens.items():
+            self._id_to_token[token_id] = name
+            self._id_to_bytes[token_id] = name.encode("utf-8")
+        self._cache = {}
+
+    @classmethod
+    def train(cls, texts, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN):
+        """Learn a vocabulary of `vocab_size` ids from an iterable of strings.
+
+        Ids 0-255 are the bytes, then one id per merge in the order learned, then the special
+        tokens. Special tokens found in the texts are cut out before counting. If the corpus runs
+        out of pairs first, the vocabulary comes out smaller than asked.
+        """
+        special_tokens = list(special_tokens)
+        if len(set(special_tokens)) != len(special_tokens) or not all(special_tokens):
+            raise ValueError(f"special tokens must be distinct non-empty strings, got {special_tokens}")
+        smallest = 256 + len(special_tokens)
+        if vocab_size < smallest:
+            raise ValueError(f"vocab_size={vocab_size} is too small: the 256 bytes and "
+                             f"{len(special_tokens)} special tokens alone need {smallest}")
+        word_counts = count_words(texts, pattern, special_tokens)
+        if not word_counts:
+            raise ValueError("the training corpus is empty: no text to learn from")
+        merges = [
+            (bytes_to_token(left), bytes_to_token(right))
+            for left, right in learn_merges(word_counts, vocab_size - smallest)
+        ]
+        vocab = {char: byte for byte, char in enumerate(BYTE_TO_CHAR)}
+        for left, right in merges:
+            vocab[left + right] = len(vocab)
+        specials = {name: len(vocab) + i for i, name in enumerate(special_tokens)}
+        return cls(vocab, merges, specials, pattern)
+
+    @classmethod
+    def train_files(cls, paths, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN,
+                    errors="strict"):
+        """train() on files: paths may be files, folders (all *.txt below) and globs.
+
+        Files are read as UTF-8; see read_text_file for the `errors` policy.
+        """
+        files = find_text_files(paths)
+        return cls.train((read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern)
+
+    # -- looking things up ---------------------------------------------------------------------
+
+    @property
+    def vocab_size(self):
+        return len(self._id_to_token)
+
+    @property
+    def special_tokens(self):
+        """{name: id} of the special tokens."""
+        return dict(self._special_tokens)
+
+    @property
+    def merges(self):
+        """[(left, right)] in rank order."""
+        return list(self._merges)
+
+    def token_to_id(self, token):
+        """Id of an ordinary token (byte-to-unicode alphabet) or of a special token's name."""
+        if token in self._special_tokens:
+            return self._special_tokens[token]
+        return self._token_to_id[token]
+
+    def id_to_token(self, token_id):
+        return self._id_to_token[token_id]
+
+    # -- encoding and decoding -----------------------------------------------------------------
+
+    def encode(self, text):
+        """Text -> ids. Special tokens' names are matched whole (longest first) before splitting.
+        The text is encoded as UTF-8, so a lone surrogate raises UnicodeEncodeError (a ValueError).
+        """
+        ids = []
+        pieces = self._special_regex.split(text) if self._special_regex else [text]
+        for position, piece in enumerate(pieces):
+            if position % 2:  # split() puts the matched special tokens at odd positions
+                ids.append(self._special_tokens[piece])
+                continue
+            for word in self._split_regex.findall(piece):
+                word_ids = self._cache.get(word)
+                if word_ids is None:
+                    word_ids = self._encode_word(word)
+                ids += word_ids
+        return ids
+
+    def _encode_word(self, word):
+        """One pre-tokenized word -> ids, remembered in the cache."""
+        symbols = tuple(bytes_to_token(word.encode("utf-8")))
+        word_ids = [self._token_to_id[piece] for piece in apply_merges(symbols, self._ranks)]
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[word] = word_ids
+        return word_ids
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids, errors="replace"):
+        """Ids -> text. A cut through a multi-byte character decodes as U+FFFD (errors="replace")."""
+        chunks = []
+        for token_id in ids:
+            if not 0 <= token_id < len(self._id_to_bytes):
+                raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+            chunks.append(self._id_to_bytes[token_id])
+        return b"".join(chunks).decode("utf-8", errors)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def save(self, directory):
+        """Write vocab.json, merges.txt (GPT-2 layout) and special_tokens.json into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        vocab = {token: token_id for token_id, token in enumerate(self._id_to_token)}
+        (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        lines = [MERGES_HEADER] + [f"{left} {right}" for left, right in self._merges]
+        (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (directory / "special_tokens.json").write_text(json.dumps(self._special_tokens, indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory, special_tokens=None, pattern=GPT2_PATTERN):
+        """Read a tokenizer saved by save(), or GPT-2's vocab.json + merges.txt.
+
+        special_tokens: names (entries of vocab.json) to treat as special; by default those in
+        special_tokens.json, or none if that file is absent. The split pattern is not stored in
+        these files: pass the one used in training if it was not GPT-2's. A malformed file raises
+        a ValueError that names the file and the line or entry.
+        """
+        directory = Path(directory)
+        vocab = _read_vocab(directory / "vocab.json")
+        merges = _read_merges(directory / "merges.txt", vocab)
+        if special_tokens is None:
+            special_path = directory / "special_tokens.json"
+            specials = _read_special_tokens(special_path, vocab) if special_path.exists() else {}
+        else:
+            missing = [name for name in special_tokens if name not in vocab]
+            if missing:
+                raise ValueError(f"{directory / 'vocab.json'}: has no entry for special tokens {missing}")
+            specials = {name: vocab[name] for name in special_tokens}
+        ordinary = {token: token_id for token, token_id in vocab.items() if token not in specials}
+        for token in ordinary:
+            if not set(token) <= CHAR_TO_BYTE.keys():
+                raise ValueError(f"{directory / 'vocab.json'}: entry {token!r} is neither spelled in the "
+                                 "byte-to-unicode alphabet nor a special token")
+        return cls(ordinary, merges, specials, pattern)
+
+
+def _read_json(path):
+    try:
+        return json.loads(read_text_file(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}, line {error.lineno} column {error.colno}: {error.msg}") from None
+
+
+def _read_vocab(path):
+    """vocab.json -> {token: id}, checking ids are 0 .. n-1 and every byte has a token."""
+    vocab = _read_json(path)
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{path}: expected a JSON object {{token: id}}, got {type(vocab).__name__}")
+    token_of_id = {}
+    for token, token_id in vocab.items():
+        if type(token_id) is not int or token_id < 0:
+            raise ValueError(f"{path}: entry {token!r} has id {token_id!r}, not a non-negative integer")
+        if token_id in token_of_id:
+            raise ValueError(f"{path}: entries {token_of_id[token_id]!r} and {token!r} share id {token_id}")
+        token_of_id[token_id] = token
+    if len(vocab) and max(token_of_id) != len(vocab) - 1:
+        missing = min(set(range(len(vocab))) - set(token_of_id))
+        raise ValueError(f"{path}: ids must run 0 .. {len(vocab) - 1} without gaps; id {missing} is missing")
+    missing_bytes = [char for char in BYTE_TO_CHAR if char not in vocab]
+    if missing_bytes:
+        raise ValueError(f"{path}: byte tokens {missing_bytes[:5]} (of {len(missing_bytes)}) are missing")
+    return vocab
+
+
+def _read_merges(path, vocab):
+    """merges.txt -> [(left, right)]; every piece and every merged result must be in vocab."""
+    merges, seen = [], set()
+    for line_number, line in enumerate(read_text_file(path).splitlines(), start=1):
+        if not line.strip() or (line_number == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"{path}, line {line_number}: expected 'left right', got {line!r}")
+        for token in (*parts, parts[0] + parts[1]):
+            if token not in vocab:
+                raise ValueError(f"{path}, line {line_number}: {token!r} is not in vocab.json")
+        pair = tuple(parts)
+        if pair in seen:
+            raise ValueError(f"{path}, line {line_number}: the merge {line!r} appears twice")
+        seen.add(pair)
+        merges.append(pair)
+    return merges
+
+
+def _read_special_tokens(path, vocab):
+    """special_tokens.json -> {name: id}; each must match its entry in vocab.json."""
+    specials = _read_json(path)
+    if not isinstance(specials, dict):
+        raise ValueError(f"{path}: expected a JSON object {{name: id}}")
+    for name, token_id in specials.items():
+        if vocab.get(name) != token_id:
+            raise ValueError(f"{path}: {name!r} has id {token_id!r} here but {vocab.get(name)!r} in vocab.json")
+    return specials
