@@ -16,6 +16,8 @@ from .tensor import Function, Tensor
 def _indices(ids, like):
     """Integer indices as a raw array on the same device as the tensor `like`."""
     ids = ids.data if isinstance(ids, Tensor) else like.xp.asarray(ids)
+    if ids.size == 0:
+        ids = ids.astype(np.int64)  # an empty list arrives as float
     if ids.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, got {ids.dtype}")
     return ids
@@ -27,9 +29,13 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
+        if weight.ndim != 2:
+            raise ValueError(f"linear: weight must be 2-D (in, out), got shape {weight.shape}")
         n_in, n_out = weight.shape
         if x.shape[-1] != n_in:
             raise ValueError(f"linear: input has {x.shape[-1]} features, weight {weight.shape} expects {n_in}")
+        if bias is not None and bias.shape != (n_out,):
+            raise ValueError(f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}")
         x2 = x.reshape(-1, n_in)
         out = x2 @ weight
         if bias is not None:
@@ -309,7 +315,12 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, dropout_p, generator):
         xp = get_array_module(q)
-        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        try:
+            np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+            fits = q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
+        except ValueError:
+            fits = False
+        if not fits:
             raise ValueError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit together")
         scale = 1 / math.sqrt(q.shape[-1])
         scores = q @ xp.swapaxes(k, -1, -2)

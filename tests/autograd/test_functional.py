@@ -1,0 +1,719 @@
+"""The fused functionals of autograd.functional, checked against direct NumPy formulas.
+
+Each functional is a single Function with a hand-written backward. For each one these tests
+check the forward value against its textbook formula, the gradient against finite differences
+(in float64), the numerical edge cases the fusion is there to handle, and the error messages.
+"""
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import example, given, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import autograd as ag
+from autograd import backend, functional as F
+from autograd.gradcheck import gradcheck, jacobian_check
+from tests.helpers import arrays, checks_gradient_of, leaf, shapes
+
+JACOBIAN_MAX_ENTRIES = 64  # full Jacobian checks only below this many input entries: they cost O(n^2)
+TOLERANCE = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
+SEEDS = st.integers(0, 2**32 - 1)
+
+
+def check_gradients(fn, inputs):
+    """gradcheck along a random direction; the full Jacobian too when the inputs are small."""
+    gradcheck(fn, inputs)
+    if sum(x.size for x in inputs if x.requires_grad) <= JACOBIAN_MAX_ENTRIES:
+        jacobian_check(fn, inputs)
+
+
+def on_device(array, device):
+    """A raw integer array (ids, targets) on `device`, as a caller would pass it."""
+    return backend.to_device(array, backend.parse_device(device))
+
+
+def fresh_generator(seed, like):
+    """A new generator on the device of tensor `like`: the same seed draws the same dropout mask."""
+    return backend.new_generator(seed, like.device)
+
+
+def float_tensor(array, device, dtype):
+    """A leaf tensor of `dtype` (float32 or float64) that requires grad."""
+    return ag.tensor(array, requires_grad=True, dtype=dtype, device=device)
+
+
+def ref_log_softmax(x, axis=-1):
+    """x - log(sum(exp(x))) in float64, via numpy's logaddexp (a different route from the engine's)."""
+    x = np.asarray(x, dtype=np.float64)
+    return x - np.logaddexp.reduce(x, axis=axis, keepdims=True)
+
+
+def ref_cross_entropy(logits, targets, ignore_index, reduction):
+    """-log_softmax(logits) at each target (0 where ignored); mean over the counted targets, sum, or none."""
+    counted = targets != ignore_index
+    safe_targets = np.where(counted, targets, 0)[..., None]
+    losses = np.where(counted, -np.take_along_axis(ref_log_softmax(logits), safe_targets, axis=-1)[..., 0], 0.0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / counted.sum()
+
+
+def ref_cross_entropy_grad(logits, targets, ignore_index, reduction):
+    """d(loss)/d(logits) for an upstream gradient of ones: softmax(logits) - onehot(target) on the
+    counted rows, 0 on ignored ones, divided by the number counted for "mean"."""
+    counted = targets != ignore_index
+    one_hot = np.eye(logits.shape[-1])[np.where(counted, targets, 0)]
+    grad = (np.exp(ref_log_softmax(logits)) - one_hot) * counted[..., None]
+    return grad / counted.sum() if reduction == "mean" else grad
+
+
+def ref_gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def ref_gelu_exact(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def ref_layer_norm(x, eps, weight=1.0, bias=0.0):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
+    mean, var = x.mean(axis=-1, keepdims=True), x.var(axis=-1, keepdims=True)  # biased variance
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def ref_attention(q, k, v, causal):
+    """softmax(q k^T / sqrt(d) + mask) v, where the causal mask hides key j from query i when j > i."""
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n_queries, n_keys = scores.shape[-2:]
+        future = np.arange(n_keys)[None, :] > np.arange(n_queries)[:, None]
+        scores = np.where(future, -np.inf, scores)
+    weights = np.exp(scores)
+    return weights / weights.sum(axis=-1, keepdims=True) @ v
+
+
+def huge_logits(dtype):
+    """Logits (rows, C) up to 2e4 in size, far past where exp overflows (89 in float32, 710 in float64)."""
+    values = arrays(shapes(min_dims=2, max_dims=2, max_side=5), -1e4, 1e4, dtype)
+    return st.tuples(values, st.sampled_from([-1e4, 0.0, 1e4])).map(lambda pair: (pair[0] + pair[1]).astype(dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# linear
+
+@st.composite
+def linear_inputs(draw):
+    """x (..., n_in) with 1 to 3 axes, weight (n_in, n_out), and bias (n_out,) or None."""
+    x = draw(arrays(shapes(min_dims=1, max_dims=3)))
+    n_in, n_out = x.shape[-1], draw(st.integers(1, 4))
+    return x, draw(arrays((n_in, n_out))), draw(st.none() | arrays((n_out,)))
+
+
+@given(linear_inputs())
+def test_linear_is_x_times_weight_plus_bias(device, inputs):
+    """linear(x, W, b) = x @ W + b on the last axis of x; W is (in, out)."""
+    x, weight, bias = inputs
+    out = F.linear(leaf(x, device), leaf(weight, device), None if bias is None else leaf(bias, device))
+    expected = x @ weight + (0.0 if bias is None else bias)
+    assert out.shape == x.shape[:-1] + weight.shape[1:]
+    np.testing.assert_allclose(out.numpy(), expected, **TOLERANCE[np.float64])
+
+
+@checks_gradient_of(F.Linear)
+@given(linear_inputs())
+def test_linear_gradient(device, inputs):
+    """Gradients of x, W and (when given) b match finite differences."""
+    x, weight, bias = inputs
+    tensors = [leaf(a, device) for a in (x, weight, bias) if a is not None]
+    check_gradients(F.linear, tensors)
+
+
+@pytest.mark.parametrize("weight_shape, bias_shape, message", [
+    ((4, 5), None, r"3 features.*\(4, 5\)"),  # weight rows do not match x's 3 features
+    ((3,), None, r"weight.*\(3,\)"),  # weight is not (in, out)
+    ((3, 4), (1,), r"bias.*\(1,\)"),  # bias is not (out,), even though it would broadcast
+    ((3, 4), (2, 4), r"bias.*\(2, 4\)"),
+], ids=["features", "weight_not_2d", "bias_broadcastable", "bias_2d"])
+def test_linear_names_a_mis_shaped_weight_or_bias(device, weight_shape, bias_shape, message):
+    """linear refuses a weight or bias that does not fit x (2, 3) with a ValueError naming its shape,
+    before any output is made (not later, in the backward)."""
+    x, weight = leaf(np.ones((2, 3)), device), leaf(np.ones(weight_shape), device)
+    bias = None if bias_shape is None else leaf(np.ones(bias_shape), device)
+    with pytest.raises(ValueError, match=message):
+        F.linear(x, weight, bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# embedding
+
+@st.composite
+def ids_and_table(draw):
+    """A table (rows, dim) and integer ids of any shape (0 to 3 axes), often repeating rows."""
+    n_rows, dim = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    ids = draw(hnp.arrays(np.int64, shapes(min_dims=0), elements=st.integers(0, n_rows - 1)))
+    return ids, draw(arrays((n_rows, dim)))
+
+
+def ids_as(form, ids, device):
+    """ids in one of the forms a caller may pass: a list, a raw array on the device, or a Tensor."""
+    if form == "list":
+        return ids.tolist()
+    if form == "array":
+        return on_device(ids, device)
+    return ag.tensor(ids, device=device)
+
+
+@given(ids_and_table(), st.sampled_from(["list", "array", "tensor"]))
+def test_embedding_picks_rows_of_the_table(device, ids_and_table, ids_form):
+    """embedding(ids, W) = W[ids], of shape ids.shape + (dim,), for ids as a list, array or Tensor."""
+    ids, table = ids_and_table
+    out = F.embedding(ids_as(ids_form, ids, device), leaf(table, device))
+    assert out.shape == ids.shape + table.shape[1:]
+    np.testing.assert_array_equal(out.numpy(), table[ids])
+
+
+@st.composite
+def ids_table_and_upstream(draw):
+    """ids and a table as above, and an upstream gradient shaped like the embedding output."""
+    ids, table = draw(ids_and_table())
+    return ids, table, draw(arrays(ids.shape + table.shape[1:]))
+
+
+@example((np.array([[1, 0], [1, 1]]), np.zeros((3, 2)), np.arange(8.0).reshape(2, 2, 2)))
+@given(ids_table_and_upstream())
+def test_embedding_gradient_adds_up_over_repeated_ids(device, case):
+    """A table row's gradient is the sum of the upstream gradients at every position that picked it."""
+    ids, table, upstream = case
+    weight = leaf(table, device)
+    F.embedding(on_device(ids, device), weight).backward(upstream)
+    expected = np.stack([upstream[ids == row].sum(axis=0) for row in range(len(table))])
+    np.testing.assert_allclose(backend.to_numpy(weight.grad), expected, **TOLERANCE[np.float64])
+
+
+@checks_gradient_of(F.Embedding)
+@given(ids_and_table())
+def test_embedding_gradient(device, ids_and_table):
+    """The table's gradient matches finite differences (ids carry no gradient)."""
+    ids, table = ids_and_table
+    ids = on_device(ids, device)
+    check_gradients(lambda weight: F.embedding(ids, weight), [leaf(table, device)])
+
+
+@pytest.mark.parametrize("bad_id", [-1, 3])
+def test_embedding_rejects_ids_outside_the_table(device, bad_id):
+    """Ids must lie in [0, rows): negative ids are not read from the end as NumPy would."""
+    with pytest.raises(IndexError, match=r"\[0, 3\)"):
+        F.embedding([0, bad_id], leaf(np.ones((3, 2)), device))
+
+
+def test_float_ids_and_targets_are_refused(device):
+    """Indices must be integers: a float id or target is a TypeError, not a silent cast."""
+    table = leaf(np.ones((3, 2)), device)
+    with pytest.raises(TypeError, match="integers"):
+        F.embedding([0.0, 1.0], table)
+    with pytest.raises(TypeError, match="integers"):
+        F.cross_entropy(table, [0.0, 1.0, 1.0])
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax and log_softmax
+
+@st.composite
+def array_and_axis(draw):
+    """An array with 1 to 3 axes and one of its axes, counted from either end."""
+    x = draw(arrays(shapes(min_dims=1)))
+    return x, draw(st.integers(-x.ndim, x.ndim - 1))
+
+
+@given(array_and_axis())
+def test_softmax_is_normalised_exp(device, x_and_axis):
+    """softmax(x, axis) = exp(x) / sum(exp(x)) along axis: entries in [0, 1] summing to 1."""
+    x, axis = x_and_axis
+    out = F.softmax(leaf(x, device), axis=axis).numpy()
+    np.testing.assert_allclose(out, np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(out.sum(axis=axis), 1.0, rtol=1e-12)
+    assert ((out >= 0) & (out <= 1)).all()
+
+
+@given(array_and_axis())
+def test_log_softmax_is_log_of_softmax(device, x_and_axis):
+    """log_softmax(x, axis) = log(softmax(x, axis)) = x - log(sum(exp(x))) along axis."""
+    x, axis = x_and_axis
+    out = F.log_softmax(leaf(x, device), axis=axis).numpy()
+    np.testing.assert_allclose(out, np.log(F.softmax(leaf(x, device), axis=axis).numpy()), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(out, x - np.log(np.exp(x).sum(axis=axis, keepdims=True)), **TOLERANCE[np.float64])
+
+
+@checks_gradient_of(F.Softmax, F.LogSoftmax)
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax])
+@given(array_and_axis())
+def test_softmax_and_log_softmax_gradients(device, fn, x_and_axis):
+    """Gradients along any axis match finite differences."""
+    x, axis = x_and_axis
+    check_gradients(lambda x: fn(x, axis=axis), [leaf(x, device)])
+
+
+def softmax_vjp(x, upstream):
+    """The gradient of sum(upstream * softmax(x)) over the last axis: p * (upstream - <upstream, p>)."""
+    p = np.exp(ref_log_softmax(x))
+    return p * (upstream - (upstream * p).sum(axis=-1, keepdims=True))
+
+
+def log_softmax_vjp(x, upstream):
+    """The gradient of sum(upstream * log_softmax(x)) over the last axis: upstream - p * sum(upstream)."""
+    return upstream - np.exp(ref_log_softmax(x)) * upstream.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fn, ref_forward, ref_backward", [
+    (F.softmax, lambda x: np.exp(ref_log_softmax(x)), softmax_vjp),
+    (F.log_softmax, ref_log_softmax, log_softmax_vjp),
+], ids=["softmax", "log_softmax"])
+@given(st.data())
+def test_softmax_and_log_softmax_of_huge_logits(device, dtype, fn, ref_forward, ref_backward, data):
+    """Logits of size 1e4 give finite values and gradients that match a float64 reference."""
+    x = data.draw(huge_logits(dtype))
+    upstream = np.random.default_rng(0).standard_normal(x.shape)
+    xt = float_tensor(x, device, dtype)
+    out = fn(xt)
+    out.backward(upstream)
+    grad = backend.to_numpy(xt.grad)
+    assert np.isfinite(out.numpy()).all() and np.isfinite(grad).all()
+    x64 = x.astype(np.float64)  # the reference sees exactly the values the engine saw
+    np.testing.assert_allclose(out.numpy(), ref_forward(x64), **TOLERANCE[dtype])
+    np.testing.assert_allclose(grad, ref_backward(x64, upstream.astype(dtype)), **TOLERANCE[dtype])
+
+
+# ----------------------------------------------------------------------------------------------
+# cross_entropy
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+@st.composite
+def logits_and_targets(draw, logits=None):
+    """Logits (N, C) or (B, T, C), integer targets, and an ignore_index that some targets (never
+    all) equal."""
+    if logits is None:
+        logits = draw(arrays(shapes(min_dims=2, max_dims=3, max_side=5)))
+    n_classes = logits.shape[-1]
+    targets = draw(hnp.arrays(np.int64, logits.shape[:-1], elements=st.integers(0, n_classes - 1)))
+    ignore_index = draw(st.sampled_from([-100, -1]))
+    ignored = draw(hnp.arrays(np.bool_, targets.shape))
+    ignored.flat[0] = False
+    return logits, np.where(ignored, ignore_index, targets), ignore_index
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(logits_and_targets())
+def test_cross_entropy_is_negative_log_softmax_at_the_targets(device, reduction, case):
+    """Each loss is -log_softmax(logits)[target]; "mean" averages over the targets not ignored,
+    "sum" adds them, "none" keeps one loss per target (0 where ignored)."""
+    logits, targets, ignore_index = case
+    loss = F.cross_entropy(leaf(logits, device), on_device(targets, device),
+                           ignore_index=ignore_index, reduction=reduction)
+    expected = ref_cross_entropy(logits, targets, ignore_index, reduction)
+    assert loss.shape == np.shape(expected)
+    np.testing.assert_allclose(loss.numpy(), expected, **TOLERANCE[np.float64])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(logits_and_targets())
+def test_cross_entropy_gradient_is_softmax_minus_one_hot(device, reduction, case):
+    """d(loss)/d(logits) = softmax(logits) - onehot(target) on counted rows (divided by their number
+    for "mean") and 0 on ignored rows."""
+    logits, targets, ignore_index = case
+    z = leaf(logits, device)
+    loss = F.cross_entropy(z, on_device(targets, device), ignore_index=ignore_index, reduction=reduction)
+    loss.backward(np.ones(loss.shape))
+    expected = ref_cross_entropy_grad(logits, targets, ignore_index, reduction)
+    np.testing.assert_allclose(backend.to_numpy(z.grad), expected, **TOLERANCE[np.float64])
+
+
+@checks_gradient_of(F.CrossEntropy)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(logits_and_targets())
+def test_cross_entropy_gradient(device, reduction, case):
+    """The logits' gradient matches finite differences for every reduction, with ignored targets."""
+    logits, targets, ignore_index = case
+    targets = on_device(targets, device)
+    check_gradients(lambda z: F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction),
+                    [leaf(logits, device)])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(arrays(shapes(min_dims=2, max_dims=3)))
+def test_cross_entropy_with_every_target_ignored_is_zero(device, reduction, logits):
+    """With every target ignored the loss is 0 (not 0/0 = NaN) and so is the gradient."""
+    z = leaf(logits, device)
+    loss = F.cross_entropy(z, on_device(np.full(logits.shape[:-1], -100), device), reduction=reduction)
+    loss.backward(np.ones(loss.shape))
+    np.testing.assert_array_equal(loss.numpy(), np.zeros(loss.shape))
+    np.testing.assert_array_equal(backend.to_numpy(z.grad), np.zeros(logits.shape))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@given(st.data())
+def test_cross_entropy_of_huge_logits(device, dtype, reduction, data):
+    """Logits of size 1e4 give a finite loss and gradient that match a float64 reference."""
+    logits, targets, ignore_index = data.draw(logits_and_targets(logits=data.draw(huge_logits(dtype))))
+    z = float_tensor(logits, device, dtype)
+    loss = F.cross_entropy(z, on_device(targets, device), ignore_index=ignore_index, reduction=reduction)
+    loss.backward(np.ones(loss.shape))
+    grad = backend.to_numpy(z.grad)
+    assert np.isfinite(loss.numpy()).all() and np.isfinite(grad).all()
+    logits64 = logits.astype(np.float64)  # the reference sees exactly the values the engine saw
+    np.testing.assert_allclose(loss.numpy(), ref_cross_entropy(logits64, targets, ignore_index, reduction),
+                               **TOLERANCE[dtype])
+    np.testing.assert_allclose(grad, ref_cross_entropy_grad(logits64, targets, ignore_index, reduction),
+                               **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("bad_target", [-1, 3])
+def test_cross_entropy_rejects_targets_outside_the_classes(device, bad_target):
+    """Targets must lie in [0, C) unless they equal ignore_index."""
+    with pytest.raises(IndexError, match=r"\[0, 3\)"):
+        F.cross_entropy(leaf(np.zeros((2, 3)), device), [0, bad_target])
+
+
+def test_cross_entropy_rejects_an_unknown_reduction(device):
+    """reduction must be "mean", "sum" or "none"; the message repeats the name given."""
+    with pytest.raises(ValueError, match="reduction.*'avg'"):
+        F.cross_entropy(leaf(np.zeros((2, 3)), device), [0, 1], reduction="avg")
+
+
+def test_cross_entropy_names_mismatched_target_shape(device):
+    """Targets must have the logits' shape without the class axis; both shapes are in the message."""
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3, 4\)"):
+        F.cross_entropy(leaf(np.zeros((2, 3, 4)), device), np.zeros((2, 4), dtype=np.int64))
+
+
+# ----------------------------------------------------------------------------------------------
+# gelu
+
+@given(arrays(shapes(), -6.0, 6.0))
+def test_gelu_tanh_is_gpt1_formula(device, x):
+    """gelu(x, "tanh") = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-1's approximation."""
+    np.testing.assert_allclose(F.gelu(leaf(x, device), approximate="tanh").numpy(), ref_gelu_tanh(x),
+                               **TOLERANCE[np.float64])
+
+
+@given(arrays(shapes(), -6.0, 6.0))
+def test_gelu_exact_is_x_times_normal_cdf(device, x):
+    """gelu(x, "none") = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); the tanh form is within 1e-3 of it."""
+    exact = F.gelu(leaf(x, device), approximate="none").numpy()
+    np.testing.assert_allclose(exact, ref_gelu_exact(x), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(F.gelu(leaf(x, device)).numpy(), exact, rtol=0, atol=1e-3)
+
+
+@checks_gradient_of(F.GELU)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@given(arrays(shapes(), -6.0, 6.0))
+def test_gelu_gradient(device, approximate, x):
+    """Gradients of both forms match finite differences."""
+    check_gradients(lambda x: F.gelu(x, approximate=approximate), [leaf(x, device)])
+
+
+def test_gelu_rejects_an_unknown_approximation(device):
+    """approximate must be "tanh" or "none"; the message repeats the name given."""
+    with pytest.raises(ValueError, match="'sigmoid'"):
+        F.gelu(leaf(np.zeros(3), device), approximate="sigmoid")
+
+
+# ----------------------------------------------------------------------------------------------
+# layer_norm
+
+AFFINE = [(), ("weight",), ("bias",), ("weight", "bias")]
+
+
+@given(arrays(shapes(min_dims=1)), st.sampled_from([1e-5, 0.1]))
+def test_layer_norm_gives_rows_mean_zero_and_unit_variance(device, x, eps):
+    """Without weight and bias each row becomes (x - mean) / sqrt(var + eps) with the biased
+    variance: mean 0, variance var / (var + eps), i.e. 1 but for eps."""
+    out = F.layer_norm(leaf(x, device), eps=eps).numpy()
+    var = x.var(axis=-1)
+    np.testing.assert_allclose(out, ref_layer_norm(x, eps), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(out.mean(axis=-1), 0.0, atol=1e-10)
+    np.testing.assert_allclose(out.var(axis=-1), var / (var + eps), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("affine", AFFINE)
+@given(st.data())
+def test_layer_norm_weight_scales_and_bias_shifts(device, affine, data):
+    """layer_norm(x, w, b) = normalised x * w + b, with either of w and b optional."""
+    x = data.draw(arrays(shapes(min_dims=1)))
+    params = {name: data.draw(arrays(x.shape[-1:])) for name in affine}
+    out = F.layer_norm(leaf(x, device), **{name: leaf(p, device) for name, p in params.items()})
+    np.testing.assert_allclose(out.numpy(), ref_layer_norm(x, 1e-5, **params), **TOLERANCE[np.float64])
+
+
+@checks_gradient_of(F.LayerNorm)
+@pytest.mark.parametrize("affine", AFFINE)
+@given(st.data())
+def test_layer_norm_gradient(device, affine, data):
+    """Gradients of x and of the weight and bias that are given match finite differences."""
+    x = data.draw(arrays(shapes(min_dims=1)))
+    params = [leaf(data.draw(arrays(x.shape[-1:])), device) for _ in affine]
+    check_gradients(lambda x, *params: F.layer_norm(x, **dict(zip(affine, params))), [leaf(x, device), *params])
+
+
+@given(st.data())
+def test_layer_norm_of_constant_rows_is_the_bias(device, data):
+    """A constant row has variance 0: eps keeps the output finite (equal to the bias) and the
+    gradients finite and right."""
+    shape = data.draw(shapes(min_dims=1))
+    x = np.broadcast_to(data.draw(arrays(shape[:-1] + (1,))), shape).copy()
+    weight, bias = (data.draw(arrays(shape[-1:])) for _ in range(2))
+    out = F.layer_norm(leaf(x, device), leaf(weight, device), leaf(bias, device))
+    np.testing.assert_allclose(out.numpy(), np.broadcast_to(bias, shape), rtol=0, atol=1e-9)
+    check_gradients(F.layer_norm, [leaf(x, device), leaf(weight, device), leaf(bias, device)])
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_layer_norm_names_a_mis_shaped_parameter(device, name):
+    """weight and bias must have the shape of x's last axis; the message gives both shapes."""
+    with pytest.raises(ValueError, match=rf"{name} has shape \(3,\), expected \(4,\)"):
+        F.layer_norm(leaf(np.ones((2, 4)), device), **{name: leaf(np.ones(3), device)})
+
+
+# ----------------------------------------------------------------------------------------------
+# dropout
+
+@given(st.floats(0.05, 0.95), SEEDS)
+def test_dropout_zeroes_a_fraction_p_and_keeps_the_mean(device, p, seed):
+    """Each entry is zeroed with probability p and the rest scaled by 1 / (1 - p), so on a large
+    array the fraction zeroed is near p and the mean stays near 1 (bounds of 6 standard deviations)."""
+    n = 50_000
+    x = leaf(np.ones(n), device, requires_grad=False)
+    out = F.dropout(x, p, generator=fresh_generator(seed, x)).numpy()
+    zeroed = out == 0
+    np.testing.assert_allclose(out[~zeroed], 1 / (1 - p), rtol=1e-12)
+    assert abs(zeroed.mean() - p) <= 6 * math.sqrt(p * (1 - p) / n)
+    assert abs(out.mean() - 1) <= 6 * math.sqrt(p / ((1 - p) * n))
+
+
+@given(st.floats(0.1, 0.9), SEEDS)
+def test_dropout_mask_is_reproducible_from_the_seed(device, p, seed):
+    """Generators with the same seed draw the same mask; a different seed draws another one."""
+    x = leaf(np.ones((64, 64)), device, requires_grad=False)
+    first = F.dropout(x, p, generator=fresh_generator(seed, x)).numpy()
+    again = F.dropout(x, p, generator=fresh_generator(seed, x)).numpy()
+    other = F.dropout(x, p, generator=fresh_generator(seed + 1, x)).numpy()
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_manual_seed_makes_the_default_generator_reproducible(device):
+    """Without a generator, dropout draws from the device's default one, reseeded by manual_seed."""
+    x = leaf(np.ones(1000), device, requires_grad=False)
+    ag.manual_seed(1234)
+    first, second = F.dropout(x, 0.5).numpy(), F.dropout(x, 0.5).numpy()
+    ag.manual_seed(1234)
+    np.testing.assert_array_equal(F.dropout(x, 0.5).numpy(), first)
+    assert not np.array_equal(first, second)  # the default generator moves on between calls
+
+
+@given(arrays(shapes()), st.floats(0.0, 1.0))
+def test_dropout_is_the_identity_in_evaluation_and_at_p_zero(device, x, p):
+    """training=False (any p) or p = 0 passes x through unchanged."""
+    t = leaf(x, device)
+    np.testing.assert_array_equal(F.dropout(t, p, training=False).numpy(), x)
+    np.testing.assert_array_equal(F.dropout(t, 0.0).numpy(), x)
+
+
+def test_dropout_with_p_one_zeroes_everything_without_nan(device):
+    """p = 1 drops every entry: the output and gradient are 0, not 0 * inf."""
+    x = leaf(np.arange(1.0, 13.0).reshape(3, 4), device)
+    out = F.dropout(x, 1.0, generator=fresh_generator(0, x))
+    out.backward(np.ones(out.shape))
+    np.testing.assert_array_equal(out.numpy(), np.zeros(x.shape))
+    np.testing.assert_array_equal(backend.to_numpy(x.grad), np.zeros(x.shape))
+
+
+@checks_gradient_of(F.Dropout)
+@given(arrays(shapes()), st.floats(0.1, 0.9), SEEDS)
+def test_dropout_gradient(device, x, p, seed):
+    """With a fresh generator of one seed per call, every call draws the same mask, so dropout is
+    a fixed function whose gradient finite differences can check."""
+    check_gradients(lambda x: F.dropout(x, p, generator=fresh_generator(seed, x)), [leaf(x, device)])
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5, math.nan])
+def test_dropout_rejects_p_outside_zero_one(device, p):
+    """dropout's p and attention's dropout_p must be probabilities (NaN included in the refusal)."""
+    x = leaf(np.ones((2, 3, 4)), device)
+    with pytest.raises(ValueError, match="probability"):
+        F.dropout(x, p)
+    with pytest.raises(ValueError, match="probability"):
+        F.scaled_dot_product_attention(x, x, x, dropout_p=p)
+
+
+# ----------------------------------------------------------------------------------------------
+# scaled_dot_product_attention
+
+@st.composite
+def attention_inputs(draw, causal=st.booleans()):
+    """q (..., T, d), k (..., S, d), v (..., S, e), causal: 0 to 2 leading head axes, each of
+    which q, k or v may share (size 1, broadcast); S = T when causal, any S otherwise."""
+    causal = draw(causal)
+    heads = draw(shapes(min_dims=0, max_dims=2, max_side=3))
+    n_queries, d, e = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    n_keys = n_queries if causal else draw(st.integers(1, 4))
+
+    def heads_of_one_input():
+        shared = draw(st.lists(st.booleans(), min_size=len(heads), max_size=len(heads)))
+        return tuple(1 if s else n for s, n in zip(shared, heads))
+
+    q = draw(arrays(heads_of_one_input() + (n_queries, d)))
+    k = draw(arrays(heads_of_one_input() + (n_keys, d)))
+    v = draw(arrays(heads_of_one_input() + (n_keys, e)))
+    return q, k, v, causal
+
+
+@given(attention_inputs())
+def test_attention_is_softmax_of_scaled_scores_times_values(device, inputs):
+    """Output = softmax(q k^T / sqrt(d) + causal mask) v, computed directly in NumPy."""
+    q, k, v, causal = inputs
+    out = F.scaled_dot_product_attention(leaf(q, device), leaf(k, device), leaf(v, device), causal=causal)
+    np.testing.assert_allclose(out.numpy(), ref_attention(q, k, v, causal), rtol=1e-10, atol=1e-12)
+
+
+@given(attention_inputs(causal=st.just(True)), st.data())
+def test_causal_attention_does_not_look_ahead(device, inputs, data):
+    """With causal=True, the outputs up to position t stay the same whatever q, k and v hold after t."""
+    q, k, v, _ = inputs
+    t = data.draw(st.integers(0, q.shape[-2] - 1))
+    changed = []
+    for a in (q, k, v):
+        a = a.copy()
+        a[..., t + 1:, :] = data.draw(arrays(a[..., t + 1:, :].shape))
+        changed.append(a)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(*(leaf(a, device) for a in (q, k, v)), causal=True).numpy()
+
+    np.testing.assert_allclose(attend(*changed)[..., :t + 1, :], attend(q, k, v)[..., :t + 1, :],
+                               rtol=1e-12, atol=1e-12)
+
+
+@checks_gradient_of(F.ScaledDotProductAttention)
+@given(attention_inputs(), st.sampled_from([0.0, 0.3]), SEEDS)
+def test_attention_gradient(device, inputs, dropout_p, seed):
+    """Gradients of q, k and v match finite differences: causal or not, T != S, shared heads, and
+    with dropout on the attention weights (one seed per call, so each call drops the same ones)."""
+    q, k, v, causal = inputs
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=dropout_p,
+                                              generator=fresh_generator(seed, q))
+
+    check_gradients(attend, [leaf(q, device), leaf(k, device), leaf(v, device)])
+
+
+@given(st.floats(0.1, 0.9), SEEDS)
+def test_attention_dropout_drops_attention_weights(device, p, seed):
+    """With v the identity the output is the attention weights themselves. Under dropout each
+    weight becomes 0 or weight / (1 - p), and about a fraction p become 0."""
+    rng = np.random.default_rng(seed)
+    heads, n = 4, 32
+    q, k = leaf(rng.standard_normal((heads, n, 8)), device), leaf(rng.standard_normal((heads, n, 8)), device)
+    identity = leaf(np.eye(n), device)
+    weights = F.scaled_dot_product_attention(q, k, identity, causal=False).numpy()
+    dropped = F.scaled_dot_product_attention(q, k, identity, causal=False, dropout_p=p,
+                                             generator=fresh_generator(seed, q)).numpy()
+    zeroed = dropped == 0  # softmax weights are positive, so only dropout makes zeros
+    np.testing.assert_allclose(dropped[~zeroed], weights[~zeroed] / (1 - p), rtol=1e-12)
+    assert abs(zeroed.mean() - p) <= 6 * math.sqrt(p * (1 - p) / zeroed.size)
+
+
+@pytest.mark.parametrize("k_shape, v_shape", [
+    ((2, 5, 3), (2, 5, 6)),  # k's feature size is not q's
+    ((2, 5, 4), (2, 4, 6)),  # v has a different number of positions from k
+    ((3, 5, 4), (3, 5, 6)),  # k and v have 3 heads, q has 2
+], ids=["features", "positions", "heads"])
+def test_attention_names_shapes_that_do_not_fit(device, k_shape, v_shape):
+    """q, k and v that do not fit together are refused with a ValueError giving all three shapes."""
+    q_shape = (2, 3, 4)
+    q, k, v = (leaf(np.ones(s), device) for s in (q_shape, k_shape, v_shape))
+    with pytest.raises(ValueError, match=re.escape(f"q {q_shape}, k {k_shape}, v {v_shape}")):
+        F.scaled_dot_product_attention(q, k, v, causal=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# every functional: float32, and numpy against cupy
+
+def _functional_cases():
+    """Every functional as pytest.param(fn of float tensors, float64 input arrays), with fixed
+    ids, targets and dropout seeds."""
+    rng = np.random.default_rng(0)
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
+
+    def attention(**options):
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **options)
+
+    return [
+        pytest.param(F.linear, [normal(2, 3, 4), normal(4, 5), normal(5)], id="linear"),
+        pytest.param(lambda table: F.embedding([[0, 2, 2], [5, 0, 1]], table), [normal(6, 3)], id="embedding"),
+        pytest.param(lambda x: F.softmax(x, axis=0), [normal(3, 4)], id="softmax"),
+        pytest.param(lambda x: F.log_softmax(x, axis=1), [normal(3, 4)], id="log_softmax"),
+        pytest.param(lambda z: F.cross_entropy(z, [[1, -100, 3], [0, 2, 2]]), [normal(2, 3, 4)],
+                     id="cross_entropy_mean"),
+        pytest.param(lambda z: F.cross_entropy(z, [1, -100, 3], reduction="none"), [normal(3, 4)],
+                     id="cross_entropy_none"),
+        pytest.param(lambda x: F.gelu(x, approximate="tanh"), [normal(3, 4)], id="gelu_tanh"),
+        pytest.param(lambda x: F.gelu(x, approximate="none"), [normal(3, 4)], id="gelu_exact"),
+        pytest.param(F.layer_norm, [normal(3, 4), normal(4), normal(4)], id="layer_norm"),
+        pytest.param(lambda x: F.dropout(x, 0.3, generator=fresh_generator(0, x)), [normal(3, 4)], id="dropout"),
+        pytest.param(attention(causal=True), [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)],
+                     id="attention_causal"),
+        pytest.param(attention(causal=False), [normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2)],
+                     id="attention_cross"),
+        pytest.param(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
+                                                                    generator=fresh_generator(0, q)),
+                     [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)], id="attention_dropout"),
+    ]
+
+
+FUNCTIONAL_CASES = _functional_cases()
+
+
+def run_with_gradients(fn, inputs, device, dtype):
+    """fn's output tensor, and its inputs' gradients (for a fixed random upstream) as host arrays."""
+    tensors = [float_tensor(a, device, dtype) for a in inputs]
+    out = fn(*tensors)
+    out.backward(np.random.default_rng(1).standard_normal(out.shape))
+    return out, [backend.to_numpy(t.grad) for t in tensors]
+
+
+@pytest.mark.parametrize("fn, inputs", FUNCTIONAL_CASES)
+def test_float32_in_float32_out(device, fn, inputs):
+    """float32 inputs give float32 outputs and gradients, close to what float64 gives."""
+    out32, grads32 = run_with_gradients(fn, inputs, device, np.float32)
+    out64, grads64 = run_with_gradients(fn, inputs, device, np.float64)
+    assert out32.dtype == np.float32
+    assert [g.dtype for g in grads32] == [np.float32] * len(inputs)
+    np.testing.assert_allclose(out32.numpy(), out64.numpy(), rtol=1e-4, atol=1e-5)
+    for g32, g64 in zip(grads32, grads64):
+        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn, inputs", [case for case in FUNCTIONAL_CASES if "dropout" not in case.id])
+def test_numpy_and_cupy_agree(fn, inputs):
+    """The same float32 inputs on cpu and cuda give the same outputs and input gradients.
+    Dropout is left out: CuPy's generator draws other numbers than NumPy's from the same seed
+    (the dropout tests above check its statistics on each device)."""
+    out_cpu, grads_cpu = run_with_gradients(fn, inputs, "cpu", np.float32)
+    out_gpu, grads_gpu = run_with_gradients(fn, inputs, "cuda", np.float32)
+    assert out_gpu.device.startswith("cuda") and out_gpu.dtype == np.float32
+    np.testing.assert_allclose(out_gpu.numpy(), out_cpu.numpy(), rtol=1e-4, atol=1e-5)
+    for g_gpu, g_cpu in zip(grads_gpu, grads_cpu):
+        assert g_gpu.dtype == np.float32
+        np.testing.assert_allclose(g_gpu, g_cpu, rtol=1e-4, atol=1e-5)
