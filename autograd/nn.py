@@ -32,21 +32,28 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    def _members(self):
+        """(name, value) for each attribute, lists and tuples opened up as name.0, name.1, ..."""
+        for name, value in vars(self).items():
+            if isinstance(value, (list, tuple)):
+                yield from ((f"{name}.{i}", item) for i, item in enumerate(value))
+            else:
+                yield name, value
+
     def named_modules(self, prefix=""):
         """(path, module) for this module and every module below it, parents first."""
         yield prefix, self
-        for name, value in vars(self).items():
-            children = [(f"{name}.{i}", m) for i, m in enumerate(value)] if isinstance(value, (list, tuple)) else [(name, value)]
-            for child_name, child in children:
-                if isinstance(child, Module):
-                    yield from child.named_modules(f"{prefix}{child_name}.")
+        for name, value in self._members():
+            if isinstance(value, Module):
+                yield from value.named_modules(f"{prefix}{name}.")
 
-    def named_parameters(self):
+    def named_parameters(self, prefix=""):
         """(dotted name, Parameter) for every parameter, in the order they were assigned."""
-        for prefix, module in self.named_modules():
-            for name, value in vars(module).items():
-                if isinstance(value, Parameter):
-                    yield prefix + name, value
+        for name, value in self._members():
+            if isinstance(value, Parameter):
+                yield prefix + name, value
+            elif isinstance(value, Module):
+                yield from value.named_parameters(f"{prefix}{name}.")
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]

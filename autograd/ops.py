@@ -92,8 +92,16 @@ class Pow(Function):
         a, b, out = ctx.a, ctx.b, ctx.out
         need_a, need_b = ctx.needs_input_grad
         xp = get_array_module(grad)
-        return (unbroadcast(grad * b * a ** (b - 1), _shape(a)) if need_a else None,
-                unbroadcast(grad * out * xp.log(xp.asarray(a, dtype=grad.dtype)), _shape(b)) if need_b else None)
+        grad_a = grad_b = None
+        if need_a:  # b * a ** (b - 1), taken as 0 where b == 0 (also at a == 0, where a ** -1 is inf)
+            if isinstance(b, (int, float)):
+                slope = b * a ** (b - 1) if b != 0 else xp.zeros_like(a)
+            else:
+                slope = b * a ** xp.where(b == 0, 1, b - 1)
+            grad_a = unbroadcast(grad * slope, _shape(a))
+        if need_b:
+            grad_b = unbroadcast(grad * out * xp.log(xp.asarray(a, dtype=grad.dtype)), _shape(b))
+        return grad_a, grad_b
 
 
 class Neg(Function):
@@ -122,10 +130,10 @@ class MatMul(Function):
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         g2 = grad
-        if a.ndim == 1:
-            g2 = xp.expand_dims(g2, -2)
         if b.ndim == 1:
             g2 = xp.expand_dims(g2, -1)
+        if a.ndim == 1:
+            g2 = xp.expand_dims(g2, -2)
         need_a, need_b = ctx.needs_input_grad
         grad_a = grad_b = None
         if need_a:
@@ -142,7 +150,7 @@ class MatMul(Function):
 
 def _normalize_axes(axis, ndim):
     """axis (None, int or tuple, negatives allowed) as a sorted tuple of non-negative axes."""
-    if axis is None or ndim == 0:
+    if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     for ax in axes:
@@ -190,7 +198,7 @@ class Max(Function):
     @staticmethod
     def forward(ctx, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim)
-        if any(a.shape[ax] == 0 for ax in axes) or a.size == 0:
+        if any(a.shape[ax] == 0 for ax in axes):
             raise ValueError(f"max over an empty selection: shape {a.shape}, axis {axis}")
         out = a.max(axis=axes, keepdims=True)
         ctx.a, ctx.out = a, out
@@ -253,9 +261,10 @@ class Transpose(Function):
 
     @staticmethod
     def forward(ctx, a, axes=None):
-        axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(ax % a.ndim for ax in axes)
-        if sorted(axes) != list(range(a.ndim)):
+        axes = tuple(reversed(range(a.ndim))) if axes is None else axes
+        if not all(-a.ndim <= ax < a.ndim for ax in axes) or sorted(ax % a.ndim for ax in axes) != list(range(a.ndim)):
             raise ValueError(f"transpose axes {axes} are not a permutation of {a.ndim} axes")
+        axes = tuple(ax % a.ndim for ax in axes)
         ctx.inverse = tuple(sorted(range(a.ndim), key=axes.__getitem__))
         return a.transpose(axes)
 

@@ -77,9 +77,11 @@ class Function:
         float_dtype = _common_float_dtype(cls, tensors)
         needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx = Context(needs_input_grad)
-        out = cls.forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs)
+        out = _as_array(cls.forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
         if float_dtype is not None and out.dtype != float_dtype:
-            raise TypeError(f"{cls.__name__} turned {float_dtype} inputs into a {out.dtype} output")
+            others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
+            raise TypeError(f"{cls.__name__}: {float_dtype} inputs gave a {out.dtype} output"
+                            + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else ""))
         requires_grad = _grad_enabled and any(needs_input_grad)
         result = Tensor(out, requires_grad=requires_grad)
         if requires_grad:
@@ -88,9 +90,14 @@ class Function:
         return result
 
 
+def _as_array(x):
+    """NumPy gives a scalar, not a 0-d array, for some 0-d results; make it an array again."""
+    return np.asarray(x) if isinstance(x, np.generic) else x
+
+
 def _common_float_dtype(function, tensors):
     """The one floating dtype of an op's tensor inputs; mixing dtypes or devices is refused."""
-    if len(tensors) > 1 and len({type(t.data) for t in tensors}) > 1:
+    if len(tensors) > 1 and len({t.device for t in tensors}) > 1:
         devices = ", ".join(t.device for t in tensors)
         raise RuntimeError(f"{function.__name__}: inputs are on different devices ({devices})")
     dtypes = {t.data.dtype for t in tensors if t.data.dtype.kind == "f"}
@@ -214,7 +221,7 @@ class Tensor:
         grads = {id(self): grad}
         owned = set()  # ids of arrays already handed to a leaf's .grad in this pass
         for t in _consumers_first(self):
-            g = grads.pop(id(t), None)
+            g = _as_array(grads.pop(id(t), None))
             node = t._node
             if node is None:
                 if g is not None:

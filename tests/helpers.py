@@ -27,6 +27,8 @@ def arrays(shape, low=-3.0, high=3.0, dtype=np.float64):
 
 def away_from_zero(shape, low=0.5, high=3.0):
     """Arrays whose entries have magnitude in [low, high], either sign (safe denominators)."""
+    if isinstance(shape, st.SearchStrategy):
+        return shape.flatmap(lambda s: away_from_zero(s, low, high))
     return st.tuples(arrays(shape, low, high), hnp.arrays(np.bool_, shape)).map(lambda p: np.where(p[1], p[0], -p[0]))
 
 
