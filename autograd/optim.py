@@ -14,7 +14,7 @@ class Adam:
         lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)
         p -= lr_t (m / (sqrt(v) + eps) + l2 p)
     where the l2 term applies only to tensors of two or more dimensions (vectors too with
-    vector_l2). l2_mode="coupled" is classic L2, g += l2 p before the moments, then the usual
+    vector_l2); t is one count for all parameters, as in GPT-1's code. l2_mode="coupled" is classic L2, g += l2 p before the moments, then the usual
     Adam step: the numbers of torch.optim.Adam(weight_decay=l2), on every parameter.
     """
 
@@ -23,7 +23,7 @@ class Adam:
         if l2_mode not in ("decoupled", "coupled"):
             raise ValueError(f"Adam: l2_mode must be 'decoupled' or 'coupled', got {l2_mode!r}")
         for name, value in (("lr", lr), ("eps", eps), ("l2", l2), ("betas[0]", betas[0]), ("betas[1]", betas[1])):
-            if value < 0 or (name.startswith("betas") and value >= 1):
+            if not value >= 0 or (name.startswith("betas") and value >= 1):  # `not >=` refuses NaN too
                 raise ValueError(f"Adam: {name}={value} is out of range")
         self.params = list(params)
         self.lr, self.betas, self.eps, self.l2 = lr, tuple(betas), eps, l2
@@ -67,7 +67,8 @@ class Adam:
             p.data -= update
 
     def state_dict(self):
-        """The optimizer's state: step count, hyper-parameters and the moment arrays m and v."""
+        """The optimizer's state: step count, hyper-parameters and the moment arrays m and v
+        (the live arrays, not copies: save them before the next step)."""
         return {"step": self.step_count, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "l2": self.l2, "l2_mode": self.l2_mode, "vector_l2": self.vector_l2,
                 "m": list(self.m), "v": list(self.v)}
@@ -92,7 +93,7 @@ def clip_grad_norm(params, max_norm):
     """Scale all gradients together so their global L2 norm is at most max_norm.
 
     Returns the norm before clipping, as a 0-d array on the parameters' device (float() it to
-    log it); nothing here waits for the GPU.
+    log it; 0.0 when no parameter has a gradient); nothing here waits for the GPU.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
