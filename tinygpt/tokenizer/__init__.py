@@ -1,2 +1,3 @@
 """Tokenizers: a byte-level BPE you train on your own text, and GPT-1's original tokenizer."""
 from .bpe import BPETokenizer
+from .gpt1 import GPT1Tokenizer

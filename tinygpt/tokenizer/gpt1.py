@@ -1,0 +1,163 @@
+"""GPT-1's original tokenizer: the 40,478-entry BPE of `encoder_bpe_40000.json` + `vocab_40000.bpe`.
+
+Encoding follows the original `TextEncoder` (finetune-transformer-lm's text_utils.py): fix broken
+unicode, `text_standardize`, split into words like spaCy's English tokenizer, lower-case each
+word, then BPE with `</w>` on the word's last symbol. Pieces missing from the vocabulary become id 0
+(`<unk>`), as in the original. The paper's three task tokens follow the vocabulary: `_start_`,
+`_delimiter_`, `_classify_` (ids 40478..40480).
+
+The default `pretokenizer="builtin"` needs neither ftfy nor spaCy (see text.py);
+`pretokenizer="spacy"` runs the real ftfy and spaCy when they are installed.
+"""
+import json
+from pathlib import Path
+
+from .merges import apply_merges
+from .text import EnglishWordSplitter, fix_text, text_standardize
+
+UNKNOWN_ID = 0
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+WORD_END = "</w>"
+CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
+
+
+def read_encoder(path):
+    """`encoder_bpe_40000.json` -> {piece: id}; ids must be exactly 0 .. n-1, with 0 for '<unk>'."""
+    path = Path(path)
+    try:
+        encoder = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: line {error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(encoder, dict) or not encoder:
+        raise ValueError(f"{path}: expected a JSON object of piece -> id")
+    for piece, token_id in encoder.items():
+        if not piece or type(token_id) is not int:
+            raise ValueError(f"{path}: entry {piece!r}: {token_id!r} is not the integer id of a piece")
+    if sorted(encoder.values()) != list(range(len(encoder))):
+        raise ValueError(f"{path}: ids are not exactly 0..{len(encoder) - 1}, each once")
+    if encoder.get("<unk>", UNKNOWN_ID) != UNKNOWN_ID:
+        raise ValueError(f"{path}: '<unk>' has id {encoder['<unk>']}, expected {UNKNOWN_ID}")
+    return encoder
+
+
+def read_merges(path, encoder):
+    """`vocab_40000.bpe` -> [(left, right)] in rank order: a '#version' line, then one merge per
+    line whose joined pieces must be in the encoder."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if not lines[0].startswith("#version"):
+        raise ValueError(f"{path}: line 1: expected a '#version' header, got {lines[0][:40]!r}")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the file
+    merges = []
+    for number, line in enumerate(lines[1:], start=2):
+        pair = tuple(line.split(" "))
+        if len(pair) != 2 or not all(pair):
+            raise ValueError(f"{path}: line {number}: expected two pieces and one space, got {line!r}")
+        merged = "".join(pair)
+        if merged not in encoder:
+            raise ValueError(f"{path}: line {number}: the merged piece {merged!r} is not in the encoder")
+        merges.append(pair)
+    return merges
+
+
+def _spacy_pipeline():
+    """The original's unicode fix and word split, from the real ftfy and spaCy."""
+    try:
+        import ftfy
+        import spacy
+    except ImportError as error:
+        raise ImportError("pretokenizer='spacy' needs spaCy and ftfy: pip install spacy ftfy") from error
+    spacy_tokenizer = spacy.blank("en").tokenizer  # spacy.load('en')'s tokenizer, without a model
+    return ftfy.fix_text, lambda text: [token.text for token in spacy_tokenizer(text)]
+
+
+class GPT1Tokenizer:
+    """Text <-> ids with GPT-1's vocabulary, exactly as the original encoder produced them."""
+
+    def __init__(self, encoder, merges, pretokenizer="builtin"):
+        """encoder: {piece: id} (ids 0..n-1); merges: [(left, right)] in rank order.
+        pretokenizer: "builtin" (no extra packages) or "spacy" (uses spaCy and ftfy)."""
+        if pretokenizer == "builtin":
+            self._fix_text, self._split_words = fix_text, EnglishWordSplitter()
+        elif pretokenizer == "spacy":
+            self._fix_text, self._split_words = _spacy_pipeline()
+        else:
+            raise ValueError(f"pretokenizer must be 'builtin' or 'spacy', got {pretokenizer!r}")
+        self.pretokenizer = pretokenizer
+        self._encoder = dict(encoder)
+        self._ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
+        self._special_tokens = {name: len(encoder) + i for i, name in enumerate(SPECIAL_TOKENS)}
+        self._id_to_token = [None] * (len(encoder) + len(SPECIAL_TOKENS))
+        for piece, token_id in [*encoder.items(), *self._special_tokens.items()]:
+            self._id_to_token[token_id] = piece
+        self._cache = {}
+
+    @classmethod
+    def from_files(cls, encoder_json, merges_bpe, pretokenizer="builtin"):
+        """Load `encoder_bpe_40000.json` and `vocab_40000.bpe`; errors name the file and line."""
+        encoder = read_encoder(encoder_json)
+        return cls(encoder, read_merges(merges_bpe, encoder), pretokenizer)
+
+    # -- looking things up ---------------------------------------------------------------------
+
+    @property
+    def vocab_size(self):
+        """BPE pieces plus the three special tokens (40,481 for GPT-1's files)."""
+        return len(self._id_to_token)
+
+    @property
+    def special_tokens(self):
+        """{name: id}: `_start_`, `_delimiter_`, `_classify_` right after the BPE pieces."""
+        return dict(self._special_tokens)
+
+    def token_to_id(self, token):
+        """Id of a piece ('the</w>') or of a special token's name (KeyError for anything else)."""
+        if token in self._special_tokens:
+            return self._special_tokens[token]
+        return self._encoder[token]
+
+    def id_to_token(self, token_id):
+        return self._id_to_token[token_id]
+
+    # -- encoding and decoding -----------------------------------------------------------------
+
+    def words(self, text):
+        """The lower-cased words the original encoder would pass to BPE."""
+        return [word.lower() for word in self._split_words(text_standardize(self._fix_text(text)))]
+
+    def encode(self, text):
+        """Text -> ids (special tokens are not parsed out of text; add their ids yourself)."""
+        ids = []
+        for word in self.words(text):
+            word_ids = self._cache.get(word)
+            if word_ids is None:
+                word_ids = self._encode_word(word)
+            ids += word_ids
+        return ids
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+    def _encode_word(self, word):
+        """BPE of one word, `</w>` on its last symbol; remembered in the cache."""
+        pieces = apply_merges((*word[:-1], word[-1] + WORD_END), self._ranks)
+        # The original joined the pieces with spaces and split them again; spaCy's newline token
+        # "\n " comes out as "\n  </w>" that way, which it mapped to the piece "\n</w>".
+        joined = " ".join(pieces)
+        if joined == "\n  </w>":
+            joined = "\n</w>"
+        word_ids = [self._encoder.get(piece, UNKNOWN_ID) for piece in joined.split(" ")]
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[word] = word_ids
+        return word_ids
+
+    def decode(self, ids):
+        """Ids -> text: the pieces joined, each `</w>` a space (lower case, spaced punctuation)."""
+        pieces = []
+        for token_id in ids:
+            if not 0 <= token_id < len(self._id_to_token):
+                raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+            pieces.append(self._id_to_token[token_id])
+        return "".join(pieces).replace(WORD_END, " ").strip()
