@@ -15,7 +15,7 @@ from .backend import to_numpy
 
 # safetensors dtype name -> numpy dtype of the stored bytes (little-endian)
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
-          "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+          "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -30,7 +30,11 @@ def save_file(tensors, path, metadata=None):
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name, array in tensors.items():
-        array = np.ascontiguousarray(to_numpy(array))
+        if name == "__metadata__":
+            raise ValueError("save_file: '__metadata__' is reserved and cannot name a tensor")
+        array = to_numpy(array)
+        if not array.flags.c_contiguous:
+            array = array.copy()
         if array.dtype.newbyteorder("<") not in NAMES:
             raise TypeError(f"save_file: tensor {name!r} has dtype {array.dtype}, which safetensors cannot hold")
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
@@ -87,7 +91,10 @@ def load_file_with_metadata(path):
         tensors = {}
         for (begin, end, dtype, shape), name in entries:
             f.seek(8 + header_len + begin)
-            array = np.frombuffer(f.read(end - begin), dtype=DTYPES[dtype]).reshape(shape)
+            try:
+                array = np.frombuffer(f.read(end - begin), dtype=DTYPES[dtype]).reshape(shape)
+            except ValueError as error:  # an empty shape numpy cannot hold, such as [0, 2**70]
+                fail(f"tensor {name!r}: shape {list(shape)} ({error})")
             tensors[name] = _bf16_to_float32(array) if dtype == "BF16" else array.astype(array.dtype.newbyteorder("="))
     return {name: tensors[name] for name in header}, metadata
 
@@ -101,7 +108,7 @@ def _parse_header(raw, fail):
 
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         fail(f"the header is not JSON ({error})")
     if not isinstance(header, dict):
         fail("the header is not a JSON object")
@@ -116,7 +123,7 @@ def _check_entry(name, entry, data_len, fail):
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         fail(f"tensor {name!r} must have exactly dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         fail(f"tensor {name!r} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         fail(f"tensor {name!r} has a bad shape {shape!r}")

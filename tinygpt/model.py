@@ -6,6 +6,7 @@
 
 Parameter names are those of the openai-gpt checkpoints, so state dicts move both ways.
 """
+import dataclasses
 import json
 import os
 
@@ -36,7 +37,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, config):
-        self.config = config
+        self.config = config = dataclasses.replace(config)  # our own copy: resizing changes it
         std = config.initializer_range
         self.tokens_embed = nn.Embedding(config.vocab_size, config.n_embd, std)
         self.positions_embed = nn.Embedding(config.n_ctx, config.n_embd, std)
@@ -82,7 +83,8 @@ class GPT(nn.Module):
     # ----- checkpoints in the openai-gpt layout: config.json + model.safetensors
     def save_pretrained(self, directory):
         os.makedirs(directory, exist_ok=True)
-        save_file(self.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "np"})
+        # "pt" is the format tag transformers checks for; the bytes are plain little-endian arrays
+        save_file(self.state_dict(), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(directory, "config.json"), "w") as f:
             json.dump(self.config.to_hf_dict(), f, indent=2)
 
