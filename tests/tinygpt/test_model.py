@@ -250,6 +250,31 @@ def test_tiny_model_overfits_one_batch(device):
     assert first > 2.0 and loss.item() < 0.02
 
 
+@pytest.mark.gpu
+def test_a_training_step_gives_the_same_numbers_on_numpy_and_cupy():
+    """One forward, backward and Adam step of the same model on the CPU and on the GPU agree to
+    float32 tolerance: the loss, every gradient, and every updated parameter."""
+    config = GPTConfig(**{**SMALL, **NO_DROPOUT})
+    ids = np.random.default_rng(3).integers(0, config.vocab_size, (3, config.n_ctx + 1))
+    results = []
+    for device in ("cpu", "cuda"):
+        model = randomize(GPT(config), seed=4).to(device)
+        optimizer = Adam(model.parameters(), lr=1e-2, l2=0.01)
+        loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
+        loss.backward()
+        grads = {name: host(p.grad) for name, p in model.named_parameters()}
+        optimizer.step()
+        results.append((loss.item(), grads, {name: host(p) for name, p in model.named_parameters()}))
+    (cpu_loss, cpu_grads, cpu_params), (gpu_loss, gpu_grads, gpu_params) = results
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-5)
+    for name in cpu_grads:
+        np.testing.assert_allclose(gpu_grads[name], cpu_grads[name], rtol=1e-3, atol=1e-6, err_msg=name)
+        # Adam's first step moves each entry by about lr * sign(g): only a clear sign is reproducible
+        clear = np.abs(cpu_grads[name]) > 1e-4
+        np.testing.assert_allclose(gpu_params[name][clear], cpu_params[name][clear], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
 # ----- vocabulary growth and input checks ------------------------------------------------------
 @given(st.integers(1, 5))
 def test_resize_token_embeddings_keeps_old_rows_and_adds_new_ones(device, extra):
