@@ -308,8 +308,9 @@ def dropout(x, p=0.5, training=True, generator=None):
 class ScaledDotProductAttention(Function):
     """softmax(q k^T / sqrt(d) + mask) v, with optional dropout on the attention weights.
 
-    q: (..., T, d), k: (..., S, d), v: (..., S, e). The causal mask lets query i see keys
-    0..i. The backward recomputes nothing but keeps the attention weights of the forward.
+    q: (..., T, d), k: (..., S, d), v: (..., S, e). The queries are the last T of the S
+    positions, so the causal mask lets query i see keys 0 .. i + S - T (with T == S: 0 .. i).
+    The backward keeps the attention weights of the forward rather than recomputing them.
     """
 
     @staticmethod
@@ -327,7 +328,9 @@ class ScaledDotProductAttention(Function):
         scores *= scale
         if causal:
             n_queries, n_keys = scores.shape[-2:]
-            scores += xp.triu(xp.full((n_queries, n_keys), -xp.inf, dtype=scores.dtype), k=1)
+            if n_queries > n_keys:
+                raise ValueError(f"attention: causal with {n_queries} queries but only {n_keys} keys")
+            scores += xp.triu(xp.full((n_queries, n_keys), -xp.inf, dtype=scores.dtype), k=1 + n_keys - n_queries)
         scores -= scores.max(axis=-1, keepdims=True)
         probs = xp.exp(scores, out=scores)
         probs /= probs.sum(axis=-1, keepdims=True)

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
+from .ops import Concat
 from .tensor import Tensor
 
 
@@ -167,14 +168,35 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(n_embd, n_embd, std=std)
         self.resid_dropout = Dropout(resid_pdrop)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
+        """x: (batch, time, n_embd). With a KVCache, the keys and values of earlier positions
+        come from it and this call's are added to it, so x holds only the new positions."""
         batch, time, width = x.shape
         heads = self.c_attn(x).reshape(batch, time, 3, self.n_head, width // self.n_head)
         q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (batch, head, time, head width)
+        if cache is not None:
+            k, v = cache.extend(self, k, v)
         y = F.scaled_dot_product_attention(q, k, v, causal=True,
                                            dropout_p=self.attn_pdrop if self.training else 0.0)
         y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)
         return self.resid_dropout(self.c_proj(y))
+
+
+class KVCache:
+    """The keys and values of the positions seen so far, for each attention layer, so that
+    generating one more token costs attention over one new position, not the whole sequence."""
+
+    def __init__(self):
+        self.length = 0  # positions cached; the model advances it after each call
+        self._keys, self._values = {}, {}
+
+    def extend(self, layer, k, v):
+        """Append this call's k and v (batch, head, time, width) for `layer`; return all so far."""
+        if layer in self._keys:
+            k = Concat.apply(self._keys[layer], k, axis=2)
+            v = Concat.apply(self._values[layer], v, axis=2)
+        self._keys[layer], self._values[layer] = k, v
+        return k, v
 
 
 class MLP(Module):

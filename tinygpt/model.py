@@ -30,8 +30,8 @@ class Block(nn.Module):
         self.mlp = nn.MLP(config.n_embd, config.n_inner, config.resid_pdrop, ACTIVATIONS[config.afn], std)
         self.ln_2 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
 
-    def forward(self, x):
-        n = self.ln_1(x + self.attn(x))
+    def forward(self, x, cache=None):
+        n = self.ln_1(x + self.attn(x, cache))
         return self.ln_2(n + self.mlp(n))
 
 
@@ -44,26 +44,32 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = [Block(config) for _ in range(config.n_layer)]
 
-    def hidden_states(self, ids):
-        """The last block's output (batch, time, n_embd) for token ids (batch, time)."""
-        ids = self._check_ids(ids)
-        positions = self.positions_embed.weight.xp.arange(ids.shape[1])
+    def hidden_states(self, ids, cache=None):
+        """The last block's output (batch, time, n_embd) for token ids (batch, time).
+
+        With a KVCache (generation), ids are the positions after those already in the cache.
+        """
+        start = cache.length if cache is not None else 0
+        ids = self._check_ids(ids, start)
+        positions = self.positions_embed.weight.xp.arange(start, start + ids.shape[1])
         x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
         for block in self.h:
-            x = block(x)
+            x = block(x, cache)
+        if cache is not None:
+            cache.length += ids.shape[1]
         return x
 
-    def forward(self, ids):
+    def forward(self, ids, cache=None):
         """Next-token logits (batch, time, vocab_size): the hidden states times W_e^T."""
-        return F.linear(self.hidden_states(ids), self.tokens_embed.weight.T)
+        return F.linear(self.hidden_states(ids, cache), self.tokens_embed.weight.T)
 
-    def _check_ids(self, ids):
+    def _check_ids(self, ids, start=0):
         ids = ids.data if isinstance(ids, Tensor) else ids
         ids = self.tokens_embed.weight.xp.asarray(ids)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
-        if ids.shape[1] > self.config.n_ctx:
-            raise ValueError(f"sequence of {ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}")
+        if start + ids.shape[1] > self.config.n_ctx:
+            raise ValueError(f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}")
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
                              f"got {int(ids.min())}..{int(ids.max())}")
