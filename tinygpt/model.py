@@ -104,15 +104,20 @@ class GPT(nn.Module):
                 config = GPTConfig.from_hf_dict(json.load(f))
         except json.JSONDecodeError as error:
             raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+        model = cls(config)
+        model.load_state_dict(cls.read_weights(directory))
+        return model.to(device)
+
+    @staticmethod
+    def read_weights(directory):
+        """The state dict in directory/model.safetensors, with any 'transformer.' prefix taken off
+        and the tied lm_head.weight and causal-mask buffers left out."""
         state = {}
         for key, array in load_file(os.path.join(directory, "model.safetensors")).items():
             key = key.removeprefix("transformer.")
-            if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):
-                continue
-            state[key] = array
-        model = cls(config)
-        model.load_state_dict(state)
-        return model.to(device)
+            if key != "lm_head.weight" and not key.endswith((".attn.bias", ".attn.masked_bias")):
+                state[key] = array
+        return state
 
     @classmethod
     def from_openai(cls, directory, config=None):

@@ -86,7 +86,8 @@ class GPT1Tokenizer:
             raise ValueError(f"pretokenizer must be 'builtin' or 'spacy', got {pretokenizer!r}")
         self.pretokenizer = pretokenizer
         self._encoder = dict(encoder)
-        self._ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
+        self._merges = [tuple(pair) for pair in merges]
+        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
         self._special_tokens = {name: len(encoder) + i for i, name in enumerate(SPECIAL_TOKENS)}
         self._id_to_token = [None] * (len(encoder) + len(SPECIAL_TOKENS))
         for piece, token_id in [*encoder.items(), *self._special_tokens.items()]:
@@ -98,6 +99,16 @@ class GPT1Tokenizer:
         """Load `encoder_bpe_40000.json` and `vocab_40000.bpe`; errors name the file and line."""
         encoder = read_encoder(encoder_json)
         return cls(encoder, read_merges(merges_bpe, encoder), pretokenizer)
+
+    FILES = ("encoder_bpe_40000.json", "vocab_40000.bpe")
+
+    def save(self, directory):
+        """Write the two files of the original release into `directory` (from_files reads them)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / self.FILES[0]).write_text(json.dumps(self._encoder), encoding="utf-8")
+        merges = "".join(f"{left} {right}\n" for left, right in self._merges)
+        (directory / self.FILES[1]).write_text("#version: 0.2\n" + merges, encoding="utf-8")
 
     # -- looking things up ---------------------------------------------------------------------
 

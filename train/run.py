@@ -1,0 +1,70 @@
+"""The run folder every training module writes, and reading one back.
+
+    config.json      the model config and the settings the run was started with
+    tokenizer/       the tokenizer's files (byte-level BPE, or GPT-1's original two files)
+    checkpoints/     see train/checkpoint.py
+    metrics.jsonl    one JSON object per line: {"step", "loss", ...} or {"step", "val_loss", ...}
+    loss.png         the loss curve, when matplotlib is installed
+"""
+import json
+import os
+
+from tinygpt import GPT, GPTConfig
+from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+
+from .checkpoint import find_checkpoint
+
+
+def save_tokenizer(tokenizer, run_dir):
+    tokenizer.save(os.path.join(run_dir, "tokenizer"))
+
+
+def load_tokenizer(directory):
+    """A tokenizer from a folder: GPT-1's original files if they are there, else byte-level BPE."""
+    encoder, merges = (os.path.join(directory, name) for name in GPT1Tokenizer.FILES)
+    if os.path.isfile(encoder):
+        return GPT1Tokenizer.from_files(encoder, merges)
+    if not os.path.isfile(os.path.join(directory, "vocab.json")):
+        raise FileNotFoundError(f"{directory}: no tokenizer here (expected vocab.json + merges.txt, "
+                                f"or {' + '.join(GPT1Tokenizer.FILES)})")
+    return BPETokenizer.load(directory)
+
+
+def write_config(run_dir, model_config, settings):
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({"model": model_config.to_dict(), "settings": settings}, f, indent=2)
+
+
+def read_config(run_dir):
+    """(GPTConfig, settings dict) from a run's config.json."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        return GPTConfig(**config["model"]), config["settings"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
+
+
+def load_run(path, device="cpu"):
+    """(model, tokenizer) from a run folder (its newest checkpoint) or from one checkpoint folder
+    inside a run, on `device` and in eval mode."""
+    checkpoint = find_checkpoint(path)
+    run_dir = os.path.dirname(os.path.dirname(checkpoint))
+    model = GPT.from_pretrained(checkpoint, device=device).eval()
+    return model, load_tokenizer(os.path.join(run_dir, "tokenizer"))
+
+
+def append_metrics(run_dir, record):
+    """Add one line to metrics.jsonl (flushed, so a crash keeps every line written)."""
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def read_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
