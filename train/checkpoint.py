@@ -75,8 +75,9 @@ def load_checkpoint(path, model, optimizer=None):
             state = json.load(f)
     except json.JSONDecodeError as error:
         raise ValueError(f"{state_path}: not valid JSON ({error})") from None
+    weights = GPT.read_weights(folder)
     try:
-        model.load_state_dict(GPT.read_weights(folder))
+        model.load_state_dict(weights)
     except ValueError as error:
         raise ValueError(f"{folder}: the checkpoint does not fit this model: {error}") from None
     if optimizer is not None:

@@ -68,3 +68,36 @@ def read_metrics(run_dir):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def rewrite_metrics(run_dir, records):
+    """Replace metrics.jsonl with `records` (a resumed run drops the lines after its checkpoint)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path + ".partial", "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+    os.replace(path + ".partial", path)
+
+
+def plot_metrics(run_dir):
+    """Draw loss.png from metrics.jsonl (training and validation loss by step); returns its path,
+    or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    metrics = read_metrics(run_dir)
+    train = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
+    val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for points, label in ((train, "training"), (val, "validation")):
+        if points:
+            axes.plot(*zip(*points), label=label, marker="o" if label == "validation" else None)
+    axes.set(xlabel="step", ylabel="loss (nats per token)", title=os.path.basename(os.path.abspath(run_dir)))
+    axes.legend()
+    path = os.path.join(run_dir, "loss.png")
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return path

@@ -1,0 +1,64 @@
+"""The token cache, the windows and the order of batches."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from tinygpt.tokenizer import BPETokenizer
+from train import data
+
+TEXTS = ["one two three four five six seven eight nine ten " * 20, "a second text, shorter. " * 10]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return BPETokenizer.train(TEXTS, 300)
+
+
+def test_the_token_cache_is_written_once_and_reused(tokenizer, tmp_path):
+    ids, path, reused = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    again, same_path, reused_again = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    assert not reused and reused_again and path == same_path
+    np.testing.assert_array_equal(np.asarray(again), ids)
+    np.testing.assert_array_equal(ids, [i for text in TEXTS for i in tokenizer.encode(text)])
+
+
+def test_another_corpus_or_tokenizer_gets_another_cache_file(tokenizer, tmp_path):
+    _, path, _ = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    _, other_text, _ = data.tokenize_corpus(TEXTS[:1], tokenizer, cache=tmp_path)
+    _, other_tokenizer, _ = data.tokenize_corpus(TEXTS, BPETokenizer.train(TEXTS, 290), cache=tmp_path)
+    assert len({path, other_text, other_tokenizer}) == 3
+
+
+@given(st.integers(2, 200), st.integers(1, 8))
+def test_windows_are_contiguous_and_cover_every_target_once(length, n_ctx):
+    ids = np.arange(length)
+    if length - 1 < n_ctx:
+        with pytest.raises(ValueError, match="fewer than one window"):
+            data.Windows(ids, n_ctx)
+        return
+    windows = data.Windows(ids, n_ctx)
+    targets = np.concatenate([windows.window(i)[1:] for i in range(windows.count)])
+    assert all(len(windows.window(i)) == n_ctx + 1 for i in range(windows.count))
+    np.testing.assert_array_equal(targets, np.arange(1, windows.count * n_ctx + 1))
+
+
+@given(st.integers(0, 50), st.integers(0, 3))
+def test_the_batch_of_a_step_depends_only_on_step_and_seed(step, seed):
+    windows = data.Windows(np.arange(401), 10)
+    np.testing.assert_array_equal(windows.training_batch(step, 4, seed), windows.training_batch(step, 4, seed))
+    per_epoch = windows.count // 4
+    epoch = np.concatenate([windows.training_batch(s, 4, seed)[:, 0] for s in range(per_epoch)])
+    assert len(set(epoch.tolist())) == per_epoch * 4  # no window twice within an epoch
+
+
+def test_split_holds_out_the_end_and_refuses_a_tiny_corpus():
+    train, val = data.split(np.arange(1000), 0.1, 8)
+    assert len(val) == 100 and val[0] == 900 and len(train) == 900
+    with pytest.raises(ValueError, match="too few"):
+        data.split(np.arange(20), 0.1, 16)
+
+
+def test_unigram_baseline_is_the_perplexity_of_the_training_frequencies():
+    train, val = np.array([0, 0, 0, 1]), np.array([0, 1])
+    p0, p1 = 4 / 7, 2 / 7  # add-one smoothing over a vocabulary of 3
+    assert data.unigram_perplexity(train, val, 3) == pytest.approx(np.exp(-(np.log(p0) + np.log(p1)) / 2))

@@ -1,0 +1,141 @@
+"""python -m train.pretrain end to end, on a small model and corpus: the run folder, exact resume,
+Ctrl-C, NaN losses and bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from train import pretrain
+from train.checkpoint import checkpoint_steps
+from train.run import read_metrics
+
+SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300",
+         "--batch-size", "4", "--eval-windows", "8", "--sample-tokens", "4", "--device", "cpu"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    """A small text file, and a token cache of this test's own."""
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    sentences = [f"The {animal} number {i} walked over the {place} and sat down quietly. "
+                 for i in range(120) for animal, place in [("cat", "hill"), ("dog", "bridge")]]
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(sentences), encoding="utf-8")
+    return path
+
+
+def run(corpus, out, *extra):
+    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *extra])
+
+
+def losses(run_dir):
+    return [(m["step"], m["loss"]) for m in read_metrics(run_dir) if "loss" in m]
+
+
+def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
+    """The folder holds config, tokenizer, checkpoints and metrics; validation perplexity ends
+    below the unigram baseline the run prints."""
+    out = tmp_path / "run"
+    run(corpus, out, "--steps", "60", "--eval-every", "30", "--save-every", "20", "--keep-checkpoints", "2",
+        "--lr", "1e-2")
+    assert {"config.json", "tokenizer", "checkpoints", "metrics.jsonl"} <= set(os.listdir(out))
+    assert checkpoint_steps(out) == [40, 60]
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics if "loss" in m][-1] == 60
+    assert all({"lr", "tokens_per_s", "elapsed"} <= set(m) for m in metrics if "loss" in m)
+    printed = capsys.readouterr().out
+    perplexity = float(printed.split("validation perplexity ")[1].split()[0])
+    baseline = float(printed.split("unigram baseline ")[1].rstrip(")\n").split(")")[0])
+    assert perplexity < baseline / 2
+
+
+def test_resume_continues_with_the_same_losses(corpus, tmp_path):
+    """Resuming from the checkpoint at step 10 gives losses 11..20 identical to the run that went on."""
+    out = tmp_path / "run"
+    run(corpus, out, "--steps", "20", "--eval-every", "100", "--save-every", "10", "--log-every", "1")
+    uninterrupted = losses(out)
+    pretrain.main(["--resume", str(out / "checkpoints" / "10"), "--device", "cpu"])
+    assert losses(out) == uninterrupted
+    assert len(uninterrupted) == 20
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
+    """SIGINT stops the run within seconds after saving a checkpoint; --resume finishes it."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "train.pretrain", "--data", str(corpus), "--out", str(out), *SMALL,
+               "--steps", "100000", "--log-every", "1", "--save-every", "100000"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while len(losses(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 130, output
+    [step] = checkpoint_steps(out)
+    assert step >= 3 and f"interrupted after step {step}" in output
+    config = json.loads((out / "config.json").read_text())
+    config["settings"]["steps"] = step + 2
+    (out / "config.json").write_text(json.dumps(config))
+    pretrain.main(["--resume", str(out), "--device", "cpu"])
+    assert checkpoint_steps(out)[-1] == step + 2
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
+    """An absurd learning rate drives the loss to NaN: the run stops, says at which step, and the
+    checkpoint before it stays."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        run(corpus, out, "--steps", "200", "--lr", "1e12", "--warmup", "0", "--grad-clip", "0",
+            "--log-every", "1", "--save-every", "1", "--eval-every", "1000")
+    message = str(stop.value.code)
+    assert "the loss became" in message and "at step" in message
+    bad_step = int(message.split("at step ")[1].split(":")[0])
+    assert checkpoint_steps(out)[-1] == bad_step - 1
+
+
+@pytest.mark.parametrize("make_input, expected", [
+    (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt: no such file"),
+    (lambda tmp: ["--data", str(write(tmp / "empty.txt", b"  \n"))], "is empty"),
+    (lambda tmp: ["--data", str(write(tmp / "short.txt", b"Too short."))], "too few"),
+    (lambda tmp: ["--data", str(write(tmp / "latin1.txt", "caf\xe9 au lait".encode("latin-1")))],
+     "latin1.txt: not valid UTF-8 at byte offset 3"),
+    (lambda tmp: ["--batch-size", "6", "--grad-accum", "4"], "not a multiple"),
+])
+def test_bad_input_is_a_message_naming_it(corpus, tmp_path, capsys, make_input, expected):
+    with pytest.raises(SystemExit) as stop:
+        pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL, *make_input(tmp_path)])
+    assert stop.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_a_truncated_checkpoint_is_named_when_resuming(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(corpus, out, "--steps", "4", "--save-every", "2", "--eval-every", "100")
+    weights = out / "checkpoints" / "4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(SystemExit) as stop:
+        pretrain.main(["--resume", str(out), "--device", "cpu"])
+    assert stop.value.code == 2 and str(weights) in capsys.readouterr().err
+
+
+def test_weights_of_another_shape_are_refused_with_their_names(corpus, tmp_path, capsys):
+    """--init-from a run whose model is wider names the parameters that do not fit."""
+    wide = tmp_path / "wide"
+    run(corpus, wide, "--steps", "2", "--eval-every", "100", "--n-embd", "48")
+    with pytest.raises(SystemExit) as stop:
+        run(corpus, tmp_path / "narrow", "--steps", "2", "--init-from", str(wide))
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "--init-from" in error and "tokens_embed.weight" in error
+
+
+def write(path, data):
+    path.write_bytes(data)
+    return path

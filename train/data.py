@@ -1,0 +1,126 @@
+"""Pretraining data: text -> one cached array of token ids -> batches of contiguous windows.
+
+The corpus is tokenized once and kept as a binary file of ids (memory-mapped when read back),
+named by a hash of the text and of the tokenizer, so the next run with the same pair skips the
+work. As in the paper, the model trains on contiguous windows of n_ctx + 1 tokens (inputs and
+next-token targets). The order of the windows is a function of (seed, epoch) alone, so the
+batch of any step can be rebuilt, which is what makes resuming exact.
+"""
+import hashlib
+import os
+
+import numpy as np
+
+from tinygpt.tokenizer.bpe import find_text_files, read_text_file
+
+
+def default_corpus():
+    """Text that ships with Python itself (the pydoc topics), for a run that needs no download."""
+    from pydoc_data.topics import topics
+
+    return ["\n\n".join(topics[name] for name in sorted(topics))]
+
+
+def read_corpus(paths):
+    """The texts of files, folders (every *.txt below) and globs; errors name the file and byte."""
+    files = find_text_files(paths)
+    if not files:
+        raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
+    texts = [read_text_file(path) for path in files]
+    if not any(text.strip() for text in texts):
+        raise ValueError(f"the corpus in {', '.join(map(str, paths))} is empty")
+    return texts
+
+
+def tokenizer_fingerprint(tokenizer):
+    """A hash of what decides how text is cut: every token and its id."""
+    digest = hashlib.sha256()
+    for token_id in range(tokenizer.vocab_size):
+        digest.update(f"{token_id}\t{tokenizer.id_to_token(token_id)!r}\n".encode())
+    return digest.hexdigest()
+
+
+def cache_dir():
+    return os.environ.get("TINYGPT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tinygpt"))
+
+
+def tokenize_corpus(texts, tokenizer, cache=None):
+    """All texts encoded and joined into one 1-D array of ids (uint16 or uint32), cached on disk.
+
+    Returns (ids, path of the cache file, whether it was reused).
+    """
+    digest = hashlib.sha256(tokenizer_fingerprint(tokenizer).encode())
+    for text in texts:
+        digest.update(hashlib.sha256(text.encode("utf-8")).digest())
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    folder = cache or os.path.join(cache_dir(), "tokens")
+    path = os.path.join(folder, f"{digest.hexdigest()[:32]}.{np.dtype(dtype).name}")
+    if os.path.isfile(path):
+        return np.memmap(path, dtype=dtype, mode="r"), path, True
+    ids = np.fromiter((i for text in texts for i in tokenizer.encode(text)), dtype=dtype)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{path}.partial-{os.getpid()}"
+    ids.tofile(temporary)
+    os.replace(temporary, path)
+    return ids, path, False
+
+
+class Windows:
+    """Contiguous windows of n_ctx + 1 tokens over an array of ids, served in batches.
+
+    Window i starts at token i * n_ctx, so consecutive windows overlap by one token and every
+    token but the first is a target exactly once per epoch.
+    """
+
+    def __init__(self, ids, n_ctx, name="data"):
+        self.ids, self.n_ctx = ids, n_ctx
+        self.count = (len(ids) - 1) // n_ctx
+        if self.count < 1:
+            raise ValueError(f"{name}: {len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}")
+
+    def window(self, index):
+        start = index * self.n_ctx
+        return self.ids[start:start + self.n_ctx + 1]
+
+    def batch(self, indices):
+        return np.stack([self.window(i) for i in indices]).astype(np.int64)
+
+    def order(self, seed, epoch):
+        """The window order of one epoch: a permutation fixed by (seed, epoch)."""
+        return np.random.default_rng([seed, epoch]).permutation(self.count)
+
+    def training_batch(self, step, batch_size, seed):
+        """The batch of a training step: epoch after epoch, each in its own shuffled order.
+
+        Each epoch yields count // batch_size full batches (the rest of its windows are skipped).
+        """
+        per_epoch = self.count // batch_size
+        if per_epoch < 1:
+            raise ValueError(f"batch of {batch_size} windows, but the training data holds only {self.count}")
+        epoch, index = divmod(step, per_epoch)
+        return self.batch(self.order(seed, epoch)[index * batch_size:(index + 1) * batch_size])
+
+    def in_order(self, batch_size, limit=None):
+        """Batches of windows in order (for evaluation), at most `limit` windows in all."""
+        count = self.count if limit is None else min(limit, self.count)
+        for start in range(0, count, batch_size):
+            yield self.batch(range(start, min(start + batch_size, count)))
+
+
+def split(ids, val_fraction, n_ctx):
+    """(train ids, validation ids): the last val_fraction of the tokens is held out, at least
+    one window of them."""
+    held_out = max(int(len(ids) * val_fraction), n_ctx + 1)
+    if held_out >= len(ids) - n_ctx:
+        raise ValueError(f"the corpus has {len(ids)} tokens: too few for a training and a validation "
+                         f"window of n_ctx + 1 = {n_ctx + 1} tokens each")
+    return ids[:-held_out], ids[-held_out:]
+
+
+def unigram_perplexity(train_ids, val_ids, vocab_size):
+    """Perplexity of the validation tokens under the training tokens' unigram frequencies (add-one
+    smoothed): the baseline a language model must beat."""
+    counts = np.bincount(np.asarray(train_ids), minlength=vocab_size).astype(np.float64) + 1
+    log_probs = np.log(counts / counts.sum())
+    return float(np.exp(-log_probs[np.asarray(val_ids)].mean()))
+
