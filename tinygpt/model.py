@@ -60,8 +60,12 @@ class GPT(nn.Module):
         return x
 
     def forward(self, ids, cache=None):
-        """Next-token logits (batch, time, vocab_size): the hidden states times W_e^T."""
-        return F.linear(self.hidden_states(ids, cache), self.tokens_embed.weight.T)
+        """Next-token logits (batch, time, vocab_size)."""
+        return self.lm_logits(self.hidden_states(ids, cache))
+
+    def lm_logits(self, hidden):
+        """The LM head: hidden states times W_e^T (tied to the token embedding)."""
+        return F.linear(hidden, self.tokens_embed.weight.T)
 
     def _check_ids(self, ids, start=0):
         ids = ids.data if isinstance(ids, Tensor) else ids

@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 from tqdm import tqdm
 
 import autograd as ag

@@ -1,3 +1,5 @@
 """Tokenizers: a byte-level BPE you train on your own text, and GPT-1's original tokenizer."""
 from .bpe import BPETokenizer
 from .gpt1 import GPT1Tokenizer
+
+__all__ = ["BPETokenizer", "GPT1Tokenizer"]

@@ -1,0 +1,142 @@
+"""Task heads (the paper's section 3.2): a linear layer on the last block's state at _classify_.
+
+    P(y | x^1..x^m) = softmax(h_l^m W_y)                 the task's prediction
+    L3(C) = L2(C) + lambda * L1(C)                       the task loss plus the LM loss on the same inputs
+
+Every head wraps a GPT as `transformer`, applies `dropout` (0.1, the paper's classifier dropout)
+to h_l^m and then `head` (an nn.Linear), so a state dict reads `transformer.tokens_embed.weight`,
+`transformer.h.0.attn.c_attn.weight`, ..., `head.weight`, `head.bias`.
+
+A head takes the arrays of a tinygpt.tasks.Batch: ids (N, S, T) and clf_positions (N, S), with
+S sequences per example (1; 2 for similarity; one per answer for multiple choice).
+"""
+import numpy as np
+
+import autograd as ag
+from autograd import functional as F
+from autograd import nn
+
+from .tasks import IGNORE, SPECIAL_TOKENS
+
+
+def resize(transformer, tokenizer):
+    """Add the tokenizer's extra tokens (the paper's _start_, _delimiter_, _classify_) to a GPT
+    whose vocabulary is smaller, as when fine-tuning a pre-trained GPT-1. Returns how many rows
+    were added (0 when the model already has them all)."""
+    missing = [name for name in SPECIAL_TOKENS if name not in tokenizer.special_tokens]
+    if missing:
+        raise ValueError(f"the tokenizer has no special tokens {missing}; fine-tuning needs {list(SPECIAL_TOKENS)}")
+    added = tokenizer.vocab_size - transformer.config.vocab_size
+    if added > 0:
+        transformer.resize_token_embeddings(tokenizer.vocab_size)
+    return max(added, 0)
+
+
+def lm_loss(lm_logits, targets):
+    """L1 on the task's own inputs: the next-token cross-entropy, averaged over each sequence's
+    predicted tokens, then over sequences (as the original code). Targets equal to IGNORE add
+    nothing."""
+    targets = np.asarray(targets)
+    per_token = F.cross_entropy(lm_logits, targets, ignore_index=IGNORE, reduction="none")
+    counts = np.maximum((targets != IGNORE).sum(axis=-1), 1)
+    return (per_token.sum(axis=-1) / counts).mean()
+
+
+class TaskHead(nn.Module):
+    """What the heads share: h_l^m of each sequence, the LM logits, dropout, W_y, and L3."""
+
+    def __init__(self, transformer, n_out, clf_pdrop=0.1):
+        self.transformer = transformer
+        self.dropout = nn.Dropout(clf_pdrop)
+        self.head = nn.Linear(transformer.config.n_embd, n_out, std=transformer.config.initializer_range)
+
+    def forward(self, ids, clf_positions, lm=True):
+        """-> (the task's logits, LM logits (N, S, T, vocab) or None when lm is False)."""
+        n, s, t = ids.shape
+        h = self.transformer.hidden_states(np.reshape(ids, (n * s, t)))
+        xp = h.xp
+        rows, columns = xp.arange(n * s), xp.asarray(clf_positions).reshape(-1)
+        states = h[rows, columns].reshape(n, s, h.shape[-1])  # h_l^m: the state at _classify_
+        lm_logits = self.transformer.lm_logits(h).reshape(n, s, t, -1) if lm else None
+        return self.logits(states), lm_logits
+
+    def logits(self, states):
+        """The task's logits from the classify-token states (N, S, n_embd)."""
+        raise NotImplementedError
+
+    def task_loss(self, logits, labels):
+        """L2: cross-entropy of the logits against the class ids."""
+        return F.cross_entropy(logits, np.asarray(labels))
+
+    def predict(self, logits):
+        """Predicted class ids, as a numpy array."""
+        return logits.numpy().argmax(axis=-1)
+
+    def loss(self, batch, lm_coef=0.5):
+        """L3 = L2 + lm_coef * L1 on a Batch -> (L3, L2, L1); L1 is None (and its logits never
+        computed) when lm_coef is 0."""
+        logits, lm_logits = self(batch.ids, batch.clf_positions, lm=lm_coef != 0)
+        task = self.task_loss(logits, batch.labels)
+        if lm_logits is None:
+            return task, task, None
+        lm = lm_loss(lm_logits, batch.lm_targets)
+        return task + lm_coef * lm, task, lm
+
+
+class GPTForClassification(TaskHead):
+    """softmax(h_l^m W_y) over n_classes, from the one sequence of each example."""
+
+    def __init__(self, transformer, n_classes, clf_pdrop=0.1):
+        super().__init__(transformer, n_classes, clf_pdrop)
+
+    def logits(self, states):
+        return self.head(self.dropout(states[:, 0]))
+
+
+GPTForEntailment = GPTForClassification  # the same head: only the input transformation differs
+
+
+class GPTForSimilarity(TaskHead):
+    """Both orderings of the pair go through the model; their h_l^m are added, then W_y.
+    n_classes=None makes it a regression (one output, squared-error loss: STS-B's score)."""
+
+    def __init__(self, transformer, n_classes=None, clf_pdrop=0.1):
+        super().__init__(transformer, n_classes or 1, clf_pdrop)
+        self.regression = n_classes is None
+
+    def logits(self, states):
+        return self.head(self.dropout(states[:, 0] + states[:, 1]))
+
+    def task_loss(self, logits, labels):
+        if not self.regression:
+            return super().task_loss(logits, labels)
+        error = logits.reshape(-1) - ag.tensor(labels, dtype=logits.dtype, device=logits.device)
+        return (error * error).mean()
+
+    def predict(self, logits):
+        return logits.numpy()[:, 0] if self.regression else super().predict(logits)
+
+
+class GPTForMultipleChoice(TaskHead):
+    """One score h_l^m W_y per answer; a softmax over the answers picks one."""
+
+    def __init__(self, transformer, clf_pdrop=0.1):
+        super().__init__(transformer, 1, clf_pdrop)
+
+    def logits(self, states):
+        n, k, _ = states.shape
+        return self.head(self.dropout(states)).reshape(n, k)
+
+
+def make_head(kind, transformer, n_classes=None, clf_pdrop=0.1):
+    """The head for a task kind of tinygpt.tasks (n_classes: None for a similarity score; unused
+    for multiple choice)."""
+    if kind in ("classification", "entailment"):
+        if n_classes is None:
+            raise ValueError(f"a {kind} head needs n_classes")
+        return GPTForClassification(transformer, n_classes, clf_pdrop)
+    if kind == "similarity":
+        return GPTForSimilarity(transformer, n_classes, clf_pdrop)
+    if kind == "multiple_choice":
+        return GPTForMultipleChoice(transformer, clf_pdrop)
+    raise ValueError(f"unknown task kind {kind!r}")

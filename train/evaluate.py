@@ -1,0 +1,136 @@
+"""Evaluate a trained model: python -m train.evaluate COMMAND --run DIR ...
+
+    perplexity   token perplexity and bits per byte on text files
+
+Each command is an argparse subparser that registers its own handler (see
+add_perplexity_command); a new one is a function like it, called in build_parser.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+from autograd import functional as F
+from autograd.tensor import no_grad
+from tinygpt.tokenizer.bpe import find_text_files, read_text_file
+
+from .cli import open_run, positive_int
+
+IGNORE = -100  # the target of padding: cross_entropy leaves it out
+
+
+def read_tokens(paths, tokenizer, max_tokens=None):
+    """(token ids, UTF-8 bytes) of files, folders of *.txt and globs, joined in order.
+
+    Each file is encoded on its own and the ids are concatenated. With max_tokens the stream is
+    cut there, and the bytes of the file cut short are those its kept tokens decode to (exact for
+    byte-level BPE; GPT-1's tokenizer decodes to lower-cased, re-spaced text, so close to it).
+    """
+    ids, n_bytes = [], 0
+    for path in find_text_files(paths):
+        text = read_text_file(path)
+        file_ids = tokenizer.encode(text)
+        if max_tokens is not None and len(ids) + len(file_ids) > max_tokens:
+            file_ids = file_ids[:max_tokens - len(ids)]
+            text = tokenizer.decode(file_ids)
+        ids += file_ids
+        n_bytes += len(text.encode("utf-8"))
+        if max_tokens is not None and len(ids) >= max_tokens:
+            break
+    return ids, n_bytes
+
+
+def windows(ids, n_ctx):
+    """Windows of up to n_ctx + 1 tokens, one starting every n_ctx tokens, as in training.
+
+    A window's inputs are all its tokens but the last and its targets all but the first; the
+    windows share one token at each seam, so their targets do not overlap and every token but the
+    very first is predicted exactly once, the last partial window included.
+    """
+    return [ids[start:start + n_ctx + 1] for start in range(0, len(ids) - 1, n_ctx)]
+
+
+def negative_log_likelihood(model, ids, batch_size, progress=False):
+    """Total negative log-likelihood in nats of ids[1:], each token given up to n_ctx before it.
+
+    Windows go through the model batch_size at a time; a shorter last window is padded at the end,
+    which the causal mask keeps from changing the positions before it. The model should be in eval
+    mode (train.run.load_run gives it so).
+    """
+    chunks = windows(ids, model.config.n_ctx)
+    total = 0.0
+    with no_grad():
+        for start in range(0, len(chunks), batch_size):
+            batch = chunks[start:start + batch_size]
+            width = max(len(chunk) for chunk in batch) - 1
+            inputs = np.zeros((len(batch), width), dtype=np.int64)
+            targets = np.full((len(batch), width), IGNORE, dtype=np.int64)
+            for row, chunk in enumerate(batch):
+                inputs[row, :len(chunk) - 1] = chunk[:-1]
+                targets[row, :len(chunk) - 1] = chunk[1:]
+            loss = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE, reduction="sum")
+            total += float(loss.item())
+            if progress:
+                print(f"\r{min(start + batch_size, len(chunks))}/{len(chunks)} windows", end="", file=sys.stderr)
+    if progress:
+        print(file=sys.stderr)
+    return total
+
+
+def perplexity_command(parser, args):
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json: the folder of {args.json} does not exist")
+    model, tokenizer = open_run(parser, args.run, args.device)
+    try:
+        ids, n_bytes = read_tokens(args.data, tokenizer, args.max_tokens)
+    except (OSError, ValueError) as error:
+        parser.error(f"--data: {error}")
+    if len(ids) < 2:
+        parser.error(f"--data: the text holds {len(ids)} token(s); at least 2 are needed to predict one")
+    nll = negative_log_likelihood(model, ids, args.batch_size, progress=sys.stderr.isatty())
+    tokens = len(ids) - 1
+    results = {"perplexity": math.exp(nll / tokens), "bits_per_byte": nll / math.log(2) / n_bytes,
+               "loss": nll / tokens, "tokens": tokens, "bytes": n_bytes}
+    print(f"perplexity     {results['perplexity']:.4f}  (mean loss {results['loss']:.4f} nats per token)")
+    print(f"bits per byte  {results['bits_per_byte']:.4f}")
+    print(f"tokens         {tokens}  (predicted, of {len(ids)})")
+    print(f"bytes          {n_bytes}  (UTF-8)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)
+    return results
+
+
+def add_perplexity_command(commands):
+    parser = commands.add_parser(
+        "perplexity", help="token perplexity and bits per byte on text files",
+        description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first predicted "
+                    "once), and bits per byte (the negative log-likelihood in bits over the UTF-8 bytes of the "
+                    "text), which compares models with different tokenizers.")
+    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    parser.add_argument("--data", required=True, nargs="+", metavar="FILE",
+                        help="text files (UTF-8), folders of *.txt, or glob patterns")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass (8)")
+    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    parser.add_argument("--max-tokens", type=positive_int, help="evaluate only the first N tokens (for speed)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
+    parser.set_defaults(handler=lambda args: perplexity_command(parser, args))
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_perplexity_command(commands)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Readers for the fine-tuning tasks' files -> examples in tinygpt.tasks' format, with label maps.
+
+Task names and file layouts are those of ../shared/data/README.md: GLUE's TSVs (sst2, cola, rte,
+qnli, mnli, stsb, mrpc), SNLI's JSONL (snli) and the Story Cloze CSV (rocstories). `jsonl` reads
+your own data, one JSON object per line, in any one of these layouts:
+
+    {"text", "label"}   {"premise", "hypothesis", "label"}   {"text_a", "text_b", "label" | "score"}
+    {"context", "choices": [...], "label": the index of the right choice}
+
+A class's id is its index in the dataset's label names: the documented order for the named tasks,
+the sorted labels of the file for jsonl. Save them with save_labels and pass them back as
+`labels=` when reading a dev set, so that its ids are the train set's.
+
+A row with the wrong number of columns or fields, or an unknown label, stops reading with a
+ValueError naming the file and line; with skip_bad_rows=True it is left out and counted. Rows the
+dataset itself marks unusable (SNLI's gold_label "-") are always left out and counted.
+"""
+import csv
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from tinygpt.tasks import KINDS, kind_of
+
+
+class Tsv(NamedTuple):
+    """A TSV layout: {example field: column name in the header}, the label names in id order
+    (None for a score), and for a file without a header its width (columns are then positions)."""
+    columns: dict
+    labels: tuple
+    width: int = None
+
+
+BINARY = ("0", "1")
+ENTAILMENT = ("entailment", "not_entailment")
+NLI = ("contradiction", "entailment", "neutral")
+TSV = {
+    "sst2": Tsv({"text": "sentence", "label": "label"}, BINARY),
+    "cola": Tsv({"text": 3, "label": 1}, BINARY, width=4),  # source, label, original label, sentence
+    "rte": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "label"}, ENTAILMENT),
+    "qnli": Tsv({"premise": "question", "hypothesis": "sentence", "label": "label"}, ENTAILMENT),
+    "mnli": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "gold_label"}, NLI),
+    "stsb": Tsv({"text_a": "sentence1", "text_b": "sentence2", "score": "score"}, None),
+    "mrpc": Tsv({"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}, BINARY),
+}
+STORY_COLUMNS = ("InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
+                 "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding")
+TASKS = (*TSV, "snli", "rocstories", "jsonl")
+METRICS = {"cola": ("mcc",), "stsb": ("pearson", "spearman"), "mrpc": ("accuracy", "f1")}
+NO_GOLD_LABEL = "no gold label ('-')"
+
+
+@dataclass
+class Dataset:
+    """A task's examples. labels: the label names, a class's id being its index (None for scores
+    and multiple choice); skipped: {why: rows left out}; bad_rows: "file: line n: why" of each bad
+    row skipped."""
+    task: str
+    kind: str
+    examples: list
+    labels: list
+    skipped: dict
+    bad_rows: list
+
+    @property
+    def n_classes(self):
+        """How many classes a head needs; None for a score (and for multiple choice)."""
+        return len(self.labels) if self.labels is not None else None
+
+    @property
+    def metrics(self):
+        """Names of train.metrics' measures for this task."""
+        if self.task in METRICS:
+            return METRICS[self.task]
+        scores = self.kind == "similarity" and self.labels is None
+        return ("pearson", "spearman") if scores else ("accuracy",)
+
+
+class BadRow(Exception):
+    """A row that breaks the file's layout: an error, or counted when skipping bad rows."""
+
+
+class SkipRow(Exception):
+    """A row the dataset marks as unusable: always left out and counted."""
+
+
+def read(task, path, labels=None, skip_bad_rows=False):
+    """The examples of one file of `task` -> Dataset. labels: label names in id order, to read a
+    dev set with its train set's ids (by default the task's documented ones, or for jsonl the
+    file's own, sorted)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    path = Path(path)
+    reading = _Reading(path, skip_bad_rows)
+    if task in TSV:
+        layout = TSV[task]
+        rows = reading.keep(_tsv_rows(path, layout))
+        kind, documented, has_classes = kind_of(layout.columns), layout.labels, "label" in layout.columns
+    elif task == "snli":
+        rows = reading.keep(_converted(_lines(path), _snli_example))
+        kind, documented, has_classes = "entailment", NLI, True
+    elif task == "rocstories":
+        rows = reading.keep(_story_rows(path))
+        kind, documented, has_classes = "multiple_choice", None, False
+    else:
+        rows = reading.keep(_converted(_lines(path), _jsonl_example))
+        if not rows:
+            raise ValueError(f"{path}: no examples")
+        first = rows[0][1]
+        rows = reading.keep(_converted(rows, lambda example: _same_layout(example, first)))
+        kind, documented = kind_of(first), None
+        has_classes = kind != "multiple_choice" and "label" in first
+
+    if has_classes:
+        labels = list(labels if labels is not None else documented or _sorted({e["label"] for _, e in rows}))
+        ids = {label: i for i, label in enumerate(labels)}
+        rows = reading.keep(_converted(rows, lambda example: _with_label_id(example, ids)))
+    return Dataset(task, kind, [example for _, example in rows], labels if has_classes else None,
+                   dict(reading.skipped), reading.bad_rows)
+
+
+def save_labels(labels, path):
+    """Write the label names, in id order, as a JSON list."""
+    Path(path).write_text(json.dumps(list(labels), indent=1) + "\n", encoding="utf-8")
+
+
+def load_labels(path):
+    """The label names saved by save_labels."""
+    labels = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(labels, list) or len(set(map(repr, labels))) != len(labels):
+        raise ValueError(f"{path}: expected a JSON list of distinct label names")
+    return labels
+
+
+# ----- bad rows ----------------------------------------------------------------------------
+class _Reading:
+    """One file being read: refused rows raise a ValueError naming the file and line, or are
+    counted in `skipped` (and described in `bad_rows`)."""
+
+    def __init__(self, path, skip_bad_rows):
+        self.path, self.skip_bad_rows = path, skip_bad_rows
+        self.skipped, self.bad_rows = Counter(), []
+
+    def keep(self, rows):
+        """The (line, example) among (line, example or refusal), the refusals dealt with."""
+        kept = []
+        for line, item in rows:
+            if isinstance(item, SkipRow):
+                self.skipped[str(item)] += 1
+            elif isinstance(item, BadRow):
+                message = f"{self.path}: line {line}: {item}"
+                if not self.skip_bad_rows:
+                    raise ValueError(message + " (skip_bad_rows=True leaves such rows out)")
+                self.skipped["bad rows"] += 1
+                self.bad_rows.append(message)
+            else:
+                kept.append((line, item))
+        return kept
+
+
+def _converted(rows, convert):
+    """(line, convert(row)) for each (line, row), or (line, the BadRow or SkipRow it raised)."""
+    for line, row in rows:
+        try:
+            yield line, convert(row)
+        except (BadRow, SkipRow) as refusal:
+            yield line, refusal
+
+
+def _with_label_id(example, ids):
+    if example["label"] not in ids:
+        raise BadRow(f"unknown label {example['label']!r}; the labels are {list(ids)}")
+    return {**example, "label": ids[example["label"]]}
+
+
+def _sorted(labels):
+    """Label names sorted: numbers in order, then strings."""
+    return sorted(labels, key=lambda label: (isinstance(label, str), label))
+
+
+# ----- GLUE's TSVs ---------------------------------------------------------------------------
+def _tsv_rows(path, layout):
+    """(line, example or refusal) for each row of a TSV file. Quoting is off (an RTE cell opens
+    with a bare quote) and a BOM is dropped (MRPC has one)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        if layout.width:
+            width, positions = layout.width, layout.columns
+        else:
+            header = next(reader, [])
+            missing = [name for name in layout.columns.values() if name not in header]
+            if missing:
+                raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
+            width, positions = len(header), {field: header.index(name) for field, name in layout.columns.items()}
+        rows = ((reader.line_num, cells) for cells in reader)
+        yield from _converted(rows, lambda cells: _tsv_example(cells, width, positions))
+
+
+def _tsv_example(cells, width, positions):
+    if len(cells) != width:
+        raise BadRow(f"expected {width} tab-separated columns, got {len(cells)}")
+    example = {field: cells[i].strip() for field, i in positions.items()}
+    if "score" in example:
+        example["score"] = _number(example["score"])
+    return example
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise BadRow(f"the score {text!r} is not a number") from None
+
+
+# ----- the Story Cloze CSV -------------------------------------------------------------------
+def _story_rows(path):
+    """(line, example or refusal) for each story: the four sentences joined are the context,
+    the two endings the choices, and AnswerRightEnding (1 or 2) picks one."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        header = tuple(name.strip() for name in next(reader, []))
+        if header != STORY_COLUMNS:
+            raise ValueError(f"{path}: line 1: expected the header {','.join(STORY_COLUMNS)}")
+        yield from _converted(((reader.line_num, cells) for cells in reader), _story_example)
+
+
+def _story_example(cells):
+    if len(cells) != len(STORY_COLUMNS):
+        raise BadRow(f"expected {len(STORY_COLUMNS)} comma-separated columns, got {len(cells)}")
+    cells = [cell.strip() for cell in cells]
+    if cells[7] not in ("1", "2"):
+        raise BadRow(f"unknown label {cells[7]!r}; AnswerRightEnding is 1 or 2")
+    return {"context": " ".join(cells[1:5]), "choices": cells[5:7], "label": int(cells[7]) - 1}
+
+
+# ----- JSON lines: SNLI and your own data ------------------------------------------------------
+def _lines(path):
+    """(line, text) for each line that is not blank."""
+    with open(path, encoding="utf-8-sig") as f:
+        yield from ((number, text) for number, text in enumerate(f, start=1) if text.strip())
+
+
+def _json_object(text):
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BadRow(f"not valid JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise BadRow("expected a JSON object")
+    return row
+
+
+def _pick(row, fields):
+    """{field: row[field]} for the fields, all of which the row must have."""
+    missing = [field for field in fields if field not in row]
+    if missing:
+        raise BadRow(f"no field {', '.join(map(repr, missing))}")
+    return {field: row[field] for field in fields}
+
+
+def _snli_example(text):
+    row = _pick(_json_object(text), ("sentence1", "sentence2", "gold_label"))
+    if row["gold_label"] == "-":
+        raise SkipRow(NO_GOLD_LABEL)
+    return {"premise": row["sentence1"], "hypothesis": row["sentence2"], "label": row["gold_label"]}
+
+
+def _jsonl_example(text):
+    """One row of your own data: the fields of one task kind, of the right types."""
+    row = _json_object(text)
+    kind = kind_of(row)
+    if kind is None:
+        layouts = "; ".join(" + ".join(fields) for fields in KINDS.values())
+        raise BadRow(f"fields {sorted(row)} match no task (expected {layouts}, and a label)")
+    target = "score" if kind == "similarity" and "score" in row else "label"
+    example = _pick(row, (*KINDS[kind], target))
+    value = example[target]
+    if kind == "multiple_choice":
+        choices = example["choices"]
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+            raise BadRow("choices must be a non-empty list of strings")
+        if type(value) is not int or not 0 <= value < len(choices):
+            raise BadRow(f"the label {value!r} is not the index of one of the {len(choices)} choices")
+    if not all(isinstance(example[field], str) for field in KINDS[kind] if field != "choices"):
+        raise BadRow(f"{' and '.join(KINDS[kind])} must be strings")
+    if target == "score" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise BadRow(f"the score {value!r} is not a number")
+    if target == "label" and not isinstance(value, (str, int)):
+        raise BadRow(f"the label {value!r} must be a string or an integer")
+    return example
+
+
+def _same_layout(example, first):
+    """The example, if its fields (and number of choices) are those of the file's first row."""
+    def layout(e):
+        return ", ".join(sorted(e)) + (f" with {len(e['choices'])} choices" if "choices" in e else "")
+    if layout(example) != layout(first):
+        raise BadRow(f"fields {layout(example)} differ from the first row's {layout(first)}")
+    return example
