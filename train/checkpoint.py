@@ -2,6 +2,8 @@
 
     checkpoints/<step>/model.safetensors       weights, openai-gpt layout (GPT.from_pretrained reads
     checkpoints/<step>/config.json             the folder as it is)
+    checkpoints/<step>/head.safetensors        a fine-tuned task head's own weights (head.weight, ...),
+                                               when the model is a head around a GPT (`.transformer`)
     checkpoints/<step>/optimizer.safetensors   Adam's moments, m.<name> and v.<name>
     checkpoints/<step>/state.json              step, Adam's step count and settings, and the loop's
                                                own counters (everything else is derived from them)
@@ -17,6 +19,26 @@ from autograd.serialization import SafetensorsError, load_file, save_file
 from tinygpt import GPT
 
 STATE_FILE = "state.json"
+HEAD_FILE = "head.safetensors"
+
+
+def save_weights(model, folder):
+    """Write the weights of a GPT, or of a task head around one: the GPT in the openai-gpt layout
+    (so the folder still loads with GPT.from_pretrained), the head's own parameters beside it."""
+    transformer = getattr(model, "transformer", model)
+    transformer.save_pretrained(folder)
+    if transformer is not model:
+        head = {name: p.data for name, p in model.named_parameters() if not name.startswith("transformer.")}
+        save_file(head, os.path.join(folder, HEAD_FILE))
+
+
+def read_weights(folder, model):
+    """The state dict that save_weights wrote for `model` (a GPT or a task head around one)."""
+    weights = GPT.read_weights(folder)
+    if getattr(model, "transformer", model) is model:
+        return weights
+    return {**{f"transformer.{name}": array for name, array in weights.items()},
+            **load_file(os.path.join(folder, HEAD_FILE))}
 
 
 def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
@@ -28,7 +50,7 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
     temporary = os.path.join(folder, f".partial-{step}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        model.save_pretrained(temporary)
+        save_weights(model, temporary)
         names = [name for name, _ in model.named_parameters()]
         adam = optimizer.state_dict()
         moments = {f"m.{n}": m for n, m in zip(names, adam.pop("m"))}
@@ -75,7 +97,7 @@ def load_checkpoint(path, model, optimizer=None):
             state = json.load(f)
     except json.JSONDecodeError as error:
         raise ValueError(f"{state_path}: not valid JSON ({error})") from None
-    weights = GPT.read_weights(folder)
+    weights = read_weights(folder, model)
     try:
         model.load_state_dict(weights)
     except ValueError as error:

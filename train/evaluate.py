@@ -1,6 +1,9 @@
 """Evaluate a trained model: python -m train.evaluate COMMAND --run DIR ...
 
     perplexity   token perplexity and bits per byte on text files
+    zeroshot     the paper's zero-shot heuristics on a labelled file (train/zeroshot.py)
+    attention    heatmaps of the attention weights of a layer (train/inspection.py)
+    summary      parameters and FLOPs per token by layer (train/inspection.py)
 
 Each command is an argparse subparser that registers its own handler (see
 add_perplexity_command); a new one is a function like it, called in build_parser.
@@ -18,6 +21,8 @@ from autograd.tensor import no_grad
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 
 from .cli import open_run, positive_int
+from .inspection import add_attention_command, add_summary_command
+from .zeroshot import add_zeroshot_command
 
 IGNORE = -100  # the target of padding: cross_entropy leaves it out
 
@@ -124,6 +129,9 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_perplexity_command(commands)
+    add_zeroshot_command(commands)
+    add_attention_command(commands)
+    add_summary_command(commands)
     return parser
 
 

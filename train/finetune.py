@@ -1,0 +1,315 @@
+"""python -m train.finetune: the paper's second stage, a pre-trained GPT adapted to a labelled task.
+
+The task's examples go through the input transformations of the paper's Figure 1 (tinygpt.tasks),
+a linear head reads the last block's state at _classify_ (tinygpt.heads), and the objective is
+L3 = L2 + lm_coef * L1: the task loss plus the language-model loss on the same inputs. The
+defaults are the paper's: lr 6.25e-5, batch 32, 3 epochs, warmup over 0.2% of training then
+linear decay, classifier dropout 0.1, L2 0.01. The dev set is measured after every epoch and the
+best epoch's weights are kept for the test predictions.
+
+The run folder: config.json, tokenizer/, labels.json (the label names in id order), checkpoints/,
+best/ (the best epoch's weights), metrics.jsonl, results.json, loss.png and, with --test,
+predictions.tsv.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import autograd as ag
+from autograd import backend
+from autograd.optim import Adam, clip_grad_norm, warmup_linear
+from tinygpt import GPT
+from tinygpt.heads import make_head
+from tinygpt.tasks import encode_examples
+
+from . import glue
+from .checkpoint import find_checkpoint, load_checkpoint, read_weights, save_checkpoint, save_weights
+from .cli import non_negative_int, positive_int
+from .predict import evaluate, main_metric, write_predictions
+from .pretrain import Interrupt
+from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
+    save_tokenizer, write_config
+from .transfer import load_pretrained, prepare
+
+REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
+
+
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help that shows a default only where there is one."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0],
+                                formatter_class=Help)
+    p.add_argument("--init-from", metavar="PATH",
+                   help="a pretraining run, one checkpoint in it, or an openai-gpt folder "
+                        "(config.json + model.safetensors)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a BPE tokenizer folder, for an openai-gpt --init-from")
+    p.add_argument("--gpt1-tokenizer", metavar="DIR", help="GPT-1's encoder_bpe_40000.json + vocab_40000.bpe, "
+                                                          "for an openai-gpt --init-from")
+    p.add_argument("--task", choices=glue.TASKS, help="the layout of the files (jsonl: your own, see train/glue.py)")
+    p.add_argument("--train", metavar="FILE", help="training examples")
+    p.add_argument("--dev", metavar="FILE", help="examples measured after every epoch")
+    p.add_argument("--test", metavar="FILE", help="examples to predict with the best epoch's weights (labelled)")
+    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
+    p.add_argument("--resume", metavar="PATH", help="continue a fine-tune (its folder, or one checkpoint in it)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="count and leave out malformed rows instead of stopping")
+    p.add_argument("--limit-train", type=positive_int, metavar="N", help="train on N examples drawn by --seed")
+    p.add_argument("--epochs", type=positive_int, default=3, help="passes over the training examples")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="examples per optimizer step")
+    p.add_argument("--lr", type=float, default=6.25e-5, help="peak learning rate")
+    p.add_argument("--warmup", type=float, default=0.002, help="share of the steps over which the rate rises")
+    p.add_argument("--lm-coef", type=float, default=0.5, help="lambda, the weight of the auxiliary LM loss (0: none)")
+    p.add_argument("--clf-dropout", type=float, default=0.1, help="dropout on the state the head reads")
+    p.add_argument("--l2", type=float, default=0.01, help="GPT-1's decoupled L2 on matrices")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off")
+    p.add_argument("--from-scratch", action="store_true", help="re-initialise every weight (no pre-training)")
+    p.add_argument("--transfer-layers", type=non_negative_int, metavar="K",
+                   help="keep the embeddings and the first K blocks, re-initialise the rest (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the head, re-initialised weights, data order, dropout")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--save-every", type=non_negative_int, default=500,
+                   help="steps between checkpoints besides those at each epoch's end (0: only those)")
+    p.add_argument("--keep-checkpoints", type=positive_int, default=2)
+    args = p.parse_args(argv)
+    if not args.resume and any(getattr(args, name) is None for name in REQUIRED):
+        missing = [f"--{name.replace('_', '-')}" for name in REQUIRED if getattr(args, name) is None]
+        p.error(f"{', '.join(missing)} required (or --resume a fine-tune)")
+    if args.tokenizer and args.gpt1_tokenizer:
+        p.error("give --tokenizer or --gpt1-tokenizer, not both")
+    if args.from_scratch and args.transfer_layers is not None:
+        p.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
+    if not 0 <= args.warmup < 1:
+        p.error(f"--warmup is a share of the steps in [0, 1), got {args.warmup}")
+    if not 0 <= args.clf_dropout < 1:
+        p.error(f"--clf-dropout must lie in [0, 1), got {args.clf_dropout}")
+    return p, args
+
+
+def read_datasets(parser, args, labels=None):
+    """{split: train.glue.Dataset} for train, dev and (if given) test; dev and test read with the
+    train set's label map (or `labels`, those a resumed run saved). A bad file is a usage error."""
+    datasets = {}
+    for split in ("train", "dev", "test"):
+        path = getattr(args, split)
+        if path is None:
+            continue
+        try:
+            datasets[split] = glue.read(args.task, path, labels, args.skip_bad_rows)
+        except (OSError, ValueError) as error:
+            parser.error(f"--{split}: {str(error).replace('skip_bad_rows=True', '--skip-bad-rows')}")
+        if not datasets[split].examples:
+            parser.error(f"--{split}: {path} holds no usable examples")
+        bad_rows = datasets[split].bad_rows
+        for message in bad_rows[:3]:
+            print(f"skipped {message}")
+        if len(bad_rows) > 3:
+            print(f"skipped {len(bad_rows) - 3} more bad rows of {path}")
+        labels = datasets["train"].labels  # dev and test take the train set's label ids
+    if args.limit_train and args.limit_train < len(datasets["train"].examples):
+        examples = datasets["train"].examples
+        keep = np.sort(np.random.default_rng(args.seed).permutation(len(examples))[:args.limit_train])
+        datasets["train"].examples = [examples[i] for i in keep]
+    return datasets
+
+
+def epoch_order(seed, epoch, n):
+    """The order of the training examples in one epoch: a function of (seed, epoch) alone, so a
+    resumed run draws the same batches."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def start_model(parser, args, run_dir, dataset):
+    """(task head, tokenizer, a line on where the weights came from): from --init-from for a new
+    run, else the run's own config and tokenizer (the weights then come from its checkpoint)."""
+    if args.resume:
+        config, _ = read_config(run_dir)
+        transformer, tokenizer, note = GPT(config), load_tokenizer(os.path.join(run_dir, "tokenizer")), "resumed"
+    else:
+        try:
+            transformer, tokenizer = load_pretrained(args.init_from, args.tokenizer, args.gpt1_tokenizer)
+            note = prepare(transformer, tokenizer, args.seed, args.from_scratch, args.transfer_layers)
+        except (OSError, ValueError) as error:
+            parser.error(f"--init-from: {error}")
+    ag.manual_seed(args.seed)
+    head = make_head(dataset.kind, transformer, dataset.n_classes, args.clf_dropout)
+    return head, tokenizer, note
+
+
+def save_best(run_dir, head):
+    """Write the head's weights to best/, replacing what was there only once they are whole."""
+    final, partial = os.path.join(run_dir, "best"), os.path.join(run_dir, f".best-partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    save_weights(head, partial)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+
+
+def write_results(run_dir, results):
+    with open(os.path.join(run_dir, "results.json.partial"), "w") as f:
+        json.dump(results, f, indent=2)
+    os.replace(os.path.join(run_dir, "results.json.partial"), os.path.join(run_dir, "results.json"))
+
+
+def main(argv=None):
+    parser, args = parse_args(argv)
+    if args.resume:
+        try:
+            checkpoint = find_checkpoint(args.resume)
+            run_dir = os.path.dirname(os.path.dirname(checkpoint))
+            _, settings = read_config(run_dir)
+            labels = glue.load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
+        except (KeyError, OSError, ValueError) as error:
+            parser.error(f"--resume: {error}")
+        args = argparse.Namespace(**{**vars(args), **settings, "resume": checkpoint, "device": args.device})
+    else:
+        run_dir, labels = args.out or os.path.join("runs", f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"), None
+    try:
+        device = backend.parse_device(args.device)
+    except (ValueError, RuntimeError) as error:
+        parser.error(f"--device: {error}")
+
+    datasets = read_datasets(parser, args, labels)
+    train_set, dev_set = datasets["train"], datasets["dev"]
+    head, tokenizer, note = start_model(parser, args, run_dir, train_set)
+    n_ctx = head.transformer.config.n_ctx
+    encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
+    train, metric_names, main = encoded["train"], dev_set.metrics, main_metric(dev_set)
+    head.to(device).train()
+    optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
+
+    start, elapsed = 0, 0.0
+    if args.resume:
+        try:
+            start, elapsed = (state := load_checkpoint(args.resume, head, optimizer))["step"], state["elapsed"]
+        except (OSError, ValueError) as error:
+            parser.error(f"--resume: {error}")
+        rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
+        print(f"resuming {run_dir} at step {start}")
+    else:
+        os.makedirs(run_dir, exist_ok=True)
+        save_tokenizer(tokenizer, run_dir)
+        if train_set.labels is not None:
+            glue.save_labels(train_set.labels, os.path.join(run_dir, "labels.json"))
+        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device")}
+        write_config(run_dir, head.transformer.config, {**settings, "has_labels": train_set.labels is not None})
+    cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
+    print(f"run folder: {run_dir}\n{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples "
+          f"(cut to fit n_ctx={n_ctx}: {cut}); {note}\nmodel: {head.num_parameters():,} parameters on {device}")
+
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    total = args.epochs * steps_per_epoch
+    epochs = [m for m in read_metrics(run_dir) if "epoch" in m]  # the dev figures so far (after a resume)
+    results = {"task": args.task, "main_metric": main, "epochs": epochs,
+               "best": max(epochs, key=lambda e: e[main]) if epochs else None,
+               "n_cut": {split: data.n_cut for split, data in encoded.items()},
+               "skipped": {split: d.skipped for split, d in datasets.items()}}
+    interrupt = Interrupt()
+
+    def end_of_epoch(step):
+        """Measure the dev set; keep the weights if the main metric is the best so far."""
+        _, figures = evaluate(head, encoded["dev"], metric_names, args.batch_size)
+        best_before = max((e[main] for e in epochs), default=-math.inf)
+        epochs.append({"step": step, "epoch": step // steps_per_epoch, "val_loss": figures.pop("loss"), **figures})
+        append_metrics(run_dir, epochs[-1])
+        progress.write(f"epoch {epochs[-1]['epoch']}: dev loss {epochs[-1]['val_loss']:.4f}, " +
+                       ", ".join(f"{name} {figures[name]:.4f}" for name in metric_names))
+        if figures[main] > best_before:
+            save_best(run_dir, head)
+        results["best"] = max(epochs, key=lambda e: e[main])  # the first of equals: the one saved
+        write_results(run_dir, results)
+
+    def checkpoint(step):
+        try:
+            return save_checkpoint(run_dir, step, head, optimizer, {"elapsed": elapsed}, keep=args.keep_checkpoints)
+        except OSError as error:
+            sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
+
+    progress = tqdm(total=total, initial=start, desc=f"finetune {args.task}", unit="step", dynamic_ncols=True)
+    for step in range(start, total):
+        began = time.perf_counter()
+        epoch, position = divmod(step, steps_per_epoch)
+        ag.manual_seed(args.seed * 1_000_003 + step)  # dropout of this step, the same after a resume
+        order = epoch_order(args.seed, epoch, len(train))
+        batch = train.batch(order[position * args.batch_size:(position + 1) * args.batch_size])
+        lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
+        optimizer.lr = lr
+        optimizer.zero_grad()
+        objective, task_loss, lm_loss = head.loss(batch, args.lm_coef)
+        objective.backward()
+        if args.grad_clip > 0:
+            clip_grad_norm(head.parameters(), args.grad_clip)
+        optimizer.step()
+        elapsed += time.perf_counter() - began
+        done = step + 1
+        # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
+        record = {"step": done, "loss": float(task_loss.item()), "objective": float(objective.item()), "lr": lr,
+                  "examples_per_s": round(len(batch.labels) / (time.perf_counter() - began), 1),
+                  "elapsed": round(elapsed, 3)}
+        if lm_loss is not None:
+            record["lm_loss"] = float(lm_loss.item())
+        if not math.isfinite(record["objective"]):
+            last = find_checkpoint(run_dir) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "none yet"
+            sys.exit(f"the loss became {record['objective']} at step {done}: stopping; last good checkpoint: {last}")
+        append_metrics(run_dir, record)
+        progress.update(1)
+        progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}")
+        if done % steps_per_epoch == 0:
+            end_of_epoch(done)
+        if done % steps_per_epoch == 0 or (args.save_every and done % args.save_every == 0):
+            checkpoint(done)
+        if interrupt.requested:
+            path = checkpoint(done)
+            progress.close()
+            print(f"\ninterrupted after step {done}; checkpoint {path}\n"
+                  f"resume with: python -m train.finetune --resume {run_dir}")
+            sys.exit(130)
+    progress.close()
+    if "test" in encoded:
+        results["test"] = predict_test(run_dir, head, datasets["test"], encoded["test"], metric_names, args.batch_size)
+        write_results(run_dir, results)
+    report(run_dir, results, metric_names, elapsed)
+
+
+def predict_test(run_dir, head, dataset, data, metric_names, batch_size):
+    """The test set's metrics with the best epoch's weights; its predictions go to predictions.tsv."""
+    head.load_state_dict(read_weights(os.path.join(run_dir, "best"), head))
+    predictions, figures = evaluate(head, data, metric_names, batch_size)
+    write_predictions(os.path.join(run_dir, "predictions.tsv"), predictions, dataset)
+    return figures
+
+
+def report(run_dir, results, metric_names, elapsed):
+    """The closing lines: dev figures per epoch, the best, cut and skipped examples, test, files."""
+    def figures(record):
+        return ", ".join(f"{name} {record[name]:.4f}" for name in metric_names)
+
+    print(f"\nfine-tuned {results['task']} in {elapsed / 60:.1f} min of compute")
+    for record in results["epochs"]:
+        print(f"  epoch {record['epoch']}: dev {figures(record)}")
+    print(f"best dev (epoch {results['best']['epoch']}, by {results['main_metric']}): {figures(results['best'])}")
+    print("examples cut to fit n_ctx: " + ", ".join(f"{split} {n}" for split, n in results["n_cut"].items()))
+    skipped = {split: counts for split, counts in results["skipped"].items() if counts}
+    if skipped:
+        print("rows left out: " + "; ".join(f"{split}: " + ", ".join(f"{n} {why}" for why, n in counts.items())
+                                           for split, counts in skipped.items()))
+    if "test" in results:
+        print(f"test (best epoch's weights): {figures(results['test'])}; "
+              f"predictions in {os.path.join(run_dir, 'predictions.tsv')}")
+    plot = plot_metrics(run_dir)
+    print(f"run folder: {run_dir}" + (f" (loss curve: {plot})" if plot else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""A look inside a model: python -m train.evaluate attention | summary.
+
+    attention   the attention weights of every head of one layer, drawn as heatmaps over the
+                tokens of a text (needs matplotlib: pip install 'tinygpt[plot]')
+    summary     parameters and forward FLOPs per token, layer by layer
+"""
+import math
+
+import numpy as np
+
+from autograd import backend
+from autograd.tensor import no_grad
+
+from .cli import non_negative_int, open_run, positive_int
+
+PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot]'"
+
+
+# ----- attention -------------------------------------------------------------------------------
+@no_grad()
+def attention_weights(model, ids, layer):
+    """The attention weights of every head of block `layer` for one sequence of token ids:
+    (n_head, T, T), row t the distribution of position t over positions 0..t. The model should
+    be in eval mode (no dropout)."""
+    xp = model.tokens_embed.weight.xp
+    ids = xp.asarray([ids], dtype=np.int64)
+    positions = xp.arange(ids.shape[1])
+    x = model.drop(model.tokens_embed(ids) + model.positions_embed(positions))  # as GPT.hidden_states
+    for block in model.h[:layer]:
+        x = block(x)
+    attn = model.h[layer].attn
+    n_head, width = attn.n_head, model.config.n_embd // attn.n_head
+    qkv = backend.to_numpy(attn.c_attn(x).data)[0].astype(np.float64).reshape(ids.shape[1], 3, n_head, width)
+    q, k = qkv[:, 0].transpose(1, 0, 2), qkv[:, 1].transpose(1, 0, 2)  # (head, time, width)
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(width)
+    scores[:, np.triu(np.ones((ids.shape[1],) * 2, dtype=bool), k=1)] = -np.inf  # no looking ahead
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def token_labels(tokenizer, ids):
+    """Each token as text, for the axes (spaces shown as '·', newlines as '\\n')."""
+    return [tokenizer.decode([i]).replace(" ", "·").replace("\n", "\\n") for i in ids]
+
+
+def draw_attention(weights, labels, title, path):
+    """Save a grid of heatmaps, one per head, rows the attending tokens, columns the attended."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError(PLOT_NEEDS) from None
+    n_head, size = len(weights), len(labels)
+    columns = min(n_head, 4)
+    rows = math.ceil(n_head / columns)
+    cell = max(2.5, 0.28 * size)
+    figure, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows), squeeze=False)
+    for head, ax in enumerate(axes.flat):
+        if head >= n_head:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(f"head {head}")
+        ax.set_xticks(range(size), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(size), labels, fontsize=7)
+    figure.suptitle(title)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+
+
+def attention_command(parser, args):
+    try:
+        import matplotlib  # noqa: F401  (checked first: no point loading a model we cannot draw)
+    except ImportError:
+        parser.error(PLOT_NEEDS)
+    model, tokenizer = open_run(parser, args.run, args.device)
+    n_layer, n_ctx = model.config.n_layer, model.config.n_ctx
+    if args.layer >= n_layer:
+        parser.error(f"--layer {args.layer}: the model has blocks 0..{n_layer - 1}")
+    ids = tokenizer.encode(args.text)
+    if not ids:
+        parser.error("--text: encodes to no tokens")
+    if len(ids) > n_ctx:
+        print(f"the text is {len(ids)} tokens; drawing its first n_ctx={n_ctx}")
+        ids = ids[:n_ctx]
+    weights = attention_weights(model, ids, args.layer)
+    try:
+        draw_attention(weights, token_labels(tokenizer, ids), f"layer {args.layer} of {args.run}", args.out)
+    except OSError as error:
+        parser.error(f"--out: {error}")
+    print(f"wrote {args.out}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
+    return weights
+
+
+def add_attention_command(commands):
+    parser = commands.add_parser(
+        "attention", help="heatmaps of the attention weights of every head of a layer",
+        description="Draw the attention weights of every head of one layer over the tokens of a text "
+                    "(rows attend to columns; the causal mask leaves the upper triangle empty).")
+    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    parser.add_argument("--text", required=True, help="the text to run through the model")
+    parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
+    parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
+    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    parser.set_defaults(handler=lambda args: attention_command(parser, args))
+
+
+# ----- summary ---------------------------------------------------------------------------------
+def layer_summary(model, context=None):
+    """Rows (name, parameters, matmul FLOPs, attention FLOPs) of a forward pass per token, at a
+    context of T = `context` tokens (default n_ctx).
+
+    A matmul with a weight of n numbers costs 2n FLOPs per token (a multiply and an add each).
+    Attention at context T adds 2·2·T·d per layer: scores q·k over T keys, then the weighted sum
+    of T values, each T·d multiply-adds. Embedding look-ups, biases, LayerNorm, GELU and softmax
+    are left out; the LM head shares the token embedding, so it adds FLOPs but no parameters.
+    """
+    config = model.config
+    d, T = config.n_embd, context or config.n_ctx
+    rows = [(name, getattr(model, name).weight.size, 0, 0) for name in ("tokens_embed", "positions_embed")]
+    for i, block in enumerate(model.h):
+        weights = [p for _, p in block.named_parameters()]
+        matmul = 2 * sum(p.size for p in weights if p.ndim == 2)
+        rows.append((f"h.{i}", sum(p.size for p in weights), matmul, 2 * 2 * T * d))
+    rows.append(("lm head (tied to tokens_embed)", 0, 2 * config.vocab_size * d, 0))
+    return rows
+
+
+def summary_command(parser, args):
+    model, _ = open_run(parser, args.run, "cpu")
+    config = model.config
+    context = args.context or config.n_ctx
+    rows = layer_summary(model, context)
+    total = ("total", *(sum(row[i] for row in rows) for i in (1, 2, 3)))
+    print(f"{config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, n_ctx {config.n_ctx}, "
+          f"vocab {config.vocab_size}")
+    print(f"{'layer':32}{'parameters':>14}{'matmul FLOPs':>16}{'attention FLOPs':>17}{'FLOPs/token':>16}")
+    for name, params, matmul, attention in [*rows, total]:
+        print(f"{name:32}{params:>14,}{matmul:>16,}{attention:>17,}{matmul + attention:>16,}")
+    print(f"FLOPs of one forward pass per token, attention at a context of T = {context} tokens"
+          f"{' (n_ctx)' if context == config.n_ctx else ''}: each token attends to T positions, an upper "
+          f"bound; under the causal mask a token at position t attends to t + 1, about T/2 on average. "
+          f"A training step costs about 3 times the forward pass.")
+    return {"rows": rows, "total": total, "context": context}
+
+
+def add_summary_command(commands):
+    parser = commands.add_parser(
+        "summary", help="parameters and FLOPs per token, layer by layer",
+        description="A table of each layer's parameters and forward FLOPs per token: 2 per weight of each "
+                    "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.")
+    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    parser.add_argument("--context", type=positive_int, metavar="T",
+                        help="the context length at which attention is counted (default: n_ctx)")
+    parser.set_defaults(handler=lambda args: summary_command(parser, args))

@@ -1,0 +1,75 @@
+"""The starting point of a fine-tune: the pre-trained GPT and its tokenizer, the paper's three
+task tokens added to the vocabulary, and the ablations that undo some of the pre-training.
+
+--init-from may name
+    a pretraining run folder         its newest checkpoint and its tokenizer/ folder
+    one checkpoint folder in a run   that checkpoint and the run's tokenizer/ folder
+    an openai-gpt folder             config.json + model.safetensors (the Hugging Face layout);
+                                     the tokenizer is given apart, as GPT-1's files or a BPE folder
+"""
+import os
+
+import autograd as ag
+from tinygpt import GPT
+from tinygpt.heads import resize
+from tinygpt.tokenizer import GPT1Tokenizer
+
+from .checkpoint import STATE_FILE, find_checkpoint
+from .run import load_tokenizer
+
+
+def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
+    """(GPT, tokenizer) from a run, a checkpoint or an openai-gpt folder (see the top of this file);
+    the tokenizer folders are for the last. Errors name the folder that is wrong."""
+    is_run = os.path.isdir(os.path.join(path, "checkpoints")) or os.path.isfile(os.path.join(path, STATE_FILE))
+    if is_run:
+        checkpoint = find_checkpoint(path)
+        model = GPT.from_pretrained(checkpoint)
+        own_tokenizer = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "tokenizer")
+    elif os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+        model, own_tokenizer = GPT.from_pretrained(path), None
+    else:
+        raise FileNotFoundError(f"{path}: neither a run (checkpoints/), a checkpoint ({STATE_FILE}) "
+                                f"nor an openai-gpt folder (config.json + model.safetensors)")
+    if own_tokenizer:
+        if tokenizer_dir or gpt1_tokenizer_dir:
+            raise ValueError(f"{path} is a run, whose tokenizer comes along: --tokenizer and --gpt1-tokenizer "
+                             f"are for an openai-gpt folder")
+        return model, load_tokenizer(own_tokenizer)
+    if gpt1_tokenizer_dir:
+        encoder, merges = (os.path.join(gpt1_tokenizer_dir, name) for name in GPT1Tokenizer.FILES)
+        return model, GPT1Tokenizer.from_files(encoder, merges)
+    if tokenizer_dir:
+        return model, load_tokenizer(tokenizer_dir)
+    raise ValueError(f"{path} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "
+                     f"(GPT-1's {' + '.join(GPT1Tokenizer.FILES)}) or --tokenizer DIR")
+
+
+def prepare(model, tokenizer, seed, from_scratch=False, transfer_layers=None):
+    """Make the pre-trained GPT ready for a task, in place; returns a line saying what was done.
+
+    The tokenizer's task tokens get new embedding rows. --from-scratch then draws every weight
+    afresh (the config and tokenizer stay: the paper's "no pre-training"); --transfer-layers K keeps
+    the embeddings and blocks 0..K-1 and draws blocks K.. afresh (Figure 2, left). Fresh weights
+    come from GPT's own initialisation, seeded by `seed`.
+    """
+    n_layer = model.config.n_layer
+    if transfer_layers is not None and not 0 <= transfer_layers <= n_layer:
+        raise ValueError(f"--transfer-layers {transfer_layers}: the model has {n_layer} blocks, "
+                         f"so K must lie in 0..{n_layer}")
+    ag.manual_seed(seed)
+    added = resize(model, tokenizer)
+    notes = [f"added {added} task tokens to the vocabulary" if added else
+             "the vocabulary already holds the task tokens"]
+    if from_scratch or (transfer_layers is not None and transfer_layers < n_layer):
+        fresh = GPT(model.config)
+        if from_scratch:
+            model.load_state_dict(fresh.state_dict())
+            notes.append("every weight re-initialised (--from-scratch)")
+        else:
+            fresh_blocks = {name: array for name, array in fresh.state_dict().items()
+                            if name.startswith("h.") and int(name.split(".")[1]) >= transfer_layers}
+            model.load_state_dict(fresh_blocks, strict=False)
+            notes.append(f"kept the embeddings and {transfer_layers} of {n_layer} blocks, "
+                         f"re-initialised blocks {transfer_layers}..{n_layer - 1}")
+    return "; ".join(notes)

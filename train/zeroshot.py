@@ -1,0 +1,141 @@
+"""python -m train.evaluate zeroshot: the paper's zero-shot heuristics (section 5, Figure 2 right).
+
+A language model that was never fine-tuned answers a task through its next-token probabilities:
+
+    sst2         the text + " very"; positive when the model finds " positive" likelier than
+                 " negative" to come next (each word's probability is that of all its tokens)
+    cola         the mean log-probability of the sentence's tokens, each given those before it;
+                 acceptable above a threshold (--threshold, or the one that fits the data best)
+    rocstories   (and jsonl files of multiple choice) the answer whose tokens have the highest
+                 mean log-probability given the context
+
+The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+
+from autograd import functional as F
+from autograd.tensor import no_grad
+
+from . import glue, metrics
+from .cli import open_run, positive_int
+
+IGNORE = -100  # a target cross_entropy leaves out
+TASKS = ("sst2", "cola", "rocstories", "jsonl")
+
+
+@no_grad()
+def continuation_log_probs(model, pairs, batch_size=16):
+    """(summed log-probability, number of tokens) of each continuation given its context, for
+    pairs of (context ids, continuation ids). A pair longer than n_ctx + 1 tokens loses tokens of
+    its context from the left first; a continuation's first token needs one token before it."""
+    n_ctx = model.config.n_ctx
+    totals, counts = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=np.int64)
+    for start in range(0, len(pairs), batch_size):
+        rows = []  # (ids, how many of the last ones are scored)
+        for context, continuation in pairs[start:start + batch_size]:
+            ids = (context + continuation)[-(n_ctx + 1):]
+            rows.append((ids, max(min(len(continuation), len(ids) - 1), 0)))
+        width = max(max(len(ids) for ids, _ in rows) - 1, 1)
+        inputs = np.zeros((len(rows), width), dtype=np.int64)
+        targets = np.full((len(rows), width), IGNORE, dtype=np.int64)
+        for row, (ids, n) in enumerate(rows):
+            if n > 0:
+                inputs[row, :len(ids) - 1] = ids[:-1]
+                targets[row, len(ids) - 1 - n:len(ids) - 1] = ids[-n:]
+        nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE, reduction="none").numpy()
+        totals[start:start + len(rows)] = -nll.sum(axis=-1)
+        counts[start:start + len(rows)] = [n for _, n in rows]
+    return totals, counts
+
+
+def sst2_predictions(model, tokenizer, examples, batch_size):
+    """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0."""
+    words = [tokenizer.encode(" positive"), tokenizer.encode(" negative")]
+    contexts = [tokenizer.encode(example["text"] + " very") for example in examples]
+    positive, negative = (continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0] for word in words)
+    return (positive > negative).astype(np.int64)
+
+
+def mean_log_probs(model, tokenizer, examples, batch_size):
+    """Each sentence's mean token log-probability, its first token given (0 for a one-token text)."""
+    ids = [tokenizer.encode(example["text"]) for example in examples]
+    totals, counts = continuation_log_probs(model, [(i[:1], i[1:]) for i in ids], batch_size)
+    return totals / np.maximum(counts, 1)
+
+
+def best_threshold(scores, labels):
+    """The threshold (midway between two scores) above which predicting 1 gives the highest MCC."""
+    values = np.unique(scores)
+    candidates = np.concatenate([[values[0] - 1], (values[:-1] + values[1:]) / 2])
+    mcc = [metrics.matthews_corrcoef((scores > t).astype(np.int64), labels) for t in candidates]
+    return float(candidates[int(np.argmax(mcc))])
+
+
+def choice_predictions(model, tokenizer, examples, batch_size):
+    """The index of the answer with the highest mean token log-probability given the context."""
+    pairs = [(tokenizer.encode(example["context"]), tokenizer.encode(" " + choice))
+             for example in examples for choice in example["choices"]]
+    totals, counts = continuation_log_probs(model, pairs, batch_size)
+    means = (totals / np.maximum(counts, 1)).reshape(len(examples), -1)
+    return means.argmax(axis=1)
+
+
+def zeroshot_command(parser, args):
+    if args.threshold is not None and args.task != "cola":
+        parser.error("--threshold is for --task cola")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json: the folder of {args.json} does not exist")
+    try:
+        dataset = glue.read(args.task, args.data)
+    except (OSError, ValueError) as error:
+        parser.error(f"--data: {error}")
+    if args.task == "jsonl" and dataset.kind != "multiple_choice":
+        parser.error(f"--data: {args.data} holds {dataset.kind} examples; zero-shot on jsonl is for multiple "
+                     f"choice ({{\"context\", \"choices\", \"label\"}})")
+    examples = dataset.examples[:args.limit]
+    if not examples:
+        parser.error(f"--data: {args.data} holds no examples")
+    model, tokenizer = open_run(parser, args.run, args.device)
+    labels = np.array([example["label"] for example in examples])
+    results = {"task": args.task, "examples": len(examples)}
+    if args.task == "sst2":
+        predictions = sst2_predictions(model, tokenizer, examples, args.batch_size)
+        how = 'P(" positive") against P(" negative") after the text + " very"'
+    elif args.task == "cola":
+        scores = mean_log_probs(model, tokenizer, examples, args.batch_size)
+        chosen = args.threshold is None
+        results["threshold"] = best_threshold(scores, labels) if chosen else args.threshold
+        predictions = (scores > results["threshold"]).astype(np.int64)
+        how = (f"mean token log-probability above {results['threshold']:.4f}" +
+               (" (the threshold that fits this data best: an optimistic figure)" if chosen else ""))
+    else:
+        predictions = choice_predictions(model, tokenizer, examples, args.batch_size)
+        how = "the answer with the highest mean token log-probability given the context"
+    results.update(metrics.compute(dataset.metrics, predictions, labels))
+    print(f"zero-shot {args.task} on {len(examples)} examples of {args.data}: {how}")
+    for name in dataset.metrics:
+        print(f"{name:10} {results[name]:.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)
+    return results
+
+
+def add_zeroshot_command(commands):
+    parser = commands.add_parser(
+        "zeroshot", help="the paper's zero-shot heuristics on a labelled file",
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    parser.add_argument("--task", required=True, choices=TASKS, help="the heuristic, and the layout of --data")
+    parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
+    parser.add_argument("--threshold", type=float, help="cola: the mean log-probability above which a sentence "
+                                                       "is acceptable (default: the best for --data)")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N examples")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="sequences per forward pass (16)")
+    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
+    parser.set_defaults(handler=lambda args: zeroshot_command(parser, args))
