@@ -7,6 +7,13 @@ from autograd import backend
 from .run import load_run
 
 
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help that shows a default only where there is one."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
 def argument_type(convert, holds, requirement):
     """An argparse type: `convert` the text, then check that `holds(value)`; a failure is a usage
     error that says what the argument must be."""

@@ -31,7 +31,7 @@ from tinygpt.tasks import encode_examples
 
 from . import glue
 from .checkpoint import find_checkpoint, load_checkpoint, read_weights, save_checkpoint, save_weights
-from .cli import non_negative_int, positive_int
+from .cli import Help, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
 from .pretrain import Interrupt
 from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
@@ -39,13 +39,6 @@ from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
-
-
-class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """--help that shows a default only where there is one."""
-
-    def _get_help_string(self, action):
-        return action.help if action.default in (None, False) else super()._get_help_string(action)
 
 
 def parse_args(argv):

@@ -21,13 +21,14 @@ from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import data
 from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from .cli import Help
 from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
     save_tokenizer, write_config
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m train.pretrain", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=Help)
     p.add_argument("--data", nargs="+", help="text files, folders of *.txt or globs (default: Python's pydoc topics)")
     p.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: train one on the data)")
     p.add_argument("--gpt1-tokenizer", help="folder with GPT-1's encoder_bpe_40000.json and vocab_40000.bpe")
