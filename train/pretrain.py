@@ -228,43 +228,42 @@ def main(argv=None):
             sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
 
     progress = tqdm(total=args.steps, initial=start, desc="pretrain", unit="step", dynamic_ncols=True)
-    for step in range(start, args.steps):
-        began = time.perf_counter()
-        ag.manual_seed(args.seed * 1_000_003 + step)  # dropout of this step, the same after a resume
-        batch = train.training_batch(step, args.batch_size, args.seed)
-        lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
-        optimizer.lr = lr
-        optimizer.zero_grad()
-        step_loss = 0.0
-        for part in range(args.grad_accum):
-            chunk = batch[part * micro:(part + 1) * micro]
-            loss = F.cross_entropy(model(chunk[:, :-1]), chunk[:, 1:]) / args.grad_accum
-            loss.backward()
-            step_loss = step_loss + loss.data
-        if args.grad_clip > 0:
-            clip_grad_norm(model.parameters(), args.grad_clip)
-        optimizer.step()
-        elapsed += time.perf_counter() - began
-        pending.append((step + 1, step_loss, lr, elapsed))
-        progress.update(1)
-        done = step + 1
-        if done % args.log_every == 0 or done == args.steps:
-            log_pending()
-        if done % args.eval_every == 0 or done == args.steps:
-            log_pending()
-            val_loss = evaluate(model, val, args.batch_size, args.eval_windows)
-            append_metrics(run_dir, {"step": done, "val_loss": val_loss, "val_perplexity": math.exp(val_loss),
-                                     "elapsed": round(elapsed, 2)})
-            progress.write(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
-        if done % args.save_every == 0 or done == args.steps:
-            checkpoint(done)
-        if interrupt.requested:
-            path = checkpoint(done)
-            progress.close()
-            print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: "
-                  f"python -m train.pretrain --resume {run_dir}")
-            sys.exit(130)
-    progress.close()
+    with progress:  # closed however the loop ends, so no bar is left half drawn
+        for step in range(start, args.steps):
+            began = time.perf_counter()
+            ag.manual_seed(args.seed * 1_000_003 + step)  # dropout of this step, the same after a resume
+            batch = train.training_batch(step, args.batch_size, args.seed)
+            lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
+            optimizer.lr = lr
+            optimizer.zero_grad()
+            step_loss = 0.0
+            for part in range(args.grad_accum):
+                chunk = batch[part * micro:(part + 1) * micro]
+                loss = F.cross_entropy(model(chunk[:, :-1]), chunk[:, 1:]) / args.grad_accum
+                loss.backward()
+                step_loss = step_loss + loss.data
+            if args.grad_clip > 0:
+                clip_grad_norm(model.parameters(), args.grad_clip)
+            optimizer.step()
+            elapsed += time.perf_counter() - began
+            pending.append((step + 1, step_loss, lr, elapsed))
+            progress.update(1)
+            done = step + 1
+            if done % args.log_every == 0 or done == args.steps:
+                log_pending()
+            if done % args.eval_every == 0 or done == args.steps:
+                log_pending()
+                val_loss = evaluate(model, val, args.batch_size, args.eval_windows)
+                append_metrics(run_dir, {"step": done, "val_loss": val_loss, "val_perplexity": math.exp(val_loss),
+                                         "elapsed": round(elapsed, 2)})
+                progress.write(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
+            if done % args.save_every == 0 or done == args.steps:
+                checkpoint(done)
+            if interrupt.requested:
+                path = checkpoint(done)
+                print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: "
+                      f"python -m train.pretrain --resume {run_dir}")
+                sys.exit(130)
     report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed)
 
 
