@@ -41,7 +41,7 @@ def parse_args(argv):
     p.add_argument("--dropout", type=float, help="embedding, attention and residual dropout (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per optimizer step (the global batch)")
     p.add_argument("--grad-accum", type=int, default=1, help="split each batch into this many backward passes")
-    p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs, else 800)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs, else 600)")
     p.add_argument("--epochs", type=float, help="passes over the training windows, if --steps is not given")
     p.add_argument("--lr", type=float, default=5e-4,
                    help="peak learning rate (the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN "
@@ -163,7 +163,7 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     if args.steps is None:
-        args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 800
+        args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 600
 
     ag.manual_seed(args.seed)
     model = GPT(config)
