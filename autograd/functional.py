@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 
-from . import backend
+from . import backend, buffers, parallel
 from .backend import get_array_module
-from .ops import unbroadcast
 from .tensor import Function, Tensor
 
 
@@ -27,6 +26,8 @@ def _indices(ids, like):
 class Linear(Function):
     """x @ weight + bias over the last axis of x, as one 2-D matrix product."""
 
+    new_grads = True
+
     @staticmethod
     def forward(ctx, x, weight, bias):
         if weight.ndim != 2:
@@ -37,19 +38,27 @@ class Linear(Function):
         if bias is not None and bias.shape != (n_out,):
             raise ValueError(f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}")
         x2 = x.reshape(-1, n_in)
-        out = x2 @ weight
-        if bias is not None:
-            out += bias
+        out = parallel.matmul(x2, weight, bias)
         ctx.x2, ctx.weight, ctx.x_shape = x2, weight, x.shape
         return out.reshape(*x.shape[:-1], n_out)
 
     @staticmethod
     def backward(ctx, grad):
         need_x, need_w, need_b = ctx.needs_input_grad
-        g2 = grad.reshape(-1, ctx.weight.shape[1])
-        return ((g2 @ ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
-                ctx.x2.T @ g2 if need_w else None,
+        x2, weight = ctx.x2, ctx.weight
+        g2 = grad.reshape(-1, weight.shape[1])
+        grad_weight = None
+        if need_w:  # in the weight's own memory order: a transposed table (the tied LM head) gets a
+            # transposed gradient, so the table's own gradient comes out contiguous, not strided
+            grad_weight = parallel.matmul(g2.T, x2).T if _is_transposed(weight) else parallel.matmul(x2.T, g2)
+        return (parallel.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
+                grad_weight,
                 g2.sum(axis=0) if need_b else None)
+
+
+def _is_transposed(a):
+    """True for a 2-D array laid out column by column (the .T of a row-major one)."""
+    return a.flags.f_contiguous and not a.flags.c_contiguous
 
 
 def linear(x, weight, bias=None):
@@ -60,6 +69,8 @@ def linear(x, weight, bias=None):
 # ----------------------------------------------------------------------------------------------
 class Embedding(Function):
     """Rows of a table picked by integer ids; the backward scatter-adds into the picked rows."""
+
+    new_grads = True
 
     @staticmethod
     def forward(ctx, ids, weight):
@@ -128,7 +139,9 @@ def log_softmax(x, axis=-1):
 class CrossEntropy(Function):
     """Mean (or sum, or each) of -log softmax(logits)[target], fused so no one-hot is ever made.
 
-    The backward is softmax(logits) - onehot(target), built in one array the size of the logits.
+    The forward goes through the logits in blocks of rows, so its exp lands in a small buffer,
+    and keeps only each row's maximum and log-sum-exp. The backward writes
+    softmax(logits) - onehot(target) straight into the one array it returns.
     """
 
     @staticmethod
@@ -144,12 +157,15 @@ class CrossEntropy(Function):
         safe_targets = xp.where(counted, targets, 0)
         rows = xp.arange(len(targets))
 
-        row_max = logits2.max(axis=1, keepdims=True)
-        shifted = logits2 - row_max
-        picked = shifted[rows, safe_targets]
-        xp.exp(shifted, out=shifted)
-        log_sum = xp.log(shifted.sum(axis=1))
-        losses = (log_sum - picked) * counted
+        row_max = logits2.max(axis=1, keepdims=True) if len(targets) else xp.zeros((0, 1), logits.dtype)
+        log_sum = xp.empty_like(row_max)
+
+        def log_sum_exp(rows):
+            shifted = logits2[rows] - row_max[rows]  # the largest is 0, so exp never overflows
+            log_sum[rows] = xp.log(xp.exp(shifted, out=shifted).sum(axis=1, keepdims=True))
+
+        parallel.run(log_sum_exp, parallel.blocks(len(targets), n_classes, xp))
+        losses = (log_sum[:, 0] - (logits2[rows, safe_targets] - row_max[:, 0])) * counted
 
         ctx.logits2, ctx.row_max, ctx.log_sum = logits2, row_max, log_sum
         ctx.rows, ctx.targets, ctx.counted = rows, safe_targets, counted
@@ -164,18 +180,24 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, grad):
         xp = get_array_module(grad)
-        probs = ctx.logits2 - ctx.row_max
-        probs -= ctx.log_sum[:, None]
-        xp.exp(probs, out=probs)
-        probs[ctx.rows, ctx.targets] -= 1
         if ctx.reduction == "none":
             weight = grad.reshape(-1) * ctx.counted
         elif ctx.reduction == "sum":
             weight = grad * ctx.counted
         else:
             weight = (grad / ctx.count) * ctx.counted
-        probs *= weight[:, None]
-        return probs.reshape(ctx.shape), None
+        weight = weight[:, None]
+        grad_logits = buffers.empty(ctx.logits2.shape, ctx.logits2.dtype, xp)
+
+        def softmax_times_weight(rows):
+            probs = xp.subtract(ctx.logits2[rows], ctx.row_max[rows], out=grad_logits[rows])
+            probs -= ctx.log_sum[rows]
+            xp.exp(probs, out=probs)
+            probs *= weight[rows]
+
+        parallel.run(softmax_times_weight, parallel.blocks(*grad_logits.shape, xp))
+        grad_logits[ctx.rows, ctx.targets] -= weight[:, 0]
+        return grad_logits.reshape(ctx.shape), None
 
 
 def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
@@ -195,26 +217,69 @@ _INV_SQRT_2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
+def _tanh_inner(x, t):
+    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), written into the array t (shaped like x)."""
+    xp = get_array_module(x)
+    xp.multiply(x, x, out=t)
+    t *= 0.044715
+    t += 1
+    t *= x  # x + 0.044715 x^3
+    t *= _SQRT_2_OVER_PI
+    return xp.tanh(t, out=t)
+
+
 class GELU(Function):
-    """x * Phi(x). "tanh" is GPT-1's approximation, "none" the exact form with erf."""
+    """x * Phi(x). "tanh" is GPT-1's approximation, "none" the exact form with erf.
+
+    The tanh form goes through the numbers in cache-sized blocks, on all cores, in place in the
+    output; the backward computes the tanh again rather than keeping a second array that size.
+    """
 
     @staticmethod
     def forward(ctx, x, approximate):
         xp = get_array_module(x)
         ctx.x, ctx.approximate = x, approximate
-        if approximate == "tanh":
-            return 0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
-        return 0.5 * x * (1 + backend.erf(x * _INV_SQRT_2))
+        if approximate == "none":
+            return 0.5 * x * (1 + backend.erf(x * _INV_SQRT_2))
+        out = buffers.empty(x.shape, x.dtype, xp)
+        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+
+        def gelu(block):  # 0.5 x (1 + t)
+            x, out = flat_x[block], flat_out[block]
+            _tanh_inner(x, out)
+            out += 1
+            out *= x
+            out *= 0.5
+
+        parallel.run(gelu, parallel.blocks(x.size, 1, xp))
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         xp, x = get_array_module(grad), ctx.x
-        if ctx.approximate == "tanh":
-            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
-            slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
-        else:
-            slope = 0.5 * (1 + backend.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x)
-        return grad * slope
+        if ctx.approximate == "none":
+            return grad * (0.5 * (1 + backend.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x))
+        grad_x = buffers.empty(x.shape, x.dtype, xp)
+        flat_x, flat_grad, flat_grad_x = x.reshape(-1), grad.reshape(-1), grad_x.reshape(-1)
+
+        def slope_times_grad(block):
+            # slope = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+            x, slope = flat_x[block], flat_grad_x[block]
+            t = _tanh_inner(x, xp.empty_like(x))
+            xp.multiply(t, t, out=slope)
+            xp.subtract(1, slope, out=slope)
+            slope *= x
+            inner = x * x
+            inner *= 0.5 * _SQRT_2_OVER_PI * 3 * 0.044715
+            inner += 0.5 * _SQRT_2_OVER_PI
+            slope *= inner
+            xp.multiply(t, 0.5, out=inner)
+            inner += 0.5
+            slope += inner
+            slope *= flat_grad[block]
+
+        parallel.run(slope_times_grad, parallel.blocks(x.size, 1, xp))
+        return grad_x
 
 
 def gelu(x, approximate="tanh"):
@@ -225,8 +290,15 @@ def gelu(x, approximate="tanh"):
 
 
 # ----------------------------------------------------------------------------------------------
+def _row_dot(a, b):
+    """sum(a * b) over the last axis, kept as an axis of 1, without an a * b temporary."""
+    return get_array_module(a).einsum("...i,...i->...", a, b)[..., None]
+
+
 class LayerNorm(Function):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance).
+
+    Rows are normalised in cache-sized blocks, on all cores."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
@@ -234,28 +306,48 @@ class LayerNorm(Function):
         for name, p in (("weight", weight), ("bias", bias)):
             if p is not None and p.shape != x.shape[-1:]:
                 raise ValueError(f"layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
-        normed = x - x.mean(axis=-1, keepdims=True)
-        rstd = 1 / xp.sqrt((normed * normed).mean(axis=-1, keepdims=True) + eps)
-        normed *= rstd
+        width = x.shape[-1]
+        x2 = x.reshape(-1, width)
+        normed, out = buffers.empty(x2.shape, x.dtype, xp), buffers.empty(x2.shape, x.dtype, xp)
+        rstd = xp.empty((len(x2), 1), x.dtype)
+
+        def normalise(rows):
+            n = xp.subtract(x2[rows], x2[rows].mean(axis=1, keepdims=True), out=normed[rows])
+            rstd[rows] = 1 / xp.sqrt(_row_dot(n, n) / width + eps)
+            n *= rstd[rows]
+            if weight is not None:
+                xp.multiply(n, weight, out=out[rows])
+            else:
+                out[rows] = n
+            if bias is not None:
+                out[rows] += bias
+
+        parallel.run(normalise, parallel.blocks(len(x2), width, xp))
         ctx.normed, ctx.rstd, ctx.weight = normed, rstd, weight
-        out = normed * weight if weight is not None else normed.copy()
-        if bias is not None:
-            out += bias
-        return out
+        return out.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad):
+        xp = get_array_module(grad)
         need_x, need_w, need_b = ctx.needs_input_grad
-        normed, width = ctx.normed, ctx.normed.shape[-1]
-        grad_x = None
+        normed, rstd, weight = ctx.normed, ctx.rstd, ctx.weight
+        width = normed.shape[1]
+        grad2 = grad.reshape(-1, width)
+        grad_weight = xp.einsum("ni,ni->i", grad2, normed) if need_w else None
+        grad_x = buffers.empty(normed.shape, grad.dtype, xp) if need_x else None
+
+        def input_gradient(rows):  # rstd (g - mean(g) - normed mean(g normed)), g = grad * weight
+            g = grad2[rows] * weight if weight is not None else grad2[rows]
+            gx = xp.subtract(g, g.mean(axis=1, keepdims=True), out=grad_x[rows])
+            n = normed[rows]
+            n *= _row_dot(g, n) / width  # normed is not needed after this
+            gx -= n
+            gx *= rstd[rows]
+
         if need_x:
-            g = grad * ctx.weight if ctx.weight is not None else grad
-            grad_x = g - g.mean(axis=-1, keepdims=True)
-            grad_x -= normed * (g * normed).mean(axis=-1, keepdims=True)
-            grad_x *= ctx.rstd
-        return (grad_x,
-                (grad * normed).reshape(-1, width).sum(axis=0) if need_w else None,
-                grad.reshape(-1, width).sum(axis=0) if need_b else None)
+            parallel.run(input_gradient, parallel.blocks(len(normed), width, xp))
+        return (None if grad_x is None else grad_x.reshape(grad.shape), grad_weight,
+                grad2.sum(axis=0) if need_b else None)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
@@ -305,68 +397,6 @@ def dropout(x, p=0.5, training=True, generator=None):
 
 
 # ----------------------------------------------------------------------------------------------
-class ScaledDotProductAttention(Function):
-    """softmax(q k^T / sqrt(d) + mask) v, with optional dropout on the attention weights.
-
-    q: (..., T, d), k: (..., S, d), v: (..., S, e). The queries are the last T of the S
-    positions, so the causal mask lets query i see keys 0 .. i + S - T (with T == S: 0 .. i).
-    The backward keeps the attention weights of the forward rather than recomputing them.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, dropout_p, generator):
-        xp = get_array_module(q)
-        try:
-            np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-            fits = q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ValueError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit together")
-        scale = 1 / math.sqrt(q.shape[-1])
-        scores = q @ xp.swapaxes(k, -1, -2)
-        scores *= scale
-        if causal:
-            n_queries, n_keys = scores.shape[-2:]
-            if n_queries > n_keys:
-                raise ValueError(f"attention: causal with {n_queries} queries but only {n_keys} keys")
-            scores += xp.triu(xp.full((n_queries, n_keys), -xp.inf, dtype=scores.dtype), k=1 + n_keys - n_queries)
-        scores -= scores.max(axis=-1, keepdims=True)
-        probs = xp.exp(scores, out=scores)
-        probs /= probs.sum(axis=-1, keepdims=True)
-        ctx.keep = _keep_mask(generator, probs.shape, dropout_p) if dropout_p > 0 else None
-        ctx.drop_scale = 0.0 if dropout_p == 1 else 1 / (1 - dropout_p)
-        ctx.q, ctx.k, ctx.v, ctx.probs, ctx.scale = q, k, v, probs, scale
-        return ScaledDotProductAttention._dropped(ctx, probs) @ v
-
-    @staticmethod
-    def _dropped(ctx, x):
-        return x if ctx.keep is None else _drop(x, ctx.keep, ctx.drop_scale)
-
-    @staticmethod
-    def backward(ctx, grad):
-        xp = get_array_module(grad)
-        q, k, v, probs = ctx.q, ctx.k, ctx.v, ctx.probs
-        need_q, need_k, need_v = ctx.needs_input_grad
-        grad_v = None
-        if need_v:
-            weights = ScaledDotProductAttention._dropped(ctx, probs)
-            grad_v = unbroadcast(xp.swapaxes(weights, -1, -2) @ grad, v.shape)
-        grad_probs = ScaledDotProductAttention._dropped(ctx, grad @ xp.swapaxes(v, -1, -2))
-        grad_scores = grad_probs - (grad_probs * probs).sum(axis=-1, keepdims=True)
-        grad_scores *= probs
-        grad_scores *= ctx.scale
-        return (unbroadcast(grad_scores @ k, q.shape) if need_q else None,
-                unbroadcast(xp.swapaxes(grad_scores, -1, -2) @ q, k.shape) if need_k else None,
-                grad_v)
-
-
-def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=None):
-    """Attention of queries q over keys k and values v, heads in the leading axes.
-
-    dropout_p applies to the attention weights whenever it is above 0 (pass 0.0 in evaluation).
-    """
-    _check_probability("scaled_dot_product_attention: dropout_p", dropout_p)
-    if dropout_p > 0 and generator is None:
-        generator = backend.default_generator(q.device)
-    return ScaledDotProductAttention.apply(q, k, v, causal=causal, dropout_p=dropout_p, generator=generator)
+# attention lives in its own file; it builds on the dropout mask above
+from .attention import (MultiHeadAttention, ScaledDotProductAttention, multi_head_attention,  # noqa: E402
+                        scaled_dot_product_attention)

@@ -171,14 +171,16 @@ class CausalSelfAttention(Module):
     def forward(self, x, cache=None):
         """x: (batch, time, n_embd). With a KVCache, the keys and values of earlier positions
         come from it and this call's are added to it, so x holds only the new positions."""
-        batch, time, width = x.shape
-        heads = self.c_attn(x).reshape(batch, time, 3, self.n_head, width // self.n_head)
-        q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (batch, head, time, head width)
-        if cache is not None:
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if cache is None:  # split, attend and merge the heads in one op
+            y = F.multi_head_attention(self.c_attn(x), self.n_head, dropout_p)
+        else:
+            batch, time, width = x.shape
+            heads = self.c_attn(x).reshape(batch, time, 3, self.n_head, width // self.n_head)
+            q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (batch, head, time, head width)
             k, v = cache.extend(self, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, causal=True,
-                                           dropout_p=self.attn_pdrop if self.training else 0.0)
-        y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)
+            y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)
+            y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)
         return self.resid_dropout(self.c_proj(y))
 
 

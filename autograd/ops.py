@@ -246,6 +246,8 @@ class Tanh(Function):
 
 
 class Reshape(Function):
+    grad_view = True
+
     @staticmethod
     def forward(ctx, a, shape):
         ctx.shape = a.shape
@@ -258,6 +260,8 @@ class Reshape(Function):
 
 class Transpose(Function):
     """Permute axes; axes=None reverses them, as numpy does."""
+
+    grad_view = True
 
     @staticmethod
     def forward(ctx, a, axes=None):

@@ -2,6 +2,9 @@
 the learning-rate schedules of GPT-1's original code."""
 import math
 
+import numpy as np
+
+from . import parallel
 from .backend import get_array_module
 from .tensor import no_grad
 
@@ -29,8 +32,8 @@ class Adam:
         self.lr, self.betas, self.eps, self.l2 = lr, tuple(betas), eps, l2
         self.l2_mode, self.vector_l2 = l2_mode, vector_l2
         self.step_count = 0
-        self.m = [p.xp.zeros_like(p.data) for p in self.params]
-        self.v = [p.xp.zeros_like(p.data) for p in self.params]
+        self.m = [p.xp.zeros(p.shape, dtype=p.dtype) for p in self.params]
+        self.v = [p.xp.zeros(p.shape, dtype=p.dtype) for p in self.params]
 
     def zero_grad(self):
         for p in self.params:
@@ -38,33 +41,43 @@ class Adam:
 
     @no_grad()
     def step(self):
-        """Update every parameter that has a gradient."""
+        """Update every parameter that has a gradient.
+
+        On the CPU the parameters are cut into blocks of a few ten thousand numbers, shared out
+        among the cores: the update is a dozen passes over p, g, m and v, and on a block they run
+        in the cache rather than in main memory (three times faster on GPT-1's embedding). A
+        GPU's arrays go whole, one launch per operator.
+        """
         self.step_count += 1
-        t, (b1, b2) = self.step_count, self.betas
-        decoupled = self.l2_mode == "decoupled"
-        if decoupled:
-            lr_t = self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        else:
-            step_size, v_correction = self.lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+        blocks = []
         for p, m, v in zip(self.params, self.m, self.v):
             if p.grad is None:
                 continue
-            xp, g = get_array_module(p.data), p.grad
-            if not decoupled and self.l2:
-                g = g + self.l2 * p.data
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * g * g
-            if decoupled:
-                update = m / (xp.sqrt(v) + self.eps)
-                if self.l2 and (p.ndim > 1 or self.vector_l2):
-                    update += self.l2 * p.data
-                update *= lr_t
+            if get_array_module(p.data) is np and p.data.flags.c_contiguous:
+                flat = [a.reshape(-1) for a in (p.data, p.grad, m, v)]  # views (a copy only of a strided gradient)
+                blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
             else:
-                update = m / (xp.sqrt(v) / v_correction + self.eps)
-                update *= step_size
-            p.data -= update
+                self._update(p.ndim, p.data, p.grad, m, v)
+        parallel.run(lambda block: self._update(*block), blocks)
+
+    def _update(self, ndim, p, g, m, v):
+        """The Adam step on arrays p (updated in place), its gradient g, and its moments m, v."""
+        xp, t, (b1, b2) = get_array_module(p), self.step_count, self.betas
+        if self.l2_mode == "coupled" and self.l2:
+            g = g + self.l2 * p
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * g * g
+        if self.l2_mode == "decoupled":
+            update = m / (xp.sqrt(v) + self.eps)
+            if self.l2 and (ndim > 1 or self.vector_l2):
+                update += self.l2 * p
+            update *= self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        else:
+            update = m / (xp.sqrt(v) / math.sqrt(1 - b2 ** t) + self.eps)
+            update *= self.lr / (1 - b1 ** t)
+        p -= update
 
     def state_dict(self):
         """The optimizer's state: step count, hyper-parameters and the moment arrays m and v
@@ -84,8 +97,8 @@ class Adam:
         self.step_count = int(state["step"])
         self.lr, self.betas, self.eps, self.l2 = state["lr"], tuple(state["betas"]), state["eps"], state["l2"]
         self.l2_mode, self.vector_l2 = state["l2_mode"], state["vector_l2"]
-        self.m = [p.xp.array(a, dtype=p.dtype) for a, p in zip(state["m"], self.params)]
-        self.v = [p.xp.array(a, dtype=p.dtype) for a, p in zip(state["v"], self.params)]
+        self.m = [p.xp.array(a, dtype=p.dtype, order="C") for a, p in zip(state["m"], self.params)]
+        self.v = [p.xp.array(a, dtype=p.dtype, order="C") for a, p in zip(state["v"], self.params)]
 
 
 @no_grad()

@@ -69,7 +69,15 @@ class Function:
 
     Positional args that are Tensors are the graph inputs; anything else (numbers, index arrays)
     reaches forward as it is.
+
+    Two flags let the engine add gradients in place instead of allocating sums: `new_grads = True`
+    says backward returns only arrays of its own making, each once (never `grad`, views of it, or
+    arrays kept elsewhere); `grad_view = True` says it returns a view of `grad` for its one input,
+    which is then the engine's to write into whenever `grad` itself was.
     """
+
+    new_grads = False
+    grad_view = False
 
     @classmethod
     def apply(cls, *args, **attrs):
@@ -218,14 +226,19 @@ class Tensor:
             if grad.shape != self.shape:
                 raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
 
-        grads = {id(self): grad}
+        grads = {id(self): grad}  # tensor id -> the gradient gathered for it so far
+        ours = set()  # ids of tensors whose gathered gradient is ours to add into
         owned = set()  # ids of arrays already handed to a leaf's .grad in this pass
-        for t in _consumers_first(self):
+        pending = _inputs_first(self)
+        while pending:  # popping from the end reaches each tensor after all its consumers
+            t = pending.pop()  # and lets go of it: what it holds is freed once nothing needs it
             g = _as_array(grads.pop(id(t), None))
+            g_is_ours = id(t) in ours
+            ours.discard(id(t))
             node = t._node
             if node is None:
                 if g is not None:
-                    _accumulate(t, g, owned)
+                    _accumulate(t, g, owned, g_is_ours)
                 continue
             if node.ctx is None:
                 raise RuntimeError("backward() through a graph that an earlier backward() has freed")
@@ -241,21 +254,38 @@ class Tensor:
                             f"{node.function.__name__}.backward gave a {ig.dtype} {ig.shape} gradient "
                             f"for a {inp.dtype} {inp.shape} input"
                         )
-                    grads[id(inp)] = ig if id(inp) not in grads else grads[id(inp)] + ig
+                    new = node.function.new_grads or node.function.grad_view and g_is_ours
+                    _gather(grads, ours, id(inp), ig, new)
             node.free()
 
 
-def _accumulate(leaf, grad, owned):
+def _gather(grads, ours, key, grad, new):
+    """Add one more gradient for tensor `key` to what is gathered for it. Only an array that is
+    ours (`new` from its Function, or a sum made here) is ever written into."""
+    if key in ours:
+        grads[key] += grad
+    elif key not in grads:
+        grads[key] = grad
+        if new:
+            ours.add(key)
+    else:  # what is gathered may be shared: add it into this gradient if that is new, else sum anew
+        if new:
+            grad += grads[key]
+        grads[key] = grad if new else grads[key] + grad
+        ours.add(key)
+
+
+def _accumulate(leaf, grad, owned, ours):
     """Add into leaf.grad; the first time, store the array, copied if anything else may share it."""
     if leaf.grad is None:
-        leaf.grad = grad.copy() if grad.base is not None or id(grad) in owned else grad
+        leaf.grad = grad if ours else grad.copy() if grad.base is not None or id(grad) in owned else grad
         owned.add(id(leaf.grad))
     else:
         leaf.grad += grad
 
 
-def _consumers_first(root):
-    """Every tensor of the graph under root that requires grad, each before the inputs it came from."""
+def _inputs_first(root):
+    """Every tensor of the graph under root that requires grad, each after the inputs it came from."""
     order, visited, stack = [], set(), [(root, False)]
     while stack:  # iterative depth-first search: graphs may be deeper than the recursion limit
         t, inputs_done = stack.pop()
@@ -268,7 +298,7 @@ def _consumers_first(root):
         stack.append((t, True))
         if t._node is not None and t._node.inputs is not None:
             stack.extend((i, False) for i in t._node.inputs if i is not None and i.requires_grad)
-    return reversed(order)
+    return order
 
 
 def _raw_index(index):

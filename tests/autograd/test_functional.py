@@ -132,6 +132,17 @@ def test_linear_gradient(device, inputs):
     check_gradients(F.linear, tensors)
 
 
+@given(linear_inputs())
+def test_linear_gradient_through_a_transposed_weight(device, inputs):
+    """linear(x, W.T) (a tied LM head) gives W the gradient that finite differences find, laid
+    out like W itself (contiguous) rather than like the transposed view."""
+    x, weight, bias = inputs
+    tensors = [leaf(a, device) for a in (x, weight.T.copy(), bias) if a is not None]
+    check_gradients(lambda x, table, *b: F.linear(x, table.T, *b), tensors)
+    F.linear(*tensors[:1], tensors[1].T, *tensors[2:]).sum().backward()
+    assert tensors[1].grad.flags.c_contiguous
+
+
 @pytest.mark.parametrize("weight_shape, bias_shape, message", [
     ((4, 5), None, r"3 features.*\(4, 5\)"),  # weight rows do not match x's 3 features
     ((3,), None, r"weight.*\(3,\)"),  # weight is not (in, out)
@@ -631,6 +642,54 @@ def test_attention_dropout_drops_attention_weights(device, p, seed):
     assert abs(zeroed.mean() - p) <= 6 * math.sqrt(p * (1 - p) / zeroed.size)
 
 
+@st.composite
+def packed_heads(draw):
+    """qkv (batch, time, 3 * width) as c_attn makes it, and the number of heads."""
+    batch, time, n_head, head_width = (draw(st.integers(1, n)) for n in (2, 4, 3, 3))
+    return draw(arrays((batch, time, 3 * n_head * head_width))), n_head
+
+
+def split_attention(qkv, n_head, **options):
+    """multi_head_attention the long way: split qkv into heads, attend, merge the heads back."""
+    batch, time, width3 = qkv.shape
+    heads = qkv.reshape(batch, time, 3, n_head, width3 // (3 * n_head))
+    q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    y = F.scaled_dot_product_attention(q, k, v, causal=True, **options)
+    return y.transpose(0, 2, 1, 3).reshape(batch, time, width3 // 3)
+
+
+@given(packed_heads(), st.sampled_from([0.0, 0.3]), SEEDS)
+def test_multi_head_attention_equals_splitting_the_heads(device, case, dropout_p, seed):
+    """One op gives the same output and qkv gradient as GetItem, scaled_dot_product_attention,
+    Transpose and Reshape, with the same dropout mask from the same seed."""
+    qkv, n_head = case
+    results = []
+    for attend in (F.multi_head_attention, split_attention):
+        x = leaf(qkv, device)
+        out = attend(x, n_head, dropout_p=dropout_p, generator=fresh_generator(seed, x))
+        out.backward(np.cos(np.arange(out.size)).reshape(out.shape))
+        results.append((out.numpy(), x.grad))
+    for fused, split in zip(*results):
+        np.testing.assert_allclose(backend.to_numpy(fused), backend.to_numpy(split), rtol=1e-12, atol=1e-12)
+
+
+@checks_gradient_of(F.MultiHeadAttention)
+@given(packed_heads(), st.sampled_from([0.0, 0.3]), SEEDS)
+def test_multi_head_attention_gradient(device, case, dropout_p, seed):
+    """The gradient of qkv matches finite differences, with and without dropout."""
+    qkv, n_head = case
+
+    def attend(qkv):
+        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_generator(seed, qkv))
+
+    check_gradients(attend, [leaf(qkv, device)])
+
+
+def test_multi_head_attention_names_a_width_not_made_of_heads(device):
+    with pytest.raises(ValueError, match="not 3 x 2 heads"):
+        F.multi_head_attention(leaf(np.ones((1, 2, 8)), device), 2)
+
+
 @pytest.mark.parametrize("k_shape, v_shape", [
     ((2, 5, 3), (2, 5, 6)),  # k's feature size is not q's
     ((2, 5, 4), (2, 4, 6)),  # v has a different number of positions from k
@@ -678,6 +737,7 @@ def _functional_cases():
         pytest.param(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
                                                                     generator=fresh_generator(0, q)),
                      [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)], id="attention_dropout"),
+        pytest.param(lambda qkv: F.multi_head_attention(qkv, 2), [normal(2, 3, 12)], id="multi_head_attention"),
     ]
 
 

@@ -473,3 +473,36 @@ def test_where_with_a_number_operand(device, number_side, a, number, data):
         select, expected = (lambda x: ag.where(condition, x, number)), np.where(condition, a, number)
     assert_tensor_equals(select(x), expected)
     check_gradients(select, x)
+
+
+# ----- gradients gathered in place
+
+@given(n_rows=st.integers(1, 5), width=st.integers(1, 4), n_ids=st.integers(1, 6), data=st.data())
+def test_a_tied_table_gathers_every_gradient(device, n_rows, width, n_ids, data):
+    """One table used as an embedding, as a transposed LM head and once more reshaped: the engine
+    adds these gradients into arrays it owns, the sum is still right, and the table's gradient
+    comes out contiguous."""
+    from autograd import functional as F
+
+    ids = data.draw(hnp.arrays(np.int64, (2, n_ids), elements=st.integers(0, n_rows - 1)))
+    table, x = data.draw(arrays((n_rows, width))), data.draw(arrays((2, 3, width)))
+
+    def model(table, x):
+        hidden = F.embedding(ids, table).sum(axis=1, keepdims=True) + x
+        return F.linear(hidden, table.T) * 2 + (table.reshape(-1) * table.reshape(-1)).sum()
+
+    check_gradients(model, leaf(table, device), leaf(x, device))
+    t = leaf(table, device)
+    model(t, leaf(x, device)).sum().backward()
+    assert t.grad.flags.c_contiguous
+
+
+@given(a=arrays((2, 3)))
+def test_a_shared_gradient_is_never_written_into(device, a):
+    """x + y hands one gradient array to both x and y; adding y's other gradient into it in place
+    would change x's. Both leaves get their own right answers."""
+    x, y = leaf(a, device), leaf(a, device)
+    out = x + y
+    (out * 3 + y.T.T * 5).sum().backward()
+    np.testing.assert_array_equal(to_numpy(x.grad), np.full(a.shape, 3.0))
+    np.testing.assert_array_equal(to_numpy(y.grad), np.full(a.shape, 8.0))

@@ -1,0 +1,151 @@
+"""The CPU's cores for NumPy work cut into independent pieces.
+
+NumPy lets go of the GIL inside its loops and its BLAS calls, so pieces handed to different
+threads run at the same time. autograd shares out among the cores both its elementwise work,
+which NumPy does on one core, and its matrix products, each piece with BLAS at one thread: BLAS's
+own threads keep spinning for a while after each product, taking the cores from the elementwise
+work that follows, and a small product split over BLAS's threads waits for all of them each time
+(slow, and very slow when another process takes a core). numpy's own OpenBLAS is told to use one
+thread while such pieces run; where it cannot be (numpy built on another BLAS), pieces that
+multiply run one after another, with BLAS as it is.
+
+The number of threads is set_num_threads(n); by default OMP_NUM_THREADS or OPENBLAS_NUM_THREADS
+where set, else the number of cores.
+"""
+import ctypes
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import buffers
+from .backend import get_array_module
+
+
+def _default_threads():
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name])
+    return os.cpu_count() or 1
+
+
+def _openblas_threads():
+    """(get, set) of the thread count of the OpenBLAS bundled with numpy, or None without one."""
+    folder = os.path.dirname(np.__file__)
+    for path in glob.glob(os.path.join(folder, os.pardir, "numpy.libs", "*openblas*")) + \
+            glob.glob(os.path.join(folder, ".dylibs", "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for suffix in ("64_", "", "_64"):
+            for prefix in ("scipy_openblas", "openblas"):
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get and set_:
+                    get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+                    return get, set_
+    return None
+
+
+BLOCK = 1 << 18  # numbers in a piece of elementwise work: enough to keep a thread busy for a
+# while, few enough that a piece's several passes stay in the core's cache
+
+
+def blocks(n, size, xp=np):
+    """Slices that cut n items of `size` numbers each into pieces of about BLOCK numbers. A GPU
+    (xp other than numpy) gets one piece: it wants its work in few, large launches."""
+    step = max(1, BLOCK // max(size, 1)) if xp is np else max(1, n)
+    return [slice(start, start + step) for start in range(0, n, step)]
+
+
+def split(n, xp=np):
+    """Slices that cut n items into one run per thread (a GPU: one run for all)."""
+    k = min(_threads, n) if xp is np else 1
+    return [slice(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+_threads = _default_threads()
+_blas = _openblas_threads()
+_pool, _pool_pid = None, None
+_inside = threading.local()  # .piece: this thread is running a piece
+
+
+def set_num_threads(n):
+    """Use n threads (1: everything on the calling thread)."""
+    global _threads, _pool
+    if int(n) < 1:
+        raise ValueError(f"set_num_threads: need at least 1 thread, got {n}")
+    _threads = int(n)
+    if _pool is not None:
+        _pool.shutdown()
+        _pool = None
+
+
+def get_num_threads():
+    return _threads
+
+
+def _get_pool():
+    """The worker threads (one fewer than _threads: the caller works too); a new pool after a
+    fork, whose child has none of its parent's threads."""
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():
+        _pool, _pool_pid = ThreadPoolExecutor(_threads - 1, thread_name_prefix="autograd"), os.getpid()
+    return _pool
+
+
+def run(work, pieces, multiplies=False):
+    """work(piece) for every piece, the pieces shared out among the threads; returns once all are
+    done. `multiplies`: the work calls BLAS, so it runs with BLAS at one thread, or, where that
+    cannot be set, one piece after another on this thread with BLAS as it is."""
+    n = min(_threads, len(pieces))
+    if multiplies and _blas is None:
+        n = 1  # products on several threads at once would each want all of BLAS's threads
+    if getattr(_inside, "piece", False):
+        n = 1  # the pieces of a piece: the pool's threads are busy with its siblings
+    get_blas, set_blas = _blas if multiplies and _blas else (None, None)
+    blas_threads = get_blas() if get_blas else None
+    if blas_threads:
+        set_blas(1)
+    try:
+        groups = [pieces[i::n] for i in range(n)]  # interleaved: neighbouring pieces cost alike
+        futures = [_get_pool().submit(_run_all, work, group) for group in groups[1:]]
+        try:
+            _run_all(work, groups[0] if groups else [])
+        finally:
+            for future in futures:
+                future.result()
+    finally:
+        if blas_threads:
+            set_blas(blas_threads)
+
+
+def _run_all(work, pieces):
+    outer, _inside.piece = getattr(_inside, "piece", False), True
+    try:
+        for piece in pieces:
+            work(piece)
+    finally:
+        _inside.piece = outer
+
+
+def matmul(a, b, bias=None):
+    """a @ b (+ bias) for 2-D arrays. A large product is cut along the rows of a, one run per
+    thread with BLAS at one thread (see above), and the bias is added to each run while it is
+    still in cache."""
+    xp = get_array_module(a)
+    pieces = split(a.shape[0], xp)
+    if len(pieces) < 2 or a.shape[0] * a.shape[1] * b.shape[1] < 1 << 22:
+        pieces = [slice(None)]  # too small to be worth the threads' wake-up
+    out = buffers.empty((a.shape[0], b.shape[1]), xp.result_type(a, b), xp)
+
+    def multiply(rows):
+        xp.matmul(a[rows], b, out=out[rows])
+        if bias is not None:
+            out[rows] += bias
+
+    run(multiply, pieces, multiplies=True)
+    return out

@@ -1,0 +1,102 @@
+"""GPT-1 in plain PyTorch, the reference that bench/train_step.py times tinygpt against.
+
+The same architecture as tinygpt.GPT and transformers' OpenAIGPTLMHeadModel: token and position
+embeddings, post-LN blocks (n = ln_1(x + attn(x)); h = ln_2(n + mlp(n))), attention written out
+as matmul, causal mask, softmax, dropout, matmul (as transformers does), tanh GELU, and an LM
+head tied to the token embedding. Weights are (in, out) like GPT-1's Conv1D.
+
+Needs PyTorch, which tinygpt itself does not: for the CPU build,
+    pip install torch --index-url https://download.pytorch.org/whl/cpu
+"""
+import math
+
+try:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+except ImportError:
+    torch = None
+
+INSTALL_HINT = ("PyTorch is not installed; for the CPU build: "
+                "pip install torch --index-url https://download.pytorch.org/whl/cpu (or run with --no-torch)")
+
+
+def require_torch():
+    if torch is None:
+        raise SystemExit(INSTALL_HINT)
+    return torch
+
+
+if torch is not None:
+
+    class Conv1D(nn.Module):
+        """x @ weight + bias with weight (in, out), as in GPT-1's code."""
+
+        def __init__(self, n_in, n_out, std):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(n_in, n_out) * std)
+            self.bias = nn.Parameter(torch.zeros(n_out))
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
+
+    class Attention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.n_head, self.attn_pdrop = config.n_head, config.attn_pdrop
+            self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd, config.initializer_range)
+            self.c_proj = Conv1D(config.n_embd, config.n_embd, config.initializer_range)
+            self.resid_dropout = nn.Dropout(config.resid_pdrop)
+            self.register_buffer("causal", torch.tril(torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool)))
+
+        def forward(self, x):
+            batch, time, width = x.shape
+            q, k, v = self.c_attn(x).split(width, dim=2)
+            q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(~self.causal[:time, :time], float("-inf"))
+            weights = F.dropout(scores.softmax(dim=-1), self.attn_pdrop, self.training)
+            y = (weights @ v).transpose(1, 2).reshape(batch, time, width)
+            return self.resid_dropout(self.c_proj(y))
+
+    class MLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.c_fc = Conv1D(config.n_embd, config.n_inner, config.initializer_range)
+            self.c_proj = Conv1D(config.n_inner, config.n_embd, config.initializer_range)
+            self.dropout = nn.Dropout(config.resid_pdrop)
+
+        def forward(self, x):
+            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+    class Block(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.attn = Attention(config)
+            self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+            self.mlp = MLP(config)
+            self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+        def forward(self, x):
+            n = self.ln_1(x + self.attn(x))
+            return self.ln_2(n + self.mlp(n))
+
+    class GPT(nn.Module):
+        """GPT-1 for a tinygpt.GPTConfig; model(ids) gives the LM logits."""
+
+        def __init__(self, config):
+            super().__init__()
+            std = config.initializer_range
+            self.tokens_embed = nn.Embedding(config.vocab_size, config.n_embd)
+            self.positions_embed = nn.Embedding(config.n_ctx, config.n_embd)
+            nn.init.normal_(self.tokens_embed.weight, std=std)
+            nn.init.normal_(self.positions_embed.weight, std=std)
+            self.drop = nn.Dropout(config.embd_pdrop)
+            self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+
+        def forward(self, ids):
+            positions = torch.arange(ids.shape[1])
+            x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
+            for block in self.h:
+                x = block(x)
+            return x @ self.tokens_embed.weight.T

@@ -1,0 +1,100 @@
+"""autograd.parallel: work cut into pieces and shared out among threads."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from autograd import parallel
+
+
+@pytest.fixture
+def threads():
+    """Run a test with several threads, then go back to the default."""
+    before = parallel.get_num_threads()
+    parallel.set_num_threads(3)
+    yield 3
+    parallel.set_num_threads(before)
+
+
+@given(n=st.integers(0, 50), size=st.integers(1, 1 << 20))
+def test_blocks_and_split_cover_every_item_once(n, size):
+    for pieces in (parallel.blocks(n, size), parallel.split(n)):
+        covered = np.zeros(n, dtype=int)
+        for piece in pieces:
+            covered[piece] += 1
+        assert (covered == 1).all()
+
+
+def test_a_gpu_gets_one_piece():
+    class NotNumpy:
+        pass
+
+    assert parallel.blocks(100, 1, NotNumpy) == [slice(0, 100)]
+    assert parallel.split(100, NotNumpy) == [slice(0, 100)]
+
+
+@pytest.mark.parametrize("multiplies", [False, True])
+def test_run_does_every_piece_once_and_waits_for_all(threads, multiplies):
+    done = np.zeros(1000)
+
+    def work(piece):
+        done[piece] += 1
+
+    parallel.run(work, parallel.blocks(1000, 10), multiplies=multiplies)
+    np.testing.assert_array_equal(done, 1)
+
+
+def test_an_error_in_a_piece_reaches_the_caller(threads):
+    def work(piece):
+        if piece == 5:
+            raise ValueError("piece 5")
+
+    with pytest.raises(ValueError, match="piece 5"):
+        parallel.run(work, list(range(10)))
+
+
+def test_pieces_that_run_pieces_do_them_in_place(threads):
+    """A piece that shares out work of its own runs it itself: the pool's threads are busy, and
+    waiting for them would never end."""
+    total = np.zeros(8)
+
+    def inner(piece):
+        total[piece] += 1
+
+    parallel.run(lambda i: parallel.run(inner, [slice(i, i + 1)] * 2), list(range(8)))
+    np.testing.assert_array_equal(total, 2)
+
+
+def test_matrix_products_in_pieces_restore_blas_threads(threads):
+    if parallel._blas is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS this module can set")
+    get, _ = parallel._blas
+    before = get()
+    a = np.ones((64, 64))
+    parallel.run(lambda piece: a[piece] @ a, parallel.split(64), multiplies=True)
+    assert get() == before
+
+
+def test_thread_count_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        parallel.set_num_threads(0)
+
+
+def test_without_a_blas_to_set_products_run_one_after_another_in_the_caller(threads, monkeypatch):
+    """numpy on another BLAS (MKL, Accelerate): pieces that multiply stay on the calling thread,
+    and the products still come out right."""
+    import threading
+
+    monkeypatch.setattr(parallel, "_blas", None)
+    callers = set()
+    parallel.run(lambda piece: callers.add(threading.get_ident()), list(range(6)), multiplies=True)
+    assert callers == {threading.get_ident()}
+    a, b = np.arange(4000.0).reshape(400, 10), np.ones((10, 3000))
+    np.testing.assert_allclose(parallel.matmul(a, b, np.arange(3000.0)), a @ b + np.arange(3000.0))
+
+
+def test_matmul_cut_into_pieces_equals_numpy(threads):
+    rng = np.random.default_rng(0)
+    a, b, bias = rng.standard_normal((300, 200)), rng.standard_normal((200, 100)), rng.standard_normal(100)
+    for left, right in ((a, b), (b.T, a.T), (a[:, :50].T, a[:, 50:150])):
+        np.testing.assert_allclose(parallel.matmul(left, right), left @ right, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(parallel.matmul(a, b, bias), a @ b + bias, rtol=1e-12, atol=1e-12)
