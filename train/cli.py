@@ -1,5 +1,6 @@
 """What the command-line modules share: argument types that say what they expect, and opening a run."""
 import argparse
+import json
 import math
 
 from autograd import backend
@@ -44,3 +45,10 @@ def open_run(parser, run, device):
         return load_run(run, device)
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
+
+
+def write_results(args, results):
+    """Write an evaluation's results, with the run and data they came from, to --json if given."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)

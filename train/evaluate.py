@@ -9,7 +9,6 @@ Each command is an argparse subparser that registers its own handler (see
 add_perplexity_command); a new one is a function like it, called in build_parser.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -20,7 +19,7 @@ from autograd import functional as F
 from autograd.tensor import no_grad
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 
-from .cli import open_run, positive_int
+from .cli import open_run, positive_int, write_results
 from .inspection import add_attention_command, add_summary_command
 from .zeroshot import add_zeroshot_command
 
@@ -103,9 +102,7 @@ def perplexity_command(parser, args):
     print(f"bits per byte  {results['bits_per_byte']:.4f}")
     print(f"tokens         {tokens}  (predicted, of {len(ids)})")
     print(f"bytes          {n_bytes}  (UTF-8)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)
+    write_results(args, results)
     return results
 
 

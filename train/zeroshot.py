@@ -12,7 +12,6 @@ A language model that was never fine-tuned answers a task through its next-token
 The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
 """
 import argparse
-import json
 import os
 
 import numpy as np
@@ -21,7 +20,7 @@ from autograd import functional as F
 from autograd.tensor import no_grad
 
 from . import glue, metrics
-from .cli import open_run, positive_int
+from .cli import open_run, positive_int, write_results
 
 IGNORE = -100  # a target cross_entropy leaves out
 TASKS = ("sst2", "cola", "rocstories", "jsonl")
@@ -119,9 +118,7 @@ def zeroshot_command(parser, args):
     print(f"zero-shot {args.task} on {len(examples)} examples of {args.data}: {how}")
     for name in dataset.metrics:
         print(f"{name:10} {results[name]:.4f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)
+    write_results(args, results)
     return results
 
 
