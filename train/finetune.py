@@ -23,13 +23,12 @@ import numpy as np
 from tqdm import tqdm
 
 import autograd as ag
-from autograd import backend
 from autograd.optim import Adam, clip_grad_norm, warmup_linear
 from tinygpt import GPT
 from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
-from . import glue
+from . import distributed, glue
 from .checkpoint import find_checkpoint, load_checkpoint, read_weights, save_checkpoint, save_weights
 from .cli import Help, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
@@ -75,6 +74,8 @@ def parse_args(argv):
     p.add_argument("--save-every", type=non_negative_int, default=500,
                    help="steps between checkpoints besides those at each epoch's end (0: only those)")
     p.add_argument("--keep-checkpoints", type=positive_int, default=2)
+    p.add_argument("--distributed", action="store_true",
+                   help="one rank of a data-parallel job started by mpirun (see the README)")
     args = p.parse_args(argv)
     if not args.resume and any(getattr(args, name) is None for name in REQUIRED):
         missing = [f"--{name.replace('_', '-')}" for name in REQUIRED if getattr(args, name) is None]
@@ -157,6 +158,17 @@ def write_results(run_dir, results):
 
 def main(argv=None):
     parser, args = parse_args(argv)
+    try:
+        group = distributed.start(args.distributed)
+    except RuntimeError as error:
+        parser.error(str(error))
+    with group.abort_on_error():
+        fine_tune(parser, args, group)
+
+
+def fine_tune(parser, args, group):
+    """The run: with a group of several ranks, each takes its slice of every batch, and only rank 0
+    writes the run folder and measures the dev and test sets."""
     if args.resume:
         try:
             checkpoint = find_checkpoint(args.resume)
@@ -168,8 +180,11 @@ def main(argv=None):
         args = argparse.Namespace(**{**vars(args), **settings, "resume": checkpoint, "device": args.device})
     else:
         run_dir, labels = args.out or os.path.join("runs", f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"), None
+    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
+    if args.batch_size % group.size:
+        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over {group.size} ranks")
     try:
-        device = backend.parse_device(args.device)
+        device = group.device(args.device)
     except (ValueError, RuntimeError) as error:
         parser.error(f"--device: {error}")
 
@@ -179,7 +194,9 @@ def main(argv=None):
     n_ctx = head.transformer.config.n_ctx
     encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
     train, metric_names, main = encoded["train"], dev_set.metrics, main_metric(dev_set)
+    group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
     head.to(device).train()
+    group.broadcast_parameters(head.parameters())
     optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
 
     start, elapsed = 0, 0.0
@@ -188,18 +205,23 @@ def main(argv=None):
             start, elapsed = (state := load_checkpoint(args.resume, head, optimizer))["step"], state["elapsed"]
         except (OSError, ValueError) as error:
             parser.error(f"--resume: {error}")
-        rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
+        if state.get("world_size", group.size) != group.size:
+            parser.error(f"--resume: {args.resume} was written by {state['world_size']} ranks; resume it with as "
+                         f"many (this job has {group.size})")
+        if group.main:
+            rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
         print(f"resuming {run_dir} at step {start}")
-    else:
+    elif group.main:
         os.makedirs(run_dir, exist_ok=True)
         save_tokenizer(tokenizer, run_dir)
         if train_set.labels is not None:
             glue.save_labels(train_set.labels, os.path.join(run_dir, "labels.json"))
-        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device")}
+        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device", "distributed")}
         write_config(run_dir, head.transformer.config, {**settings, "has_labels": train_set.labels is not None})
     cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
     print(f"run folder: {run_dir}\n{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples "
-          f"(cut to fit n_ctx={n_ctx}: {cut}); {note}\nmodel: {head.num_parameters():,} parameters on {device}")
+          f"(cut to fit n_ctx={n_ctx}: {cut}); {note}\nmodel: {head.num_parameters():,} parameters on {device}"
+          + (f", one of {group.size} ranks" if group.size > 1 else ""))
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
@@ -224,51 +246,70 @@ def main(argv=None):
         write_results(run_dir, results)
 
     def checkpoint(step):
+        """Called by every rank; rank 0 writes."""
+        if not group.main:
+            return None
         try:
-            return save_checkpoint(run_dir, step, head, optimizer, {"elapsed": elapsed}, keep=args.keep_checkpoints)
+            return save_checkpoint(run_dir, step, head, optimizer, {"elapsed": elapsed, "world_size": group.size},
+                                   keep=args.keep_checkpoints)
         except OSError as error:
             sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
 
-    progress = tqdm(total=total, initial=start, desc=f"finetune {args.task}", unit="step", dynamic_ncols=True)
+    progress = tqdm(total=total, initial=start, desc=f"finetune {args.task}", unit="step", dynamic_ncols=True,
+                    disable=not group.main)
     for step in range(start, total):
         began = time.perf_counter()
         epoch, position = divmod(step, steps_per_epoch)
-        ag.manual_seed(args.seed * 1_000_003 + step)  # dropout of this step, the same after a resume
+        ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
         order = epoch_order(args.seed, epoch, len(train))
-        batch = train.batch(order[position * args.batch_size:(position + 1) * args.batch_size])
+        chosen = order[position * args.batch_size:(position + 1) * args.batch_size]
+        mine = np.array_split(chosen, group.size)[group.rank]  # this rank's slice (the last batch may be short)
+        # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its share
+        # of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
+        weight = len(mine) / len(chosen)
         lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
         optimizer.lr = lr
         optimizer.zero_grad()
-        objective, task_loss, lm_loss = head.loss(batch, args.lm_coef)
-        objective.backward()
+        losses = [0.0, 0.0, 0.0]  # L2, L3, L1 of a rank left without examples
+        if len(mine):
+            objective, task_loss, lm_loss = head.loss(train.batch(mine), args.lm_coef)
+            objective.backward()
+            losses = [float(value.item()) if value is not None else 0.0 for value in (task_loss, objective, lm_loss)]
+        group.reduce_gradients(head.parameters(), weight)
         if args.grad_clip > 0:
             clip_grad_norm(head.parameters(), args.grad_clip)
         optimizer.step()
         elapsed += time.perf_counter() - began
         done = step + 1
+        task_loss, objective, lm_loss, stop = group.sum([weight * value for value in losses] + [interrupt.requested])
         # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
-        record = {"step": done, "loss": float(task_loss.item()), "objective": float(objective.item()), "lr": lr,
-                  "examples_per_s": round(len(batch.labels) / (time.perf_counter() - began), 1),
+        record = {"step": done, "loss": float(task_loss), "objective": float(objective), "lr": lr,
+                  "examples_per_s": round(len(chosen) / (time.perf_counter() - began), 1),
                   "elapsed": round(elapsed, 3)}
-        if lm_loss is not None:
-            record["lm_loss"] = float(lm_loss.item())
+        if args.lm_coef != 0:
+            record["lm_loss"] = float(lm_loss)
         if not math.isfinite(record["objective"]):
             last = find_checkpoint(run_dir) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "none yet"
-            sys.exit(f"the loss became {record['objective']} at step {done}: stopping; last good checkpoint: {last}")
-        append_metrics(run_dir, record)
+            group.exit_together(f"the loss became {record['objective']} at step {done}: stopping; "
+                                f"last good checkpoint: {last}")
+        if group.main:
+            append_metrics(run_dir, record)
         progress.update(1)
         progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}")
-        if done % steps_per_epoch == 0:
+        if done % steps_per_epoch == 0 and group.main:
             end_of_epoch(done)
         if done % steps_per_epoch == 0 or (args.save_every and done % args.save_every == 0):
             checkpoint(done)
-        if interrupt.requested:
+        if stop:  # Ctrl-C on any rank (it may reach them in different steps)
             path = checkpoint(done)
             progress.close()
-            print(f"\ninterrupted after step {done}; checkpoint {path}\n"
-                  f"resume with: python -m train.finetune --resume {run_dir}")
-            sys.exit(130)
+            launch = f"mpirun -n {group.size} python -m train.finetune --distributed" if group.size > 1 \
+                else "python -m train.finetune"
+            print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: {launch} --resume {run_dir}")
+            group.exit_together(130)
     progress.close()
+    if not group.main:
+        return
     if "test" in encoded:
         results["test"] = predict_test(run_dir, head, datasets["test"], encoded["test"], metric_names, args.batch_size)
         write_results(run_dir, results)

@@ -4,11 +4,13 @@ With no arguments it trains the `tiny` preset on text that ships with Python, wi
 BPE trained on the same text, in a few minutes on a CPU. See --help for the rest.
 """
 import argparse
+import json
 import math
 import os
 import signal
 import sys
 import time
+from itertools import islice
 
 from tqdm import tqdm
 
@@ -19,7 +21,7 @@ from autograd.optim import Adam, clip_grad_norm, warmup_cosine
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
-from . import data
+from . import data, distributed
 from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from .cli import Help
 from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
@@ -63,6 +65,8 @@ def parse_args(argv):
     p.add_argument("--resume", metavar="PATH", help="continue a run (its folder, or one checkpoint in it)")
     p.add_argument("--init-from", metavar="DIR", help="start from these weights: a run, a checkpoint, or an openai-gpt folder")
     p.add_argument("--sample-tokens", type=int, default=60, help="length of the sample printed at the end")
+    p.add_argument("--distributed", action="store_true",
+                   help="one rank of a data-parallel job started by mpirun (see the README)")
     args = p.parse_args(argv)
     for name in ("batch_size", "grad_accum", "eval_every", "log_every", "save_every", "vocab_size"):
         if getattr(args, name) < 1:
@@ -101,16 +105,19 @@ def model_config(args, vocab_size):
 
 
 @ag.no_grad()
-def evaluate(model, windows, batch_size, limit):
-    """Mean next-token loss over up to `limit` windows, in eval mode."""
+def evaluate(model, windows, batch_size, limit, group=None):
+    """Mean next-token loss over up to `limit` windows, in eval mode; the ranks of a `group` take
+    every size-th batch each and add up their sums."""
+    group = group or distributed.Group()
     model.eval()
     total, count = 0.0, 0
-    for batch in windows.in_order(batch_size, limit):
+    for batch in islice(windows.in_order(batch_size, limit), group.rank, None, group.size):
         logits = model(batch[:, :-1])
         total += float(F.cross_entropy(logits, batch[:, 1:], reduction="sum").item())
         count += batch[:, 1:].size
     model.train()
-    return total / count
+    total, count = group.sum([total, count])
+    return float(total / count)
 
 
 class Interrupt:
@@ -127,6 +134,17 @@ class Interrupt:
 
 def main(argv=None):
     parser, args = parse_args(argv)
+    try:
+        group = distributed.start(args.distributed)
+    except RuntimeError as error:
+        parser.error(str(error))
+    with group.abort_on_error():
+        train_model(parser, args, group)
+
+
+def train_model(parser, args, group):
+    """The run: with a group of several ranks, each trains on its slice of every batch, and only
+    rank 0 writes the run folder."""
     if args.resume:
         try:
             checkpoint = find_checkpoint(args.resume)
@@ -139,7 +157,11 @@ def main(argv=None):
                                      "steps": steps_asked or settings["steps"]})
     else:
         run_dir = args.out or os.path.join("runs", f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    device = backend.parse_device(args.device)
+    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
+    if args.batch_size % (group.size * args.grad_accum):
+        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over "
+                     f"{group.size} ranks x --grad-accum {args.grad_accum}")
+    device = group.device(args.device)
 
     try:
         texts = data.read_corpus(args.data) if args.data else data.default_corpus()
@@ -148,11 +170,13 @@ def main(argv=None):
     if args.resume:
         tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer"))
     else:
-        os.makedirs(run_dir, exist_ok=True)
-        tokenizer = build_tokenizer(args, texts, run_dir)
-        save_tokenizer(tokenizer, run_dir)
+        tokenizer = build_tokenizer(args, texts, run_dir)  # on every rank: the same text makes the same one
+        if group.main:
+            os.makedirs(run_dir, exist_ok=True)
+            save_tokenizer(tokenizer, run_dir)
         config = model_config(args, tokenizer.vocab_size)
     ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
+    group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
     print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
     try:
         train_ids, val_ids = data.split(ids, args.val_fraction, config.n_ctx)
@@ -176,6 +200,7 @@ def main(argv=None):
     for p in model.parameters():
         p.data = p.data.astype(args.dtype)
     model.to(device).train()
+    group.broadcast_parameters(model.parameters())
     optimizer = Adam(model.parameters(), lr=args.lr, l2=args.l2, l2_mode=args.l2_mode)
 
     start, elapsed = 0, 0.0
@@ -184,17 +209,23 @@ def main(argv=None):
             state = load_checkpoint(args.resume, model, optimizer)
         except (ValueError, OSError) as error:
             parser.error(f"--resume: {error}")
+        if state.get("world_size", group.size) != group.size:
+            parser.error(f"--resume: {args.resume} was written by {state['world_size']} ranks; resume it with as "
+                         f"many (this job has {group.size})")
         start, elapsed = state["step"], state["elapsed"]
-        rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
+        if group.main:
+            rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
         print(f"resuming {run_dir} at step {start}")
-    else:
-        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device")}
+    elif group.main:
+        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device", "distributed")}
         write_config(run_dir, config, settings)
     print(f"run folder: {run_dir}\nmodel: {config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, "
-          f"n_ctx {config.n_ctx}, vocab {config.vocab_size}: {model.num_parameters():,} parameters on {device}")
+          f"n_ctx {config.n_ctx}, vocab {config.vocab_size}: {model.num_parameters():,} parameters on {device}"
+          + (f", one of {group.size} ranks" if group.size > 1 else ""))
 
     warmup = min(args.warmup, args.steps // 10)
-    micro = args.batch_size // args.grad_accum
+    local = args.batch_size // group.size  # this rank's windows of every batch
+    micro = local // args.grad_accum
     tokens_per_step = args.batch_size * config.n_ctx
     interrupt = Interrupt()
     pending = []  # (step, loss array, lr, elapsed) since the last log line: losses stay on the device until then
@@ -206,33 +237,40 @@ def main(argv=None):
         if not pending:
             return
         losses = backend.to_numpy(model.tokens_embed.weight.xp.stack([record[1] for record in pending]))
+        losses = group.sum(losses) / group.size  # the whole batch's: every rank's share has as many tokens
         bad = [record[0] for record, loss in zip(pending, losses) if not math.isfinite(loss)]
         if bad:
             good = find_checkpoint(run_dir) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "none yet"
-            sys.exit(f"the loss became {losses[len(pending) - len(bad)]} at step {bad[0]}: stopping; "
-                     f"last good checkpoint: {good}")
+            group.exit_together(f"the loss became {losses[len(pending) - len(bad)]} at step {bad[0]}: stopping; "
+                                f"last good checkpoint: {good}")
         now = time.perf_counter()
         rate = len(pending) * tokens_per_step / (now - last_log)
         for (step, _, step_lr, step_elapsed), loss in zip(pending, losses):
-            append_metrics(run_dir, {"step": step, "loss": float(loss), "lr": step_lr, "tokens_per_s": round(rate),
-                                     "elapsed": round(step_elapsed, 3)})
+            if group.main:
+                append_metrics(run_dir, {"step": step, "loss": float(loss), "lr": step_lr,
+                                         "tokens_per_s": round(rate), "elapsed": round(step_elapsed, 3)})
         progress.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{pending[-1][2]:.2e}", tok_s=f"{rate:,.0f}")
         pending.clear()
         last_log = now
 
     def checkpoint(step):
+        """Called by every rank; rank 0 writes."""
         log_pending()  # never save weights that a NaN has already reached
+        if not group.main:
+            return None
         try:
-            return save_checkpoint(run_dir, step, model, optimizer, {"elapsed": elapsed}, keep=args.keep_checkpoints)
+            return save_checkpoint(run_dir, step, model, optimizer, {"elapsed": elapsed, "world_size": group.size},
+                                   keep=args.keep_checkpoints)
         except OSError as error:
             sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
 
-    progress = tqdm(total=args.steps, initial=start, desc="pretrain", unit="step", dynamic_ncols=True)
+    progress = tqdm(total=args.steps, initial=start, desc="pretrain", unit="step", dynamic_ncols=True,
+                    disable=not group.main)
     with progress:  # closed however the loop ends, so no bar is left half drawn
         for step in range(start, args.steps):
             began = time.perf_counter()
-            ag.manual_seed(args.seed * 1_000_003 + step)  # dropout of this step, the same after a resume
-            batch = train.training_batch(step, args.batch_size, args.seed)
+            ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
+            batch = train.training_batch(step, args.batch_size, args.seed)[group.rank * local:(group.rank + 1) * local]
             lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
             optimizer.lr = lr
             optimizer.zero_grad()
@@ -242,6 +280,7 @@ def main(argv=None):
                 loss = F.cross_entropy(model(chunk[:, :-1]), chunk[:, 1:]) / args.grad_accum
                 loss.backward()
                 step_loss = step_loss + loss.data
+            group.reduce_gradients(model.parameters(), 1 / group.size)  # the whole batch's mean gradient
             if args.grad_clip > 0:
                 clip_grad_norm(model.parameters(), args.grad_clip)
             optimizer.step()
@@ -253,18 +292,21 @@ def main(argv=None):
                 log_pending()
             if done % args.eval_every == 0 or done == args.steps:
                 log_pending()
-                val_loss = evaluate(model, val, args.batch_size, args.eval_windows)
-                append_metrics(run_dir, {"step": done, "val_loss": val_loss, "val_perplexity": math.exp(val_loss),
-                                         "elapsed": round(elapsed, 2)})
+                val_loss = evaluate(model, val, args.batch_size, args.eval_windows, group)
+                if group.main:
+                    append_metrics(run_dir, {"step": done, "val_loss": val_loss,
+                                             "val_perplexity": math.exp(val_loss), "elapsed": round(elapsed, 2)})
                 progress.write(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
             if done % args.save_every == 0 or done == args.steps:
                 checkpoint(done)
-            if interrupt.requested:
+            if group.any(interrupt.requested):  # Ctrl-C may reach the ranks in different steps
                 path = checkpoint(done)
-                print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: "
-                      f"python -m train.pretrain --resume {run_dir}")
-                sys.exit(130)
-    report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed)
+                launch = f"mpirun -n {group.size} python -m train.pretrain --distributed" if group.size > 1 \
+                    else "python -m train.pretrain"
+                print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: {launch} --resume {run_dir}")
+                group.exit_together(130)
+    if group.main:
+        report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed)
 
 
 def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):
