@@ -108,8 +108,9 @@ class Group:
         try:
             from cupy.cuda import nccl
         except ImportError:
-            raise RuntimeError("--distributed on GPUs needs NCCL, which CuPy did not find: install it "
-                               "(pip install nvidia-nccl-cu12, or -cu13) or use --device cpu") from None
+            raise RuntimeError("--distributed on GPUs needs NCCL, which CuPy did not find: install it where "
+                               "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
+                               "--device cpu") from None
         backend.cupy.cuda.Device(index).use()
         unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
         if self.main:
