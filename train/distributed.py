@@ -93,8 +93,9 @@ class Group:
         its own (its rank on the machine modulo the number of GPUs); 'cuda:N' is that GPU on every
         rank. Between GPUs the ranks then connect through NCCL."""
         if self.size > 1 and name in ("auto", "cuda") and backend.cuda_available():
-            local_rank = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED).Get_rank()
-            name = f"cuda:{local_rank % backend.cupy.cuda.runtime.getDeviceCount()}"
+            machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)  # the ranks that share this machine
+            name = f"cuda:{machine.Get_rank() % backend.cupy.cuda.runtime.getDeviceCount()}"
+            machine.Free()
         device = backend.parse_device(name)
         if self.size > 1:
             self.check_same("device kind (cpu or cuda)", device.split(":")[0].encode())

@@ -35,6 +35,7 @@ def test_pack_then_unpack_gives_back_the_arrays(shapes, seed):
 
 
 def test_pack_fills_a_given_buffer_and_makes_a_new_one_when_it_does_not_fit(device):
+    device = backend.parse_device(device)
     arrays = [backend.to_device(np.arange(6, dtype=np.float32).reshape(2, 3), device),
               backend.to_device(np.array([7.0, 8.0], dtype=np.float32), device)]
     buffer = pack(arrays)
