@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -22,6 +23,7 @@ from autograd.backend import get_array_module
 
 MPI_INSTALL_HINT = "pip install 'tinygpt[mpi]' (mpi4py and MPICH), or mpi4py built on your cluster's MPI"
 UNIQUE_ID_BYTES = 128  # the size of NCCL's ncclUniqueId
+ABORT_GRACE_S = 1.0  # seconds for a failing rank's last words to reach the launcher
 
 
 def pack(arrays, out=None):
@@ -210,9 +212,12 @@ class Group:
             raise
 
     def _abort(self, status):
-        """MPI_Abort has the launcher end every rank; it may return before this one's turn, so
-        leave at once (nothing more to print or clean up)."""
+        """End every rank through MPI_Abort. The launcher drops what it has not yet passed on from
+        the ranks' output when it ends them, so this rank's message gets a moment to go through
+        first; and MPI_Abort may return before the launcher ends this rank, which then leaves at
+        once, with nothing more to print or clean up."""
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
         self.comm.Abort(status)
         os._exit(status)
