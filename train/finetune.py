@@ -194,7 +194,8 @@ def fine_tune(parser, args, group):
     n_ctx = head.transformer.config.n_ctx
     encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
     train, metric_names, main = encoded["train"], dev_set.metrics, main_metric(dev_set)
-    group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
+    if group.size > 1:
+        group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
     head.to(device).train()
     group.broadcast_parameters(head.parameters())
     optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)

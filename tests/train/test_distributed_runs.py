@@ -185,11 +185,9 @@ def test_a_rank_that_fails_ends_the_job_with_its_error(mpiexec, corpus, tmp_path
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoints").write_text("not a folder")
-    began = time.time()
     code, output = run_job(mpiexec(2, pretrain_args(corpus, out, "--steps", "50", "--save-every", "3")), mpiexec.env)
     assert code != 0 and "TIMED OUT" not in output
     assert "rank 0: could not write a checkpoint" in output
-    assert time.time() - began < TIMEOUT
 
 
 def test_a_rank_started_on_other_data_ends_the_job_with_its_traceback(mpiexec, corpus, tmp_path):
