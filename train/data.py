@@ -33,8 +33,8 @@ def read_corpus(paths):
 
 
 def tokenizer_fingerprint(tokenizer):
-    """A hash of what decides how text is cut: every token and its id."""
-    digest = hashlib.sha256()
+    """A hash of what decides how text is cut: the normalizer, every token and its id."""
+    digest = hashlib.sha256(f"normalizer\t{getattr(tokenizer, 'normalizer', None)}\n".encode())
     for token_id in range(tokenizer.vocab_size):
         digest.update(f"{token_id}\t{tokenizer.id_to_token(token_id)!r}\n".encode())
     return digest.hexdigest()

@@ -35,6 +35,9 @@ def parse_args(argv):
     p.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: train one on the data)")
     p.add_argument("--gpt1-tokenizer", help="folder with GPT-1's encoder_bpe_40000.json and vocab_40000.bpe")
     p.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of a tokenizer trained here")
+    p.add_argument("--normalize", choices=["gpt1"],
+                   help="a tokenizer trained here first prepares text as GPT-1 did: lower case, words split "
+                        "like spaCy (fits GLUE's lower-cased, tokenized sentences)")
     p.add_argument("--preset", default="tiny", choices=["tiny", "mini", "gpt1"])
     p.add_argument("--n-ctx", type=int, help="context length (default: the preset's)")
     p.add_argument("--n-layer", type=int)
@@ -75,6 +78,8 @@ def parse_args(argv):
         p.error(f"--batch-size {args.batch_size} is not a multiple of --grad-accum {args.grad_accum}")
     if args.tokenizer and args.gpt1_tokenizer:
         p.error("give --tokenizer or --gpt1-tokenizer, not both")
+    if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
+        p.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
     return p, args
 
 
@@ -86,8 +91,9 @@ def build_tokenizer(args, texts, run_dir):
         return GPT1Tokenizer.from_files(encoder, merges)
     if args.init_from and os.path.isdir(os.path.join(run_folder_of(args.init_from), "tokenizer")):
         return load_tokenizer(os.path.join(run_folder_of(args.init_from), "tokenizer"))
-    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus ...")
-    return BPETokenizer.train(texts, args.vocab_size)
+    normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
+    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
+    return BPETokenizer.train(texts, args.vocab_size, normalizer=args.normalize)
 
 
 def run_folder_of(path):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tinygpt.tokenizer import BPETokenizer
 from tinygpt.tokenizer.bpe import GPT2_PATTERN
+from tinygpt.tokenizer.text import GPT1Normalizer
 
 SPECIALS = ("_start_", "_delimiter_", "_classify_")
 CORPUS = [
@@ -300,6 +301,55 @@ def test_hugging_face_tokenizers_read_our_files(tokenizer, tmp_path):
     theirs = tokenizers.ByteLevelBPETokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
     for text in CORPUS + ["Unseen words: zebra, quixotic, Ωμέγα 🙂"]:
         assert theirs.encode(text).ids == tokenizer.encode(text)
+
+
+# -- GPT-1's normalization ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def normalized():
+    return BPETokenizer.train(CORPUS, vocab_size=256 + 3 + 150, normalizer="gpt1")
+
+
+def test_normalized_training_learns_from_the_normalized_text(normalized):
+    plain = BPETokenizer.train([GPT1Normalizer()(text) for text in CORPUS], vocab_size=256 + 3 + 150)
+    assert normalized.merges == plain.merges
+
+
+@given(st.lists(st.sampled_from(["It's", "DON'T", " ", "a", "B", ",", ".", "?", "\n", "--", "_start_", "_classify_"]),
+                max_size=12).map("".join))
+def test_normalized_encoding_is_plain_encoding_of_the_normalized_pieces(normalized, text):
+    """Special tokens are cut out first; the text between them is normalized, then split."""
+    ordinary = {normalized.id_to_token(i): i for i in range(normalized.vocab_size)
+                if i not in normalized.special_tokens.values()}
+    normalize, plain = GPT1Normalizer(), BPETokenizer(ordinary, normalized.merges, normalized.special_tokens)
+    pieces = regex.split("(_start_|_classify_)", text)
+    expected = [i for n, piece in enumerate(pieces) for i in
+                (plain.encode(piece) if n % 2 else plain.encode(normalize(piece)))]
+    assert normalized.encode(text) == expected
+
+
+def test_normalized_text_decodes_lower_cased_and_split(normalized):
+    assert normalized.decode(normalized.encode("It's THE fox, isn't it?")) == "it 's the fox , is n't it ?"
+
+
+def test_normalizer_survives_save_and_load(normalized, tokenizer, tmp_path):
+    normalized.save(tmp_path / "normalized")
+    tokenizer.save(tmp_path / "plain")
+    assert json.loads((tmp_path / "normalized" / "tokenizer_config.json").read_text()) == {"normalizer": "gpt1"}
+    assert not (tmp_path / "plain" / "tokenizer_config.json").exists()
+    loaded = BPETokenizer.load(tmp_path / "normalized")
+    assert loaded.normalizer == "gpt1" and BPETokenizer.load(tmp_path / "plain").normalizer is None
+    assert loaded.encode("The FOX's den.") == normalized.encode("The FOX's den.")
+
+
+def test_unknown_normalizer_is_refused(normalized, tmp_path):
+    with pytest.raises(ValueError, match="normalizer must be None or one of"):
+        BPETokenizer.train(CORPUS, 300, normalizer="nfkc")
+    normalized.save(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"normalizer": "nfkc"}', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json: expected"):
+        BPETokenizer.load(tmp_path)
 
 
 @pytest.mark.skipif(not GUTENBERG.is_dir(), reason="../shared/data is absent")

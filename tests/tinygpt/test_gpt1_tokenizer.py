@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tinygpt.tokenizer import GPT1Tokenizer
-from tinygpt.tokenizer.text import EnglishWordSplitter, fix_text, text_standardize
+from tinygpt.tokenizer.text import EnglishWordSplitter, GPT1Normalizer, fix_text, text_standardize
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 BPE_DIR = DATA / "gpt1-bpe"
@@ -198,6 +198,20 @@ def test_text_standardize_properties(text):
 ])
 def test_word_splitter_examples(text, words):
     assert SPLITTER(text) == words.split("|" if "|" in words else " ")
+
+
+@pytest.mark.parametrize("text, normalized", [
+    ("It's a CHARMING film -- isn't it?", "it 's a charming film -- is n't it ?"),
+    ("Mr. Knightley\u2019s\r\n\tcaf\u00c3\u00a9 \u2026", "mr. knightley 's \n  caf\u00e9 ..."),
+])
+def test_normalizer_examples(text, normalized):
+    assert GPT1Normalizer()(text) == normalized
+
+
+@given(st.text(max_size=60))
+def test_normalizer_gives_the_words_gpt1_encodes(tokenizer, text):
+    """The normalized text holds exactly the words GPT-1's encoder passes to its BPE."""
+    assert GPT1Normalizer()(text) == " ".join(tokenizer.words(text))
 
 
 # -- agreement with the original pipeline, where spaCy and ftfy are installed ------------------

@@ -12,7 +12,7 @@ import pytest
 
 from train import pretrain
 from train.checkpoint import checkpoint_steps
-from train.run import read_metrics
+from train.run import load_tokenizer, read_metrics
 
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300",
          "--batch-size", "4", "--eval-windows", "8", "--sample-tokens", "4", "--device", "cpu"]
@@ -53,6 +53,15 @@ def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
     perplexity = float(printed.split("validation perplexity ")[1].split()[0])
     baseline = float(printed.split("unigram baseline ")[1].rstrip(")\n").split(")")[0])
     assert perplexity < baseline / 2
+
+
+def test_normalize_trains_a_tokenizer_on_gpt1_prepared_text(corpus, tmp_path):
+    """--normalize gpt1: the run's tokenizer lower-cases and splits words, and says so on disk."""
+    out = tmp_path / "run"
+    run(corpus, out, "--steps", "2", "--eval-every", "1000", "--normalize", "gpt1")
+    assert json.loads((out / "tokenizer" / "tokenizer_config.json").read_text()) == {"normalizer": "gpt1"}
+    tokenizer = load_tokenizer(out / "tokenizer")
+    assert tokenizer.decode(tokenizer.encode("The CAT's hill.")) == "the cat 's hill ."
 
 
 def test_resume_continues_with_the_same_losses(corpus, tmp_path):
@@ -108,6 +117,7 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
     (lambda tmp: ["--data", str(write(tmp / "latin1.txt", "caf\xe9 au lait".encode("latin-1")))],
      "latin1.txt: not valid UTF-8 at byte offset 3"),
     (lambda tmp: ["--batch-size", "6", "--grad-accum", "4"], "not a multiple"),
+    (lambda tmp: ["--normalize", "gpt1", "--tokenizer", str(tmp)], "--normalize is for a tokenizer trained here"),
 ])
 def test_bad_input_is_a_message_naming_it(corpus, tmp_path, capsys, make_input, expected):
     with pytest.raises(SystemExit) as stop:

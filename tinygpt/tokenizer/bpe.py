@@ -8,6 +8,10 @@ Bytes are written as printable characters with GPT-2's byte-to-unicode map (a sp
 newline 'Ċ'), so `vocab.json` and `merges.txt` have the same layout as GPT-2's and load in other
 byte-level BPE tools; special tokens (`_start_`, ...) get the last ids and are also listed in
 `special_tokens.json`.
+
+With `normalizer="gpt1"` every text is first prepared as GPT-1's encoder prepared it (unicode
+fixed, words split like spaCy, lower case; see text.py) and `tokenizer_config.json` records it.
+Decoding then gives that prepared text back, not the original.
 """
 import glob
 import heapq
@@ -18,11 +22,14 @@ from pathlib import Path
 import regex
 
 from .merges import apply_merges, replace_pair
+from .text import GPT1Normalizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 DEFAULT_SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 MERGES_HEADER = "#version: 0.2"
 CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
+NORMALIZERS = {"gpt1": GPT1Normalizer}
+CONFIG_FILE = "tokenizer_config.json"  # written only when there is a normalizer
 
 
 def _byte_to_char():
@@ -90,8 +97,18 @@ def read_text_file(path, errors="strict"):
 # -- Training ---------------------------------------------------------------------------------------
 
 
-def count_words(texts, pattern, special_tokens):
-    """Split every text into words (special tokens are cut out first and not counted) -> Counter."""
+def make_normalizer(name):
+    """The text -> text function a normalizer's name stands for (None for None)."""
+    if name is None:
+        return None
+    if name not in NORMALIZERS:
+        raise ValueError(f"normalizer must be None or one of {sorted(NORMALIZERS)}, got {name!r}")
+    return NORMALIZERS[name]()
+
+
+def count_words(texts, pattern, special_tokens, normalize=None):
+    """Split every text into words (special tokens are cut out first and not counted, the rest
+    goes through `normalize` if given) -> Counter."""
     split_regex = regex.compile(pattern)
     special_regex = _special_token_regex(special_tokens)
     counts = Counter()
@@ -100,7 +117,7 @@ def count_words(texts, pattern, special_tokens):
             raise TypeError(f"training texts must be strings, got {type(text).__name__}")
         pieces = special_regex.split(text)[::2] if special_regex else [text]
         for piece in pieces:
-            counts.update(split_regex.findall(piece))
+            counts.update(split_regex.findall(normalize(piece) if normalize else piece))
     return counts
 
 
@@ -175,11 +192,14 @@ def _special_token_regex(special_tokens):
 class BPETokenizer:
     """A byte-level BPE tokenizer: ids 0.. for ordinary tokens, then the special tokens."""
 
-    def __init__(self, vocab, merges, special_tokens=None, pattern=GPT2_PATTERN):
+    def __init__(self, vocab, merges, special_tokens=None, pattern=GPT2_PATTERN, normalizer=None):
         """vocab: {token string: id} for ordinary tokens, in the byte-to-unicode alphabet.
         merges: [(left, right)] token strings in rank order. special_tokens: {name: id}.
         Together the ids must be exactly 0 .. vocab_size - 1 (load() checks files for this).
+        normalizer: None, or "gpt1" to prepare text as GPT-1 did before splitting it.
         """
+        self.normalizer = normalizer
+        self._normalize = make_normalizer(normalizer)
         special_tokens = dict(special_tokens or {})
         clashes = sorted(set(special_tokens) & set(vocab))
         if clashes:
@@ -202,7 +222,7 @@ class BPETokenizer:
         self._cache = {}
 
     @classmethod
-    def train(cls, texts, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN):
+    def train(cls, texts, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN, normalizer=None):
         """Learn a vocabulary of `vocab_size` ids from an iterable of strings.
 
         Ids 0-255 are the bytes, then one id per merge in the order learned, then the special
@@ -216,7 +236,7 @@ class BPETokenizer:
         if vocab_size < smallest:
             raise ValueError(f"vocab_size={vocab_size} is too small: the 256 bytes and "
                              f"{len(special_tokens)} special tokens alone need {smallest}")
-        word_counts = count_words(texts, pattern, special_tokens)
+        word_counts = count_words(texts, pattern, special_tokens, make_normalizer(normalizer))
         if not word_counts:
             raise ValueError("the training corpus is empty: no text to learn from")
         merges = [
@@ -227,17 +247,18 @@ class BPETokenizer:
         for left, right in merges:
             vocab[left + right] = len(vocab)
         specials = {name: len(vocab) + i for i, name in enumerate(special_tokens)}
-        return cls(vocab, merges, specials, pattern)
+        return cls(vocab, merges, specials, pattern, normalizer)
 
     @classmethod
     def train_files(cls, paths, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN,
-                    errors="strict"):
+                    errors="strict", normalizer=None):
         """train() on files: paths may be files, folders (all *.txt below) and globs.
 
         Files are read as UTF-8; see read_text_file for the `errors` policy.
         """
         files = find_text_files(paths)
-        return cls.train((read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern)
+        return cls.train((read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern,
+                         normalizer)
 
     # -- looking things up ---------------------------------------------------------------------
 
@@ -267,8 +288,9 @@ class BPETokenizer:
     # -- encoding and decoding -----------------------------------------------------------------
 
     def encode(self, text):
-        """Text -> ids. Special tokens' names are matched whole (longest first) before splitting.
-        The text is encoded as UTF-8, so a lone surrogate raises UnicodeEncodeError (a ValueError).
+        """Text -> ids. Special tokens' names are matched whole (longest first) before the text
+        between them is normalized and split. The text is encoded as UTF-8, so a lone surrogate
+        raises UnicodeEncodeError (a ValueError).
         """
         ids = []
         pieces = self._special_regex.split(text) if self._special_regex else [text]
@@ -276,6 +298,8 @@ class BPETokenizer:
             if position % 2:  # split() puts the matched special tokens at odd positions
                 ids.append(self._special_tokens[piece])
                 continue
+            if self._normalize:
+                piece = self._normalize(piece)
             for word in self._split_regex.findall(piece):
                 word_ids = self._cache.get(word)
                 if word_ids is None:
@@ -307,7 +331,8 @@ class BPETokenizer:
     # -- files ---------------------------------------------------------------------------------
 
     def save(self, directory):
-        """Write vocab.json, merges.txt (GPT-2 layout) and special_tokens.json into `directory`."""
+        """Write vocab.json, merges.txt (GPT-2 layout), special_tokens.json and, with a
+        normalizer, tokenizer_config.json into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         vocab = {token: token_id for token_id, token in enumerate(self._id_to_token)}
@@ -315,6 +340,8 @@ class BPETokenizer:
         lines = [MERGES_HEADER] + [f"{left} {right}" for left, right in self._merges]
         (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         (directory / "special_tokens.json").write_text(json.dumps(self._special_tokens, indent=1), encoding="utf-8")
+        if self.normalizer:
+            (directory / CONFIG_FILE).write_text(json.dumps({"normalizer": self.normalizer}), encoding="utf-8")
 
     @classmethod
     def load(cls, directory, special_tokens=None, pattern=GPT2_PATTERN):
@@ -336,12 +363,13 @@ class BPETokenizer:
             if missing:
                 raise ValueError(f"{directory / 'vocab.json'}: has no entry for special tokens {missing}")
             specials = {name: vocab[name] for name in special_tokens}
+        normalizer = _read_normalizer(directory / CONFIG_FILE) if (directory / CONFIG_FILE).exists() else None
         ordinary = {token: token_id for token, token_id in vocab.items() if token not in specials}
         for token in ordinary:
             if not set(token) <= CHAR_TO_BYTE.keys():
                 raise ValueError(f"{directory / 'vocab.json'}: entry {token!r} is neither spelled in the "
                                  "byte-to-unicode alphabet nor a special token")
-        return cls(ordinary, merges, specials, pattern)
+        return cls(ordinary, merges, specials, pattern, normalizer)
 
 
 def _read_json(path):
@@ -401,3 +429,12 @@ def _read_special_tokens(path, vocab):
         if vocab.get(name) != token_id:
             raise ValueError(f"{path}: {name!r} has id {token_id!r} here but {vocab.get(name)!r} in vocab.json")
     return specials
+
+
+def _read_normalizer(path):
+    """tokenizer_config.json -> the normalizer's name, which must be one tinygpt knows."""
+    config = _read_json(path)
+    name = config.get("normalizer") if isinstance(config, dict) else None
+    if name not in NORMALIZERS:
+        raise ValueError(f"{path}: expected {{\"normalizer\": one of {sorted(NORMALIZERS)}}}, got {config!r}")
+    return name

@@ -10,6 +10,8 @@ The original encoder ran every text through three steps before BPE:
 3. spaCy's English tokenizer (`spacy.load('en')`) cut the text into words. `EnglishWordSplitter`
    follows the same rules: split on spaces, peel prefixes and suffixes off each chunk, cut it at
    infixes, and keep the tokenizer exceptions (contractions, abbreviations) as spaCy writes them.
+
+`GPT1Normalizer` runs the three steps and lower-cases the words, for a byte-level BPE of one's own.
 """
 import html.entities
 import re
@@ -421,3 +423,21 @@ class EnglishWordSplitter:
                 rejoined += self._rejoin[tuple(tokens[position:end])]
             position = end
         return rejoined
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The three steps and lower case, as a normalizer for a BPE of one's own.
+
+class GPT1Normalizer:
+    """Text as GPT-1's encoder saw it, one string: unicode fixed, `text_standardize`, words split
+    like spaCy, lower case, the words joined by single spaces ("It's fine." -> "it 's fine .").
+    A byte-level BPE trained on such text sees books and GLUE's lower-cased, tokenized sentences
+    alike."""
+
+    name = "gpt1"
+
+    def __init__(self):
+        self._split_words = EnglishWordSplitter()
+
+    def __call__(self, text):
+        return " ".join(word.lower() for word in self._split_words(text_standardize(fix_text(text))))
