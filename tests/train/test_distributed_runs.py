@@ -66,16 +66,6 @@ def run_job(command, env):
     return process.returncode, output
 
 
-@pytest.fixture
-def corpus(tmp_path, monkeypatch):
-    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
-    sentences = [f"The {animal} number {i} walked over the {place} and sat down quietly. "
-                 for i in range(120) for animal, place in [("cat", "hill"), ("dog", "bridge")]]
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(sentences), encoding="utf-8")
-    return path
-
-
 def pretrain_args(corpus, out, *extra):
     return ["-m", "train.pretrain", "--distributed", "--data", str(corpus), "--out", str(out), *SMALL,
             "--device", "cpu", *extra]

@@ -19,17 +19,6 @@ SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def corpus(tmp_path, monkeypatch):
-    """A small text file, and a token cache of this test's own."""
-    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
-    sentences = [f"The {animal} number {i} walked over the {place} and sat down quietly. "
-                 for i in range(120) for animal, place in [("cat", "hill"), ("dog", "bridge")]]
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(sentences), encoding="utf-8")
-    return path
-
-
 def run(corpus, out, *extra):
     pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *extra])
 
