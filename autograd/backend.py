@@ -17,12 +17,36 @@ CUDA_INSTALL_HINT = "pip install 'tinygpt[cuda12]' (or 'tinygpt[cuda13]' for CUD
 
 def cuda_available():
     """True when CuPy is installed and sees at least one CUDA device."""
+    return device_count() > 0
+
+
+def device_count():
+    """How many CUDA devices CuPy sees: 0 without CuPy or without a driver it can talk to."""
     if cupy is None:
-        return False
+        return 0
     try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy.cuda.runtime.getDeviceCount()
     except Exception:  # no driver, or a driver CuPy cannot talk to
-        return False
+        return 0
+
+
+def use_device(index):
+    """Make CUDA device `index` the current one of this process (where new arrays go)."""
+    _require_cuda()
+    cupy.cuda.Device(index).use()
+
+
+def current_stream():
+    """The raw pointer of the current CUDA stream, for libraries that take one (NCCL)."""
+    return cupy.cuda.get_current_stream().ptr
+
+
+def nccl():
+    """CuPy's NCCL bindings (cupy.cuda.nccl); ImportError where CuPy or NCCL is missing."""
+    if cupy is None:
+        raise ImportError(f"CuPy is not installed: {CUDA_INSTALL_HINT}")
+    from cupy.cuda import nccl as bindings
+    return bindings
 
 
 def _require_cuda():

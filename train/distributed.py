@@ -96,7 +96,7 @@ class Group:
         rank. Between GPUs the ranks then connect through NCCL."""
         if self.size > 1 and name in ("auto", "cuda") and backend.cuda_available():
             machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)  # the ranks that share this machine
-            name = f"cuda:{machine.Get_rank() % backend.cupy.cuda.runtime.getDeviceCount()}"
+            name = f"cuda:{machine.Get_rank() % backend.device_count()}"
             machine.Free()
         device = backend.parse_device(name)
         if self.size > 1:
@@ -109,12 +109,12 @@ class Group:
         """Make GPU `index` this process's current device and join the ranks' NCCL communicator;
         rank 0 draws its id, which the others receive over MPI as bytes."""
         try:
-            from cupy.cuda import nccl
+            nccl = backend.nccl()
         except ImportError:
             raise RuntimeError("--distributed on GPUs needs NCCL, which CuPy did not find: install it where "
                                "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
                                "--device cpu") from None
-        backend.cupy.cuda.Device(index).use()
+        backend.use_device(index)
         unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
         if self.main:
             unique_id[:] = nccl.get_unique_id()
@@ -130,8 +130,7 @@ class Group:
             return
         flat = pack([p.data for p in params])
         if self.nccl is not None:
-            stream = backend.cupy.cuda.get_current_stream().ptr
-            self.nccl.bcast(flat.data.ptr, flat.size, self._nccl_types[flat.dtype], 0, stream)
+            self.nccl.bcast(flat.data.ptr, flat.size, self._nccl_types[flat.dtype], 0, backend.current_stream())
         else:
             self.comm.Bcast(flat, root=0)
         for p, values in zip(params, unpack(flat, [p.shape for p in params])):
@@ -148,9 +147,8 @@ class Group:
         flat = self._buffer = pack(grads, self._buffer)
         flat *= weight
         if self.nccl is not None:
-            stream = backend.cupy.cuda.get_current_stream().ptr
             self.nccl.allReduce(flat.data.ptr, flat.data.ptr, flat.size, self._nccl_types[flat.dtype],
-                                self._nccl_sum, stream)
+                                self._nccl_sum, backend.current_stream())
         else:
             self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)
         for p, grad in zip(params, unpack(flat, [p.shape for p in params])):
