@@ -89,8 +89,9 @@ class Windows:
         """The window order of one epoch: a permutation fixed by (seed, epoch)."""
         return np.random.default_rng([seed, epoch]).permutation(self.count)
 
-    def training_batch(self, step, batch_size, seed):
-        """The batch of a training step: epoch after epoch, each in its own shuffled order.
+    def training_batch(self, step, batch_size, seed, rank=0, ranks=1):
+        """The batch of a training step: epoch after epoch, each in its own shuffled order; of it,
+        the `rank`-th of `ranks` equal contiguous shares (the whole batch by default).
 
         Each epoch yields count // batch_size full batches (the rest of its windows are skipped).
         """
@@ -98,7 +99,9 @@ class Windows:
         if per_epoch < 1:
             raise ValueError(f"batch of {batch_size} windows, but the training data holds only {self.count}")
         epoch, index = divmod(step, per_epoch)
-        return self.batch(self.order(seed, epoch)[index * batch_size:(index + 1) * batch_size])
+        share = batch_size // ranks
+        start = index * batch_size + rank * share
+        return self.batch(self.order(seed, epoch)[start:start + share])
 
     def in_order(self, batch_size, limit=None):
         """Batches of windows in order (for evaluation), at most `limit` windows in all."""

@@ -60,6 +60,17 @@ def dropout_seed(seed, step, rank):
     return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0])
 
 
+def run(parser, args, body):
+    """body(parser, args, group) as one rank of --distributed's job (or alone without it); a missing
+    MPI is a usage error, and a rank that fails ends the whole job."""
+    try:
+        group = start(args.distributed)
+    except RuntimeError as error:
+        parser.error(str(error))
+    with group.abort_on_error():
+        body(parser, args, group)
+
+
 def start(distributed):
     """The Group of this process: with `distributed`, every rank of the MPI job it belongs to
     (whose ranks other than 0 then print nothing to stdout); else a group of one."""
@@ -88,6 +99,12 @@ class Group:
         self.main = self.rank == 0
         self._buffer = None  # the flat gradient buffer, kept from step to step
         self._together = False
+
+    def command(self, module):
+        """How to start `module` again with this job's number of ranks (for a resume hint)."""
+        if self.size == 1:
+            return f"python -m {module}"
+        return f"mpirun -n {self.size} python -m {module} --distributed"
 
     # ----- devices -------------------------------------------------------------------------------
     def device(self, name):

@@ -158,12 +158,7 @@ def write_results(run_dir, results):
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    try:
-        group = distributed.start(args.distributed)
-    except RuntimeError as error:
-        parser.error(str(error))
-    with group.abort_on_error():
-        fine_tune(parser, args, group)
+    distributed.run(parser, args, fine_tune)
 
 
 def fine_tune(parser, args, group):
@@ -304,9 +299,8 @@ def fine_tune(parser, args, group):
         if stop:  # Ctrl-C on any rank (it may reach them in different steps)
             path = checkpoint(done)
             progress.close()
-            launch = f"mpirun -n {group.size} python -m train.finetune --distributed" if group.size > 1 \
-                else "python -m train.finetune"
-            print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: {launch} --resume {run_dir}")
+            print(f"\ninterrupted after step {done}; checkpoint {path}\n"
+                  f"resume with: {group.command('train.finetune')} --resume {run_dir}")
             group.exit_together(130)
     progress.close()
     if not group.main:

@@ -140,12 +140,7 @@ class Interrupt:
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    try:
-        group = distributed.start(args.distributed)
-    except RuntimeError as error:
-        parser.error(str(error))
-    with group.abort_on_error():
-        train_model(parser, args, group)
+    distributed.run(parser, args, train_model)
 
 
 def train_model(parser, args, group):
@@ -230,8 +225,7 @@ def train_model(parser, args, group):
           + (f", one of {group.size} ranks" if group.size > 1 else ""))
 
     warmup = min(args.warmup, args.steps // 10)
-    local = args.batch_size // group.size  # this rank's windows of every batch
-    micro = local // args.grad_accum
+    micro = args.batch_size // group.size // args.grad_accum  # windows per backward pass on this rank
     tokens_per_step = args.batch_size * config.n_ctx
     interrupt = Interrupt()
     pending = []  # (step, loss array, lr, elapsed) since the last log line: losses stay on the device until then
@@ -276,7 +270,7 @@ def train_model(parser, args, group):
         for step in range(start, args.steps):
             began = time.perf_counter()
             ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
-            batch = train.training_batch(step, args.batch_size, args.seed)[group.rank * local:(group.rank + 1) * local]
+            batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
             lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
             optimizer.lr = lr
             optimizer.zero_grad()
@@ -307,9 +301,8 @@ def train_model(parser, args, group):
                 checkpoint(done)
             if group.any(interrupt.requested):  # Ctrl-C may reach the ranks in different steps
                 path = checkpoint(done)
-                launch = f"mpirun -n {group.size} python -m train.pretrain --distributed" if group.size > 1 \
-                    else "python -m train.pretrain"
-                print(f"\ninterrupted after step {done}; checkpoint {path}\nresume with: {launch} --resume {run_dir}")
+                print(f"\ninterrupted after step {done}; checkpoint {path}\n"
+                      f"resume with: {group.command('train.pretrain')} --resume {run_dir}")
                 group.exit_together(130)
     if group.main:
         report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed)
