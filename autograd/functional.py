@@ -11,6 +11,8 @@ from . import backend, buffers, parallel
 from .backend import get_array_module
 from .tensor import Function, Tensor
 
+IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
+
 
 def _indices(ids, like):
     """Integer indices as a raw array on the same device as the tensor `like`."""
@@ -200,7 +202,7 @@ class CrossEntropy(Function):
         return grad_logits.reshape(ctx.shape), None
 
 
-def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
+def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
     """Cross-entropy of logits (..., C) against integer targets (...).
 
     Targets equal to `ignore_index` add nothing. reduction: "mean" over the targets that count

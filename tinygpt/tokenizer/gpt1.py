@@ -102,6 +102,11 @@ class GPT1Tokenizer:
 
     FILES = ("encoder_bpe_40000.json", "vocab_40000.bpe")
 
+    @classmethod
+    def from_folder(cls, directory, pretokenizer="builtin"):
+        """Load the two FILES from one folder (the original release's, or one that save() wrote)."""
+        return cls.from_files(*(Path(directory) / name for name in cls.FILES), pretokenizer=pretokenizer)
+
     def save(self, directory):
         """Write the two files of the original release into `directory` (from_files reads them)."""
         directory = Path(directory)
