@@ -1,6 +1,7 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 from . import functional, ops
 from .backend import cuda_available, manual_seed
+from .kernels import use_reference
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
 
 
@@ -24,4 +25,4 @@ def where(condition, a, b):
 
 
 __all__ = ["Function", "Tensor", "tensor", "no_grad", "is_grad_enabled", "concat", "stack", "where",
-           "functional", "ops", "manual_seed", "cuda_available"]
+           "functional", "ops", "manual_seed", "cuda_available", "use_reference"]

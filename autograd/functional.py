@@ -1,14 +1,22 @@
-"""The layers' arithmetic as fused functionals: each one Function with a hand-written backward.
+"""The layers' arithmetic as functionals: each one Function with a hand-written backward.
 
 Import as `from autograd import functional as F`. Inputs are Tensors; token ids and targets may
-also be plain integer arrays.
+also be plain integer arrays. Each Function's forward and backward are its reference, written
+as whole-array formulas under the math they compute; the heavy ones name their fast paths
+(autograd/kernels) beside them.
 """
 import math
 
 import numpy as np
 
-from . import backend, buffers, parallel
+from . import backend, masks
+from .attention import MultiHeadAttention, ScaledDotProductAttention, multi_head_attention, \
+    scaled_dot_product_attention
 from .backend import get_array_module
+from .kernels import cross_entropy as cross_entropy_kernels
+from .kernels import gelu as gelu_kernels
+from .kernels import layer_norm as layer_norm_kernels
+from .kernels import linear as linear_kernels
 from .tensor import Function, Tensor
 
 IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
@@ -26,59 +34,53 @@ def _indices(ids, like):
 
 # ----------------------------------------------------------------------------------------------
 class Linear(Function):
-    """x @ weight + bias over the last axis of x, as one 2-D matrix product."""
+    """y = x W + b over the last axis of x, with W shaped (in, out). Over the rows of x and dy:
 
-    new_grads = True
+        dx = dy W^T,   dW = x^T dy,   db = the sum of dy's rows
+    """
+
+    returns_new_arrays = True
+    forward_cpu, backward_cpu = linear_kernels.forward_cpu, linear_kernels.backward_cpu
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        if weight.ndim != 2:
-            raise ValueError(f"linear: weight must be 2-D (in, out), got shape {weight.shape}")
-        n_in, n_out = weight.shape
-        if x.shape[-1] != n_in:
-            raise ValueError(f"linear: input has {x.shape[-1]} features, weight {weight.shape} expects {n_in}")
-        if bias is not None and bias.shape != (n_out,):
-            raise ValueError(f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}")
-        x2 = x.reshape(-1, n_in)
-        out = parallel.matmul(x2, weight, bias)
-        ctx.x2, ctx.weight, ctx.x_shape = x2, weight, x.shape
-        return out.reshape(*x.shape[:-1], n_out)
+        ctx.x, ctx.weight = x, weight
+        out = x @ weight  # (..., out)
+        if bias is not None:
+            out += bias
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         need_x, need_w, need_b = ctx.needs_input_grad
-        x2, weight = ctx.x2, ctx.weight
-        g2 = grad.reshape(-1, weight.shape[1])
-        grad_weight = None
-        if need_w:  # in the weight's own memory order: a transposed table (the tied LM head) gets a
-            # transposed gradient, so the table's own gradient comes out contiguous, not strided
-            grad_weight = parallel.matmul(g2.T, x2).T if _is_transposed(weight) else parallel.matmul(x2.T, g2)
-        return (parallel.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
-                grad_weight,
-                g2.sum(axis=0) if need_b else None)
-
-
-def _is_transposed(a):
-    """True for a 2-D array laid out column by column (the .T of a row-major one)."""
-    return a.flags.f_contiguous and not a.flags.c_contiguous
+        x2 = ctx.x.reshape(-1, ctx.x.shape[-1])  # (rows, in)
+        grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
+        return (grad @ ctx.weight.T if need_x else None,
+                x2.T @ grad2 if need_w else None,
+                grad2.sum(axis=0) if need_b else None)
 
 
 def linear(x, weight, bias=None):
     """x @ weight + bias, with weight shaped (in, out)."""
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D (in, out), got shape {weight.shape}")
+    n_in, n_out = weight.shape
+    if x.shape[-1] != n_in:
+        raise ValueError(f"linear: input has {x.shape[-1]} features, weight {weight.shape} expects {n_in}")
+    if bias is not None and bias.shape != (n_out,):
+        raise ValueError(f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}")
     return Linear.apply(x, weight, bias)
 
 
 # ----------------------------------------------------------------------------------------------
 class Embedding(Function):
-    """Rows of a table picked by integer ids; the backward scatter-adds into the picked rows."""
+    """y = W[ids]: one row of the table per id. dW adds dy's vectors into the rows they came
+    from, so an id that appears twice gets both."""
 
-    new_grads = True
+    returns_new_arrays = True
 
     @staticmethod
     def forward(ctx, ids, weight):
-        n_rows = weight.shape[0]
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_rows):
-            raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
         ctx.ids, ctx.weight_shape = ids, weight.shape
         return weight[ids]
 
@@ -92,19 +94,24 @@ class Embedding(Function):
 
 def embedding(ids, weight):
     """weight[ids]: ids of any shape give vectors of shape ids.shape + (weight.shape[1],)."""
-    return Embedding.apply(_indices(ids, weight), weight)
+    ids = _indices(ids, weight)
+    n_rows = weight.shape[0]
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_rows):
+        raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
+    return Embedding.apply(ids, weight)
 
 
 # ----------------------------------------------------------------------------------------------
 class Softmax(Function):
+    """y = exp(x - max x) / sum(exp(x - max x)) along an axis (the shift keeps exp from
+    overflowing and cancels out);  dx = y (dy - sum(dy y))."""
+
     @staticmethod
     def forward(ctx, x, axis):
         xp = get_array_module(x)
-        out = x - x.max(axis=axis, keepdims=True)
-        xp.exp(out, out=out)
-        out /= out.sum(axis=axis, keepdims=True)
-        ctx.out, ctx.axis = out, axis
-        return out
+        exp = xp.exp(x - x.max(axis=axis, keepdims=True))
+        ctx.out, ctx.axis = exp / exp.sum(axis=axis, keepdims=True), axis
+        return ctx.out
 
     @staticmethod
     def backward(ctx, grad):
@@ -118,18 +125,27 @@ def softmax(x, axis=-1):
 
 
 class LogSoftmax(Function):
+    """y = x - logsumexp(x) = (x - max x) - log sum(exp(x - max x)) along an axis;
+    dx = dy - exp(y) sum(dy)."""
+
     @staticmethod
     def forward(ctx, x, axis):
-        xp = get_array_module(x)
-        out = x - x.max(axis=axis, keepdims=True)
-        out -= xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
-        ctx.out, ctx.axis = out, axis
-        return out
+        shifted, log_sum = _shift_and_log_sum(x, axis)
+        ctx.out, ctx.axis = shifted - log_sum, axis
+        return ctx.out
 
     @staticmethod
     def backward(ctx, grad):
         xp = get_array_module(grad)
         return grad - xp.exp(ctx.out) * grad.sum(axis=ctx.axis, keepdims=True)
+
+
+def _shift_and_log_sum(x, axis):
+    """(x - max x, log sum(exp(x - max x))) along `axis`, the sum kept as an axis of 1: the
+    largest shifted value is 0, so exp never overflows, and logsumexp(x) = max x + the log sum."""
+    xp = get_array_module(x)
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return shifted, xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
@@ -139,67 +155,32 @@ def log_softmax(x, axis=-1):
 
 # ----------------------------------------------------------------------------------------------
 class CrossEntropy(Function):
-    """Mean (or sum, or each) of -log softmax(logits)[target], fused so no one-hot is ever made.
+    """The loss of each row of logits z (C classes) at its target t, never making a one-hot
+    (z is shifted by its row's maximum first, which changes neither):
 
-    The forward goes through the logits in blocks of rows, so its exp lands in a small buffer,
-    and keeps only each row's maximum and log-sum-exp. The backward writes
-    softmax(logits) - onehot(target) straight into the one array it returns.
+        loss_i = logsumexp(z_i) - z_i[t_i]      (0 where t_i is ignored)
+        dloss_i / dz_i = softmax(z_i) - onehot(t_i)
     """
 
+    forward_cpu, backward_cpu = cross_entropy_kernels.forward_cpu, cross_entropy_kernels.backward_cpu
+
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index, reduction):
+    def forward(ctx, logits, targets, ignore_index):
         xp = get_array_module(logits)
-        if targets.shape != logits.shape[:-1]:
-            raise ValueError(f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}")
-        n_classes = logits.shape[-1]
-        logits2, targets = logits.reshape(-1, n_classes), targets.reshape(-1)
-        counted = targets != ignore_index
-        if bool(((targets < 0) | (targets >= n_classes))[counted].any()):
-            raise IndexError(f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}")
-        safe_targets = xp.where(counted, targets, 0)
-        rows = xp.arange(len(targets))
-
-        row_max = logits2.max(axis=1, keepdims=True) if len(targets) else xp.zeros((0, 1), logits.dtype)
-        log_sum = xp.empty_like(row_max)
-
-        def log_sum_exp(rows):
-            shifted = logits2[rows] - row_max[rows]  # the largest is 0, so exp never overflows
-            log_sum[rows] = xp.log(xp.exp(shifted, out=shifted).sum(axis=1, keepdims=True))
-
-        parallel.run(log_sum_exp, parallel.blocks(len(targets), n_classes, xp))
-        losses = (log_sum[:, 0] - (logits2[rows, safe_targets] - row_max[:, 0])) * counted
-
-        ctx.logits2, ctx.row_max, ctx.log_sum = logits2, row_max, log_sum
-        ctx.rows, ctx.targets, ctx.counted = rows, safe_targets, counted
-        ctx.reduction, ctx.shape = reduction, logits.shape
-        if reduction == "none":
-            return losses.reshape(logits.shape[:-1])
-        if reduction == "sum":
-            return losses.sum()
-        ctx.count = xp.maximum(counted.sum(dtype=logits.dtype), 1)
-        return losses.sum() / ctx.count
+        z, log_sum = _shift_and_log_sum(logits.reshape(-1, logits.shape[-1]), axis=1)  # (rows, C), (rows, 1)
+        counted = targets.reshape(-1) != ignore_index  # (rows,)
+        t = xp.where(counted, targets.reshape(-1), 0)  # an ignored row points at class 0, counted as 0
+        rows = xp.arange(len(t))
+        ctx.z, ctx.log_sum, ctx.rows, ctx.t, ctx.counted = z, log_sum, rows, t, counted
+        return ((log_sum[:, 0] - z[rows, t]) * counted).reshape(targets.shape)
 
     @staticmethod
     def backward(ctx, grad):
         xp = get_array_module(grad)
-        if ctx.reduction == "none":
-            weight = grad.reshape(-1) * ctx.counted
-        elif ctx.reduction == "sum":
-            weight = grad * ctx.counted
-        else:
-            weight = (grad / ctx.count) * ctx.counted
-        weight = weight[:, None]
-        grad_logits = buffers.empty(ctx.logits2.shape, ctx.logits2.dtype, xp)
-
-        def softmax_times_weight(rows):
-            probs = xp.subtract(ctx.logits2[rows], ctx.row_max[rows], out=grad_logits[rows])
-            probs -= ctx.log_sum[rows]
-            xp.exp(probs, out=probs)
-            probs *= weight[rows]
-
-        parallel.run(softmax_times_weight, parallel.blocks(*grad_logits.shape, xp))
-        grad_logits[ctx.rows, ctx.targets] -= weight[:, 0]
-        return grad_logits.reshape(ctx.shape), None
+        weight = grad.reshape(-1) * ctx.counted  # (rows,): each row's loss gradient, 0 where ignored
+        grad_z = xp.exp(ctx.z - ctx.log_sum) * weight[:, None]  # softmax(z), weighted
+        grad_z[ctx.rows, ctx.t] -= weight  # minus the one-hot
+        return grad_z.reshape(*grad.shape, -1), None
 
 
 def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
@@ -210,195 +191,147 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    return CrossEntropy.apply(logits, _indices(targets, logits), ignore_index=ignore_index, reduction=reduction)
+    targets = _indices(targets, logits)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}")
+    n_classes = logits.shape[-1]
+    if bool((((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any()):
+        raise IndexError(f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}")
+    losses = CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    counted = (targets != ignore_index).sum(dtype=logits.dtype)
+    return losses.sum() / logits.xp.maximum(counted, 1)  # none counted: 0 / 1
 
 
 # ----------------------------------------------------------------------------------------------
-_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-_INV_SQRT_2 = 1 / math.sqrt(2)
-_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
-
-
-def _tanh_inner(x, t):
-    """t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), written into the array t (shaped like x)."""
-    xp = get_array_module(x)
-    xp.multiply(x, x, out=t)
-    t *= 0.044715
-    t += 1
-    t *= x  # x + 0.044715 x^3
-    t *= _SQRT_2_OVER_PI
-    return xp.tanh(t, out=t)
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
 class GELU(Function):
-    """x * Phi(x). "tanh" is GPT-1's approximation, "none" the exact form with erf.
+    """GPT-1's GELU, the tanh approximation of x Phi(x):
 
-    The tanh form goes through the numbers in cache-sized blocks, on all cores, in place in the
-    output; the backward computes the tanh again rather than keeping a second array that size.
+        y = 0.5 x (1 + t),   t = tanh(sqrt(2/pi) (x + 0.044715 x^3))
+        dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    """
+
+    forward_cpu, backward_cpu = gelu_kernels.forward_cpu, gelu_kernels.backward_cpu
+
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.x = x
+        ctx.t = xp.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+        return 0.5 * x * (1 + ctx.t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, t = ctx.x, ctx.t
+        return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x))
+
+
+class ExactGELU(Function):
+    """The exact GELU, with the normal distribution's cdf Phi and density phi:
+
+        y = x Phi(x),   Phi(x) = 0.5 (1 + erf(x / sqrt(2)))
+        dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
     """
 
     @staticmethod
-    def forward(ctx, x, approximate):
-        xp = get_array_module(x)
-        ctx.x, ctx.approximate = x, approximate
-        if approximate == "none":
-            return 0.5 * x * (1 + backend.erf(x * _INV_SQRT_2))
-        out = buffers.empty(x.shape, x.dtype, xp)
-        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
-
-        def gelu(block):  # 0.5 x (1 + t)
-            x, out = flat_x[block], flat_out[block]
-            _tanh_inner(x, out)
-            out += 1
-            out *= x
-            out *= 0.5
-
-        parallel.run(gelu, parallel.blocks(x.size, 1, xp))
-        return out
+    def forward(ctx, x):
+        ctx.x = x
+        return x * _normal_cdf(x)
 
     @staticmethod
     def backward(ctx, grad):
         xp, x = get_array_module(grad), ctx.x
-        if ctx.approximate == "none":
-            return grad * (0.5 * (1 + backend.erf(x * _INV_SQRT_2)) + x * _INV_SQRT_2PI * xp.exp(-0.5 * x * x))
-        grad_x = buffers.empty(x.shape, x.dtype, xp)
-        flat_x, flat_grad, flat_grad_x = x.reshape(-1), grad.reshape(-1), grad_x.reshape(-1)
+        return grad * (_normal_cdf(x) + x * xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
 
-        def slope_times_grad(block):
-            # slope = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-            x, slope = flat_x[block], flat_grad_x[block]
-            t = _tanh_inner(x, xp.empty_like(x))
-            xp.multiply(t, t, out=slope)
-            xp.subtract(1, slope, out=slope)
-            slope *= x
-            inner = x * x
-            inner *= 0.5 * _SQRT_2_OVER_PI * 3 * 0.044715
-            inner += 0.5 * _SQRT_2_OVER_PI
-            slope *= inner
-            xp.multiply(t, 0.5, out=inner)
-            inner += 0.5
-            slope += inner
-            slope *= flat_grad[block]
 
-        parallel.run(slope_times_grad, parallel.blocks(x.size, 1, xp))
-        return grad_x
+def _normal_cdf(x):
+    return 0.5 * (1 + backend.erf(x / math.sqrt(2)))
 
 
 def gelu(x, approximate="tanh"):
     """The GELU activation; approximate="tanh" (GPT-1's) or "none" (exact, with erf)."""
     if approximate not in ("tanh", "none"):
         raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
-    return GELU.apply(x, approximate=approximate)
+    return GELU.apply(x) if approximate == "tanh" else ExactGELU.apply(x)
 
 
 # ----------------------------------------------------------------------------------------------
-def _row_dot(a, b):
-    """sum(a * b) over the last axis, kept as an axis of 1, without an a * b temporary."""
-    return get_array_module(a).einsum("...i,...i->...", a, b)[..., None]
-
-
 class LayerNorm(Function):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance).
+    """Each row over the last axis normalised, then scaled and shifted:
 
-    Rows are normalised in cache-sized blocks, on all cores."""
+        n = (x - mean) / sqrt(var + eps),   y = n w + b      (var: the biased variance)
+
+    and back, with g = dy w (dy alone without a weight), means over the row:
+
+        dx = (g - mean(g) - n mean(g n)) / sqrt(var + eps),   dw = sum over rows of dy n,
+        db = sum over rows of dy
+    """
+
+    forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         xp = get_array_module(x)
-        for name, p in (("weight", weight), ("bias", bias)):
-            if p is not None and p.shape != x.shape[-1:]:
-                raise ValueError(f"layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
-        width = x.shape[-1]
-        x2 = x.reshape(-1, width)
-        normed, out = buffers.empty(x2.shape, x.dtype, xp), buffers.empty(x2.shape, x.dtype, xp)
-        rstd = xp.empty((len(x2), 1), x.dtype)
-
-        def normalise(rows):
-            n = xp.subtract(x2[rows], x2[rows].mean(axis=1, keepdims=True), out=normed[rows])
-            rstd[rows] = 1 / xp.sqrt(_row_dot(n, n) / width + eps)
-            n *= rstd[rows]
-            if weight is not None:
-                xp.multiply(n, weight, out=out[rows])
-            else:
-                out[rows] = n
-            if bias is not None:
-                out[rows] += bias
-
-        parallel.run(normalise, parallel.blocks(len(x2), width, xp))
-        ctx.normed, ctx.rstd, ctx.weight = normed, rstd, weight
-        return out.reshape(x.shape)
+        centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
+        ctx.rstd = 1 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+        ctx.normed, ctx.weight = centered * ctx.rstd, weight
+        out = ctx.normed if weight is None else ctx.normed * weight
+        return out if bias is None else out + bias
 
     @staticmethod
     def backward(ctx, grad):
-        xp = get_array_module(grad)
         need_x, need_w, need_b = ctx.needs_input_grad
-        normed, rstd, weight = ctx.normed, ctx.rstd, ctx.weight
-        width = normed.shape[1]
-        grad2 = grad.reshape(-1, width)
-        grad_weight = xp.einsum("ni,ni->i", grad2, normed) if need_w else None
-        grad_x = buffers.empty(normed.shape, grad.dtype, xp) if need_x else None
-
-        def input_gradient(rows):  # rstd (g - mean(g) - normed mean(g normed)), g = grad * weight
-            g = grad2[rows] * weight if weight is not None else grad2[rows]
-            gx = xp.subtract(g, g.mean(axis=1, keepdims=True), out=grad_x[rows])
-            n = normed[rows]
-            n *= _row_dot(g, n) / width  # normed is not needed after this
-            gx -= n
-            gx *= rstd[rows]
-
+        normed, width = ctx.normed, grad.shape[-1]
+        g = grad if ctx.weight is None else grad * ctx.weight
+        grad_x = None
         if need_x:
-            parallel.run(input_gradient, parallel.blocks(len(normed), width, xp))
-        return (None if grad_x is None else grad_x.reshape(grad.shape), grad_weight,
+            row_mean = g.mean(axis=-1, keepdims=True)
+            grad_x = (g - row_mean - normed * (g * normed).mean(axis=-1, keepdims=True)) * ctx.rstd
+        grad2, normed2 = grad.reshape(-1, width), normed.reshape(-1, width)  # (rows, D)
+        return (grad_x, (grad2 * normed2).sum(axis=0) if need_w else None,
                 grad2.sum(axis=0) if need_b else None)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """Layer normalisation over the last axis, eps inside the square root, as in GPT-1."""
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != x.shape[-1:]:
+            raise ValueError(f"layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
     return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
 # ----------------------------------------------------------------------------------------------
-def _keep_mask(generator, shape, p):
-    """A boolean mask that keeps each entry with probability 1 - p."""
-    return generator.random(shape, dtype=np.float32) >= p
-
-
-def _drop(x, keep, scale):
-    """x where keep is true, times scale; zero elsewhere."""
-    out = x * keep
-    out *= scale
-    return out
-
-
 class Dropout(Function):
-    """Zero each entry with probability p and scale the rest by 1 / (1 - p) (inverted dropout)."""
+    """y = x keep / (1 - p), with keep a random mask of entries kept with probability 1 - p
+    (inverted dropout: the mean is unchanged);  dx = dy keep / (1 - p)."""
 
     @staticmethod
     def forward(ctx, x, p, generator):
-        ctx.keep, ctx.scale = _keep_mask(generator, x.shape, p), (0.0 if p == 1 else 1 / (1 - p))
-        return _drop(x, ctx.keep, ctx.scale)
+        ctx.keep, ctx.scale = masks.keep_mask(generator, x.shape, p), masks.keep_scale(p)
+        return masks.drop(x, ctx.keep, ctx.scale)
 
     @staticmethod
     def backward(ctx, grad):
-        return _drop(grad, ctx.keep, ctx.scale)
-
-
-def _check_probability(name, p):
-    if not 0 <= p <= 1:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+        return masks.drop(grad, ctx.keep, ctx.scale)
 
 
 def dropout(x, p=0.5, training=True, generator=None):
     """Inverted dropout. Off when not training or p == 0. `generator` (from
     autograd.backend.new_generator) makes the mask reproducible; by default the device's own,
     seeded by autograd.manual_seed."""
-    _check_probability("dropout: p", p)
+    masks.check_probability("dropout: p", p)
     if not training or p == 0:
         return x
     return Dropout.apply(x, p=p, generator=generator or backend.default_generator(x.device))
 
 
-# ----------------------------------------------------------------------------------------------
-# attention lives in its own file; it builds on the dropout mask above
-from .attention import (MultiHeadAttention, ScaledDotProductAttention, multi_head_attention,  # noqa: E402
-                        scaled_dot_product_attention)
+__all__ = ["IGNORE_INDEX", "linear", "embedding", "softmax", "log_softmax", "cross_entropy", "gelu", "layer_norm",
+           "dropout", "scaled_dot_product_attention", "multi_head_attention", "Linear", "Embedding", "Softmax",
+           "LogSoftmax", "CrossEntropy", "GELU", "ExactGELU", "LayerNorm", "Dropout", "ScaledDotProductAttention",
+           "MultiHeadAttention"]

@@ -246,7 +246,7 @@ class Tanh(Function):
 
 
 class Reshape(Function):
-    grad_view = True
+    returns_view_of_grad = True
 
     @staticmethod
     def forward(ctx, a, shape):
@@ -261,7 +261,7 @@ class Reshape(Function):
 class Transpose(Function):
     """Permute axes; axes=None reverses them, as numpy does."""
 
-    grad_view = True
+    returns_view_of_grad = True
 
     @staticmethod
     def forward(ctx, a, axes=None):

@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-from . import backend
+from . import backend, kernels
 
 _grad_enabled = True
 
@@ -49,16 +49,6 @@ class Context:
         self.needs_input_grad = needs_input_grad
 
 
-class Node:
-    """An op in the graph: the Function, its context, and its inputs (None where not a Tensor)."""
-
-    def __init__(self, function, ctx, inputs):
-        self.function, self.ctx, self.inputs = function, ctx, inputs
-
-    def free(self):
-        self.ctx = self.inputs = None
-
-
 class Function:
     """A differentiable op. Subclasses write two static methods on raw arrays:
 
@@ -68,34 +58,67 @@ class Function:
         backward never writes into `grad`: the same array may flow to other inputs too.
 
     Positional args that are Tensors are the graph inputs; anything else (numbers, index arrays)
-    reaches forward as it is.
+    reaches forward as it is. These two are the reference; a heavy op may also name fast paths
+    with the same arguments, forward_cpu/backward_cpu and forward_gpu/backward_gpu, which
+    `kernels.choose` picks from (see autograd/kernels).
 
-    Two flags let the engine add gradients in place instead of allocating sums: `new_grads = True`
-    says backward returns only arrays of its own making, each once (never `grad`, views of it, or
-    arrays kept elsewhere); `grad_view = True` says it returns a view of `grad` for its one input,
-    which is then the engine's to write into whenever `grad` itself was.
+    Two promises about what backward returns let the engine add gradients in place rather than
+    allocate their sums: `returns_new_arrays` (arrays of its own making, each once: never `grad`,
+    views of it, or arrays kept elsewhere) and `returns_view_of_grad` (a view of `grad` for its
+    one input, as reshape and transpose do). Both paths of an op keep its promises.
     """
 
-    new_grads = False
-    grad_view = False
+    returns_new_arrays = False
+    returns_view_of_grad = False
+    forward_cpu = backward_cpu = forward_gpu = backward_gpu = None
 
     @classmethod
     def apply(cls, *args, **attrs):
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
-        needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        ctx = Context(needs_input_grad)
-        out = _as_array(cls.forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
+        on_gpu = any(backend.get_array_module(t.data) is not np for t in tensors)
+        forward, backward = kernels.choose(cls, on_gpu)
+        ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
+        out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
             raise TypeError(f"{cls.__name__}: {float_dtype} inputs gave a {out.dtype} output"
                             + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else ""))
-        requires_grad = _grad_enabled and any(needs_input_grad)
+        requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         result = Tensor(out, requires_grad=requires_grad)
         if requires_grad:
             inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
-            result._node = Node(cls, ctx, inputs)
+            result._node = Node(cls, backward, ctx, inputs)
         return result
+
+
+class Node:
+    """An op in the graph: the Function, the backward chosen with its forward, what that forward
+    saved, and the op's inputs (None where not a Tensor)."""
+
+    def __init__(self, function, backward, ctx, inputs):
+        self.function, self.backward, self.ctx, self.inputs = function, backward, ctx, inputs
+
+    def input_grads(self, grad):
+        """(input, its gradient) for every input that wants one, given the output's gradient."""
+        if self.ctx is None:
+            raise RuntimeError("backward() through a graph that an earlier backward() has freed")
+        grads = self.backward(self.ctx, grad)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        for inp, g in zip(self.inputs, grads):
+            if inp is None or g is None or not inp.requires_grad:
+                continue
+            if g.shape != inp.shape or g.dtype != inp.dtype:
+                raise RuntimeError(f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient "
+                                   f"for a {inp.dtype} {inp.shape} input")
+            yield inp, g
+
+    def gives_own_arrays(self, grad_is_own):
+        """Whether the gradients it hands on are the pass's to write into (see Function)."""
+        return self.function.returns_new_arrays or self.function.returns_view_of_grad and grad_is_own
+
+    def free(self):
+        self.ctx = self.inputs = None
 
 
 def _as_array(x):
@@ -215,73 +238,82 @@ class Tensor:
         `grad` (shaped like self) is required unless self has one element; it weights the
         outputs, so backward(grad) gives the vector-Jacobian product.
         """
+        gradients = Gradients()
+        gradients.add(self, self._output_grad(grad), own=False)
+        order = _inputs_first(self)
+        while order:  # from the end: each tensor comes after every op that used it
+            t = order.pop()  # and is let go of, so what it holds is freed once nothing needs it
+            grad, own = gradients.take(t)
+            if t.is_leaf:
+                if grad is not None:
+                    gradients.give_to_leaf(t, grad, own)
+                continue
+            if grad is not None:
+                for inp, input_grad in t._node.input_grads(grad):
+                    gradients.add(inp, input_grad, own=t._node.gives_own_arrays(own))
+            t._node.free()
+
+    def _output_grad(self, grad):
+        """backward()'s `grad` as an array of this tensor's shape and dtype (ones by default)."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad (no graph leads to it)")
         if grad is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() on a tensor of shape {self.shape} needs grad= of that shape")
-            grad = self.xp.ones(self.shape, dtype=self.dtype)
+            return self.xp.ones(self.shape, dtype=self.dtype)
+        grad = self.xp.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+        if grad.shape != self.shape:
+            raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
+        return grad
+
+
+class Gradients:
+    """The gradients gathered for each tensor during one backward pass.
+
+    A tensor used by several ops gets a gradient from each, summed here. The sum is made in place
+    in an array that is the pass's own: one a backward made for this use alone, or a sum made
+    here. Any other array may be shared (Add hands one gradient to both its inputs): it is read,
+    never written.
+    """
+
+    def __init__(self):
+        self._sums = {}  # id(tensor) -> the gradient gathered for it so far
+        self._own = set()  # ids of the tensors whose gathered gradient is the pass's own
+        self._given = set()  # ids of the arrays stored as a leaf's .grad in this pass
+
+    def add(self, tensor, grad, own):
+        """Add one more gradient for `tensor`; `own`: the pass may write into `grad`."""
+        key = id(tensor)
+        if key not in self._sums:
+            self._sums[key] = grad
+        elif key in self._own:
+            self._sums[key] += grad
+        elif own:
+            grad += self._sums[key]
+            self._sums[key] = grad
         else:
-            grad = self.xp.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
-            if grad.shape != self.shape:
-                raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
+            self._sums[key] = self._sums[key] + grad
+            own = True
+        if own:
+            self._own.add(key)
 
-        grads = {id(self): grad}  # tensor id -> the gradient gathered for it so far
-        ours = set()  # ids of tensors whose gathered gradient is ours to add into
-        owned = set()  # ids of arrays already handed to a leaf's .grad in this pass
-        pending = _inputs_first(self)
-        while pending:  # popping from the end reaches each tensor after all its consumers
-            t = pending.pop()  # and lets go of it: what it holds is freed once nothing needs it
-            g = _as_array(grads.pop(id(t), None))
-            g_is_ours = id(t) in ours
-            ours.discard(id(t))
-            node = t._node
-            if node is None:
-                if g is not None:
-                    _accumulate(t, g, owned, g_is_ours)
-                continue
-            if node.ctx is None:
-                raise RuntimeError("backward() through a graph that an earlier backward() has freed")
-            if g is not None:
-                input_grads = node.function.backward(node.ctx, g)
-                if not isinstance(input_grads, tuple):
-                    input_grads = (input_grads,)
-                for inp, ig in zip(node.inputs, input_grads):
-                    if inp is None or ig is None or not inp.requires_grad:
-                        continue
-                    if ig.shape != inp.shape or ig.dtype != inp.dtype:
-                        raise RuntimeError(
-                            f"{node.function.__name__}.backward gave a {ig.dtype} {ig.shape} gradient "
-                            f"for a {inp.dtype} {inp.shape} input"
-                        )
-                    new = node.function.new_grads or node.function.grad_view and g_is_ours
-                    _gather(grads, ours, id(inp), ig, new)
-            node.free()
+    def take(self, tensor):
+        """(the gradient gathered for `tensor`, whether it is the pass's own), forgetting both;
+        (None, False) when no gradient reached it."""
+        key = id(tensor)
+        own = key in self._own
+        self._own.discard(key)
+        return _as_array(self._sums.pop(key, None)), own
 
-
-def _gather(grads, ours, key, grad, new):
-    """Add one more gradient for tensor `key` to what is gathered for it. Only an array that is
-    ours (`new` from its Function, or a sum made here) is ever written into."""
-    if key in ours:
-        grads[key] += grad
-    elif key not in grads:
-        grads[key] = grad
-        if new:
-            ours.add(key)
-    else:  # what is gathered may be shared: add it into this gradient if that is new, else sum anew
-        if new:
-            grad += grads[key]
-        grads[key] = grad if new else grads[key] + grad
-        ours.add(key)
-
-
-def _accumulate(leaf, grad, owned, ours):
-    """Add into leaf.grad; the first time, store the array, copied if anything else may share it."""
-    if leaf.grad is None:
-        leaf.grad = grad if ours else grad.copy() if grad.base is not None or id(grad) in owned else grad
-        owned.add(id(leaf.grad))
-    else:
-        leaf.grad += grad
+    def give_to_leaf(self, leaf, grad, own):
+        """Add into leaf.grad. The first time, store the array itself, or a copy where something
+        else may share it (a view, or an array already given to another leaf)."""
+        if leaf.grad is not None:
+            leaf.grad += grad
+            return
+        shared = not own and (grad.base is not None or id(grad) in self._given)
+        leaf.grad = grad.copy() if shared else grad
+        self._given.add(id(leaf.grad))
 
 
 def _inputs_first(root):
@@ -328,4 +360,6 @@ def tensor(data, requires_grad=False, dtype=None, device=None):
     return Tensor(array, requires_grad=requires_grad)
 
 
-from . import ops  # noqa: E402  (ops builds on Function and Tensor above)
+# The one import circle of the engine, as in every define-by-run engine: Tensor's operators make
+# ops, and ops are Functions of Tensors. Imported last, once Function and Tensor exist.
+from . import ops  # noqa: E402

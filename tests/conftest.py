@@ -1,14 +1,18 @@
-"""Hypothesis profiles, and the `device` parameter that runs a test on numpy and on cupy."""
+"""Hypothesis profiles, the `device` parameter that runs a test on numpy and on cupy, and the
+`each_path` fixture that runs a test on the ops' fast paths and on their reference paths."""
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
+import autograd as ag
 from autograd.backend import cuda_available
 
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25, print_blob=True)
-settings.register_profile("dev", deadline=None, max_examples=25)
-settings.register_profile("thorough", deadline=None, max_examples=500)
+# each_path holds for the whole test, every example included: a function-scoped fixture is safe
+PROFILE = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile("ci", derandomize=True, max_examples=25, print_blob=True, **PROFILE)
+settings.register_profile("dev", max_examples=25, **PROFILE)
+settings.register_profile("thorough", max_examples=500, **PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
@@ -25,3 +29,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=["fast", "reference"])
+def each_path(request):
+    """Runs a test once with every op on its fast path where it has one, once on the reference.
+    A module takes it with `pytestmark = pytest.mark.usefixtures("each_path")`."""
+    with ag.use_reference(request.param == "reference"):
+        yield request.param

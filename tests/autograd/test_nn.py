@@ -18,6 +18,8 @@ SEEDS = st.integers(0, 2**32 - 1)
 JACOBIAN_MAX_ENTRIES = 128  # the full Jacobian too when the input and parameters are this small
 EXACT = dict(rtol=1e-10, atol=1e-12)  # float64 against a NumPy formula of the same arithmetic
 
+pytestmark = pytest.mark.usefixtures("each_path")  # every test on the fast and the reference paths
+
 
 def on(device):
     return backend.parse_device(device)

@@ -1,0 +1,49 @@
+"""The fast paths of the heavy ops, and the one rule that picks which path an op runs.
+
+A heavy Function's own `forward` and `backward` are its reference: whole-array formulas that
+read as the math. Beside them, as in Chainer, it may name fast paths that take the same
+arguments and give the same numbers:
+
+    forward_cpu, backward_cpu    NumPy: cache-sized blocks, all cores, in place (a module here)
+    forward_gpu, backward_gpu    CuPy: fused CUDA kernels
+
+`choose` picks the fast path of the arrays' device where the Function has one, else the
+reference. `use_reference(True)`, or the environment variable AUTOGRAD_REFERENCE=1, makes every
+op run its reference, to check a result or to read what runs.
+"""
+import os
+
+_reference_only = os.environ.get("AUTOGRAD_REFERENCE", "0") not in ("", "0")
+
+
+class use_reference:
+    """use_reference(True) makes every op run its reference path from now on, use_reference(False)
+    its fast paths again; as a context manager, the choice holds inside the block only."""
+
+    def __init__(self, on=True):
+        global _reference_only
+        self._before, _reference_only = _reference_only, bool(on)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        global _reference_only
+        _reference_only = self._before
+
+
+def reference_only():
+    """True while every op runs its reference path."""
+    return _reference_only
+
+
+def choose(function, on_gpu):
+    """(forward, backward) for one call of `function` on arrays of the CPU or of a GPU: its fast
+    pair for that device when it has one and the reference is not asked for, else its own pair.
+    The two are chosen together: a backward reads what its own forward saved."""
+    if not _reference_only:
+        device = "gpu" if on_gpu else "cpu"
+        forward = getattr(function, f"forward_{device}")
+        if forward is not None:
+            return forward, getattr(function, f"backward_{device}")
+    return function.forward, function.backward

@@ -1,0 +1,41 @@
+"""Cross-entropy's CPU path. The forward goes through the logits in blocks of rows, so its exp
+lands in a small buffer, and keeps only each row's maximum and log-sum-exp; the backward writes
+softmax(logits) - onehot(target) straight into the one array it returns, block by block."""
+import numpy as np
+
+from .. import buffers, parallel
+
+
+def forward_cpu(ctx, logits, targets, ignore_index):
+    n_classes = logits.shape[-1]
+    logits2, flat_targets = logits.reshape(-1, n_classes), targets.reshape(-1)
+    counted = flat_targets != ignore_index
+    rows = np.arange(len(flat_targets))
+    row_max = logits2.max(axis=1, keepdims=True) if len(rows) else np.zeros((0, 1), logits.dtype)
+    log_sum = np.empty_like(row_max)
+
+    def log_sum_exp(rows):
+        shifted = logits2[rows] - row_max[rows]  # the largest is 0, so exp never overflows
+        log_sum[rows] = np.log(np.exp(shifted, out=shifted).sum(axis=1, keepdims=True))
+
+    parallel.run(log_sum_exp, parallel.blocks(len(rows), n_classes))
+    safe_targets = np.where(counted, flat_targets, 0)
+    losses = (log_sum[:, 0] - (logits2[rows, safe_targets] - row_max[:, 0])) * counted
+    ctx.logits2, ctx.row_max, ctx.log_sum = logits2, row_max, log_sum
+    ctx.rows, ctx.targets, ctx.counted, ctx.shape = rows, safe_targets, counted, logits.shape
+    return losses.reshape(targets.shape)
+
+
+def backward_cpu(ctx, grad):
+    weight = (grad.reshape(-1) * ctx.counted)[:, None]
+    grad_logits = buffers.empty(ctx.logits2.shape, ctx.logits2.dtype)
+
+    def softmax_times_weight(rows):
+        probs = np.subtract(ctx.logits2[rows], ctx.row_max[rows], out=grad_logits[rows])
+        probs -= ctx.log_sum[rows]
+        np.exp(probs, out=probs)
+        probs *= weight[rows]
+
+    parallel.run(softmax_times_weight, parallel.blocks(*grad_logits.shape))
+    grad_logits[ctx.rows, ctx.targets] -= weight[:, 0]
+    return grad_logits.reshape(ctx.shape), None
