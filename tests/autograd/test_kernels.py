@@ -1,0 +1,189 @@
+"""The fast paths of autograd/kernels give the numbers of their ops' reference paths, and the
+rule that picks a path does what it says."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import autograd as ag
+from autograd import backend, functional as F, kernels
+from tests.autograd.test_functional import (SEEDS, attention_inputs, fresh_generator, linear_inputs,
+                                            logits_and_targets, packed_heads)
+from tests.autograd.test_registry import _import_all, _subclasses
+from tests.helpers import arrays, shapes
+
+FAST_PATH_TESTED = set()  # Functions whose fast paths a test below compares with the reference
+TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
+DTYPES = [np.float32, np.float64]
+
+
+def compares_fast_path_of(*functions):
+    FAST_PATH_TESTED.update(functions)
+    return lambda test: test
+
+
+def forward_and_backward(fn, inputs, device, dtype, reference):
+    """fn's output and its inputs' gradients for a fixed random upstream, as host arrays, on the
+    reference path or on the fast ones."""
+    with ag.use_reference(reference):
+        tensors = [ag.tensor(a, requires_grad=True, dtype=dtype, device=device) for a in inputs]
+        out = fn(*tensors)
+        out.backward(np.random.default_rng(0).standard_normal(out.shape))
+    return [out.numpy()] + [backend.to_numpy(t.grad) for t in tensors]
+
+
+def assert_fast_equals_reference(fn, inputs, device, dtype):
+    fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
+    reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
+    for name, a, b in zip(["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference):
+        assert a.dtype == b.dtype == dtype, name
+        np.testing.assert_allclose(a, b, err_msg=name, **TOLERANCE[dtype])
+
+
+@compares_fast_path_of(F.Linear)
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(linear_inputs())
+def test_linear(device, dtype, case):
+    x, weight, bias = case
+    inputs = [x, weight] + ([bias] if bias is not None else [])
+    assert_fast_equals_reference(F.linear, inputs, device, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(linear_inputs())
+def test_linear_through_a_transposed_weight(device, dtype, case):
+    """The tied LM head's case, linear(x, W.T), where the fast path lays out W's gradient its own way."""
+    x, weight, _ = case
+    assert_fast_equals_reference(lambda x, table: F.linear(x, table.T), [x, weight.T.copy()], device, dtype)
+
+
+@compares_fast_path_of(F.CrossEntropy)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@given(logits_and_targets())
+def test_cross_entropy(device, dtype, reduction, case):
+    logits, targets, ignore_index = case
+
+    def loss(z):
+        return F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction)
+
+    assert_fast_equals_reference(loss, [logits], device, dtype)
+
+
+@compares_fast_path_of(F.GELU)
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(arrays(shapes(max_dims=4), -6.0, 6.0))
+def test_gelu(device, dtype, x):
+    assert_fast_equals_reference(F.gelu, [x], device, dtype)
+
+
+@compares_fast_path_of(F.LayerNorm)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", [(), ("weight",), ("bias",), ("weight", "bias")])
+@given(st.data())
+def test_layer_norm(device, dtype, affine, data):
+    x = data.draw(arrays(shapes(min_dims=1)))
+    params = [data.draw(arrays(x.shape[-1:])) for _ in affine]
+    assert_fast_equals_reference(lambda x, *p: F.layer_norm(x, **dict(zip(affine, p))), [x, *params], device, dtype)
+
+
+@compares_fast_path_of(F.ScaledDotProductAttention)
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(attention_inputs(), st.sampled_from([0.0, 0.3]), SEEDS)
+def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
+    """Shared (broadcast) heads, T != S, causal or not, and dropout: the same mask from one seed."""
+    q, k, v, causal = case
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=dropout_p,
+                                              generator=fresh_generator(seed, q))
+
+    assert_fast_equals_reference(attend, [q, k, v], device, dtype)
+
+
+@compares_fast_path_of(F.MultiHeadAttention)
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(packed_heads(), st.sampled_from([0.0, 0.3]), SEEDS)
+def test_multi_head_attention(device, dtype, case, dropout_p, seed):
+    qkv, n_head = case
+
+    def attend(qkv):
+        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_generator(seed, qkv))
+
+    assert_fast_equals_reference(attend, [qkv], device, dtype)
+
+
+def test_every_fast_path_is_compared_with_its_reference():
+    """A Function given forward_cpu or forward_gpu without a test above makes this fail."""
+    _import_all(ag)
+    fast = {f for f in _subclasses(ag.Function) if f.forward_cpu is not None or f.forward_gpu is not None}
+    assert fast, "found no Function with a fast path"
+    missing = sorted(f.__qualname__ for f in fast - FAST_PATH_TESTED)
+    assert not missing, f"no fast-path test for: {', '.join(missing)}"
+
+
+# ----- the rule that picks the path
+
+def test_choose_gives_the_fast_pair_on_the_cpu_and_the_reference_when_asked():
+    assert kernels.choose(F.GELU, on_gpu=False) == (F.GELU.forward_cpu, F.GELU.backward_cpu)
+    assert kernels.choose(F.Embedding, on_gpu=False) == (F.Embedding.forward, F.Embedding.backward)  # none
+    assert kernels.choose(F.GELU, on_gpu=True) == (F.GELU.forward, F.GELU.backward)  # no CUDA path yet
+    with ag.use_reference():
+        assert kernels.choose(F.GELU, on_gpu=False) == (F.GELU.forward, F.GELU.backward)
+
+
+def test_use_reference_as_a_context_restores_the_choice_before_it():
+    assert not kernels.reference_only()
+    with ag.use_reference(True):
+        assert kernels.reference_only()
+        with ag.use_reference(False):
+            assert not kernels.reference_only()
+        assert kernels.reference_only()
+    assert not kernels.reference_only()
+
+
+def test_use_reference_as_a_call_holds_until_switched_back():
+    try:
+        ag.use_reference(True)
+        assert kernels.reference_only()
+    finally:
+        ag.use_reference(False)
+    assert not kernels.reference_only()
+
+
+def test_the_fast_path_runs_unless_the_reference_is_asked_for(monkeypatch):
+    """A broken fast path fails a call on the fast path only."""
+    def broken(ctx, x):
+        raise RuntimeError("the fast path ran")
+
+    monkeypatch.setattr(F.GELU, "forward_cpu", broken)
+    x = ag.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(RuntimeError, match="the fast path ran"):
+        F.gelu(x)
+    with ag.use_reference():
+        F.gelu(x).sum().backward()
+    np.testing.assert_allclose(x.grad, np.full(3, 1.0829640838457826), rtol=1e-6)
+
+
+def test_a_graph_built_on_one_path_goes_back_on_the_same_path(monkeypatch):
+    """Forward and backward are chosen together: a backward reads what its own forward saved."""
+    def wrong_backward(ctx, grad):
+        raise RuntimeError("the reference backward ran after the fast forward")
+
+    monkeypatch.setattr(F.GELU, "backward", wrong_backward)
+    x = ag.tensor(np.ones(3), requires_grad=True)
+    out = F.gelu(x).sum()
+    with ag.use_reference():
+        out.backward()
+    np.testing.assert_allclose(x.grad, np.full(3, 1.0829640838457826), rtol=1e-6)
+
+
+@pytest.mark.parametrize("value, reference", [("1", True), ("0", False), ("", False)])
+def test_the_environment_variable_turns_the_reference_on(value, reference):
+    code = "from autograd import kernels; print(kernels.reference_only())"
+    env = {**os.environ, "AUTOGRAD_REFERENCE": value}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == str(reference)
