@@ -10,8 +10,12 @@ import math
 import numpy as np
 
 from . import backend, masks
-from .attention import MultiHeadAttention, ScaledDotProductAttention, multi_head_attention, \
-    scaled_dot_product_attention
+from .attention import (  # noqa: F401 (offered as F.* with the rest)
+    MultiHeadAttention,
+    ScaledDotProductAttention,
+    multi_head_attention,
+    scaled_dot_product_attention,
+)
 from .backend import get_array_module
 from .kernels import cross_entropy as cross_entropy_kernels
 from .kernels import gelu as gelu_kernels
@@ -330,8 +334,3 @@ def dropout(x, p=0.5, training=True, generator=None):
         return x
     return Dropout.apply(x, p=p, generator=generator or backend.default_generator(x.device))
 
-
-__all__ = ["IGNORE_INDEX", "linear", "embedding", "softmax", "log_softmax", "cross_entropy", "gelu", "layer_norm",
-           "dropout", "scaled_dot_product_attention", "multi_head_attention", "Linear", "Embedding", "Softmax",
-           "LogSoftmax", "CrossEntropy", "GELU", "ExactGELU", "LayerNorm", "Dropout", "ScaledDotProductAttention",
-           "MultiHeadAttention"]

@@ -169,19 +169,20 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(resid_pdrop)
 
     def forward(self, x, cache=None):
-        """x: (batch, time, n_embd). With a KVCache, the keys and values of earlier positions
-        come from it and this call's are added to it, so x holds only the new positions."""
+        """x: (B, T, D). With a KVCache, the keys and values of earlier positions come from it
+        and this call's are added to it, so x holds only the new positions."""
         dropout_p = self.attn_pdrop if self.training else 0.0
-        if cache is None:  # split, attend and merge the heads in one op
-            y = F.multi_head_attention(self.c_attn(x), self.n_head, dropout_p)
+        qkv = self.c_attn(x)  # (B, T, 3 D): q, k and v side by side
+        if cache is None:  # split into heads, attend causally, merge the heads: one op
+            y = F.multi_head_attention(qkv, self.n_head, dropout_p)  # (B, T, D)
         else:
             batch, time, width = x.shape
-            heads = self.c_attn(x).reshape(batch, time, 3, self.n_head, width // self.n_head)
-            q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (batch, head, time, head width)
-            k, v = cache.extend(self, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)
-            y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)
-        return self.resid_dropout(self.c_proj(y))
+            heads = qkv.reshape(batch, time, 3, self.n_head, width // self.n_head)  # (B, T, 3, H, D / H)
+            q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, D / H)
+            k, v = cache.extend(self, k, v)  # (B, H, S, D / H): the S positions so far
+            y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, D / H)
+            y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)  # heads merged: (B, T, D)
+        return self.resid_dropout(self.c_proj(y))  # (B, T, D)
 
 
 class KVCache:

@@ -185,6 +185,8 @@ class Tensor:
             return other
         return self.xp.asarray(other, dtype=self.dtype)
 
+    # one line each, so the operators read as a table
+    # fmt: off
     def __add__(self, other): return ops.Add.apply(self, self._operand(other))
     def __radd__(self, other): return ops.Add.apply(self._operand(other), self)
     def __sub__(self, other): return ops.Sub.apply(self, self._operand(other))
@@ -198,24 +200,29 @@ class Tensor:
     def __matmul__(self, other): return ops.MatMul.apply(self, self._operand(other))
     def __rmatmul__(self, other): return ops.MatMul.apply(self._operand(other), self)
     def __neg__(self): return ops.Neg.apply(self)
+    # fmt: on
 
     # comparisons give plain boolean tensors (masks for `where`), with no gradient
     def _compare(self, other, compare):
         other = other.data if isinstance(other, Tensor) else self._operand(other)
         return Tensor(compare(self.data, other))
 
+    # fmt: off
     def __lt__(self, other): return self._compare(other, self.xp.less)
     def __le__(self, other): return self._compare(other, self.xp.less_equal)
     def __gt__(self, other): return self._compare(other, self.xp.greater)
     def __ge__(self, other): return self._compare(other, self.xp.greater_equal)
+    # fmt: on
 
     # ----- reductions and elementwise functions
+    # fmt: off
     def sum(self, axis=None, keepdims=False): return ops.Sum.apply(self, axis=axis, keepdims=keepdims)
     def mean(self, axis=None, keepdims=False): return ops.Mean.apply(self, axis=axis, keepdims=keepdims)
     def max(self, axis=None, keepdims=False): return ops.Max.apply(self, axis=axis, keepdims=keepdims)
     def exp(self): return ops.Exp.apply(self)
     def log(self): return ops.Log.apply(self)
     def tanh(self): return ops.Tanh.apply(self)
+    # fmt: on
 
     # ----- shape
     def reshape(self, *shape):
