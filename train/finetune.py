@@ -16,25 +16,21 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 import autograd as ag
-from autograd.optim import Adam, clip_grad_norm, warmup_linear
+from autograd.optim import Adam, warmup_linear
 from tinygpt import GPT
 from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
-from . import distributed, glue
-from .checkpoint import find_checkpoint, load_checkpoint, read_weights, save_checkpoint, save_weights
+from . import distributed, glue, loop
+from .checkpoint import read_weights, save_weights
 from .cli import Help, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
-from .pretrain import Interrupt
-from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
-    save_tokenizer, write_config
+from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
@@ -124,6 +120,16 @@ def epoch_order(seed, epoch, n):
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+def saved_labels(parser, args, run_dir):
+    """The label names a resumed fine-tune saved in labels.json (None for a task without labels)."""
+    if not hasattr(args, "has_labels"):
+        parser.error(f"--resume: {run_dir} is not a fine-tuning run (its config.json has no has_labels)")
+    try:
+        return glue.load_labels(os.path.join(run_dir, "labels.json")) if args.has_labels else None
+    except (OSError, ValueError) as error:
+        parser.error(f"--resume: {error}")
+
+
 def start_model(parser, args, run_dir, dataset):
     """(task head, tokenizer, a line on where the weights came from): from --init-from for a new
     run, else the run's own config and tokenizer (the weights then come from its checkpoint)."""
@@ -139,6 +145,76 @@ def start_model(parser, args, run_dir, dataset):
     ag.manual_seed(args.seed)
     head = make_head(dataset.kind, transformer, dataset.n_classes, args.clf_dropout)
     return head, tokenizer, note
+
+
+def build_task(parser, args, run_dir, labels, device, group):
+    """(datasets, encoded examples, task head, tokenizer): every split read and put through the
+    paper's input transformations, and the head around the GPT on `device`, the same on every rank."""
+    datasets = read_datasets(parser, args, labels)
+    head, tokenizer, note = start_model(parser, args, run_dir, datasets["train"])
+    n_ctx = head.transformer.config.n_ctx
+    encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
+    train = encoded["train"]
+    if group.size > 1:
+        group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
+    head.to(device).train()
+    group.broadcast_parameters(head.parameters())
+    cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
+    print(f"{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples (cut to fit n_ctx={n_ctx}: "
+          f"{cut}); {note}")
+    return datasets, encoded, head, tokenizer
+
+
+def batch_of(step, steps_per_epoch, n_examples, args, group):
+    """(the step's batch, this rank's slice of it), as example indices; the last batch of an
+    epoch may be short, and a rank's slice empty."""
+    epoch, position = divmod(step, steps_per_epoch)
+    order = epoch_order(args.seed, epoch, n_examples)
+    batch = order[position * args.batch_size:(position + 1) * args.batch_size]
+    return batch, np.array_split(batch, group.size)[group.rank]
+
+
+def forward_backward(head, train, mine, lm_coef):
+    """Add the gradient of L3 = L2 + lm_coef * L1 over this rank's examples into the weights'
+    .grad; returns [L2, L3, L1] as numbers (zeros for a rank without examples)."""
+    if not len(mine):
+        return [0.0, 0.0, 0.0]
+    objective, task_loss, lm_loss = head.loss(train.batch(mine), lm_coef)
+    objective.backward()
+    return [float(loss.item()) if loss is not None else 0.0 for loss in (task_loss, objective, lm_loss)]
+
+
+def log_step(run, step, losses, weight, progress, with_lm_loss, **fields):
+    """Sum the ranks' weighted losses into the whole batch's, stop on a NaN or inf, and log them
+    with `fields` to metrics.jsonl and the progress bar; returns whether any rank saw a Ctrl-C."""
+    task_loss, objective, lm_loss, interrupted = run.group.sum([weight * loss for loss in losses]
+                                                               + [run.interrupt.requested])
+    run.stop_if_diverged(objective, step)
+    # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
+    record = {"step": step, "loss": float(task_loss), "objective": float(objective), **fields,
+              "elapsed": round(run.elapsed, 3)}
+    if with_lm_loss:
+        record["lm_loss"] = float(lm_loss)
+    if run.group.main:
+        append_metrics(run.dir, record)
+    progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{fields['lr']:.2e}")
+    return bool(interrupted)
+
+
+def measure_dev(run, dev, names, results, step, epoch, batch_size):
+    """Measure the metrics `names` on the dev set after an epoch, and keep the weights if the main
+    metric is the best so far; returns the line to print."""
+    main = results["main_metric"]
+    _, figures = evaluate(run.model, dev, names, batch_size)
+    best_before = max((e[main] for e in results["epochs"]), default=-math.inf)
+    results["epochs"].append({"step": step, "epoch": epoch, "val_loss": figures.pop("loss"), **figures})
+    append_metrics(run.dir, results["epochs"][-1])
+    if figures[main] > best_before:
+        save_best(run.dir, run.model)
+    results["best"] = max(results["epochs"], key=lambda e: e[main])  # the first of equals: the one saved
+    write_results(run.dir, results)
+    return (f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, "
+            + ", ".join(f"{name} {figures[name]:.4f}" for name in names))
 
 
 def save_best(run_dir, head):
@@ -164,151 +240,89 @@ def main(argv=None):
 def fine_tune(parser, args, group):
     """The run: with a group of several ranks, each takes its slice of every batch, and only rank 0
     writes the run folder and measures the dev and test sets."""
+    # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        try:
-            checkpoint = find_checkpoint(args.resume)
-            run_dir = os.path.dirname(os.path.dirname(checkpoint))
-            _, settings = read_config(run_dir)
-            labels = glue.load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
-        except (KeyError, OSError, ValueError) as error:
-            parser.error(f"--resume: {error}")
-        args = argparse.Namespace(**{**vars(args), **settings, "resume": checkpoint, "device": args.device})
+        args, run_dir, _ = loop.resumed_args(parser, args)
+        labels = saved_labels(parser, args, run_dir)
     else:
         run_dir, labels = args.out or os.path.join("runs", f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"), None
-    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
-    if args.batch_size % group.size:
-        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over {group.size} ranks")
-    try:
-        device = group.device(args.device)
-    except (ValueError, RuntimeError) as error:
-        parser.error(f"--device: {error}")
+    device = loop.start_job(parser, args, group)
 
-    datasets = read_datasets(parser, args, labels)
-    train_set, dev_set = datasets["train"], datasets["dev"]
-    head, tokenizer, note = start_model(parser, args, run_dir, train_set)
-    n_ctx = head.transformer.config.n_ctx
-    encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
-    train, metric_names, main = encoded["train"], dev_set.metrics, main_metric(dev_set)
-    if group.size > 1:
-        group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
-    head.to(device).train()
-    group.broadcast_parameters(head.parameters())
-    optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
+    # data: the task's examples through the paper's input transformations; the head around the GPT
+    datasets, encoded, head, tokenizer = build_task(parser, args, run_dir, labels, device, group)
+    train = encoded["train"]
 
-    start, elapsed = 0, 0.0
-    if args.resume:
-        try:
-            start, elapsed = (state := load_checkpoint(args.resume, head, optimizer))["step"], state["elapsed"]
-        except (OSError, ValueError) as error:
-            parser.error(f"--resume: {error}")
-        if state.get("world_size", group.size) != group.size:
-            parser.error(f"--resume: {args.resume} was written by {state['world_size']} ranks; resume it with as "
-                         f"many (this job has {group.size})")
-        if group.main:
-            rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
-        print(f"resuming {run_dir} at step {start}")
-    elif group.main:
-        os.makedirs(run_dir, exist_ok=True)
-        save_tokenizer(tokenizer, run_dir)
-        if train_set.labels is not None:
-            glue.save_labels(train_set.labels, os.path.join(run_dir, "labels.json"))
-        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device", "distributed")}
-        write_config(run_dir, head.transformer.config, {**settings, "has_labels": train_set.labels is not None})
-    cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
-    print(f"run folder: {run_dir}\n{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples "
-          f"(cut to fit n_ctx={n_ctx}: {cut}); {note}\nmodel: {head.num_parameters():,} parameters on {device}"
-          + (f", one of {group.size} ranks" if group.size > 1 else ""))
+    # Adam, and its state from the checkpoint when resuming, else a new run folder
+    run = loop.Run(run_dir, group, head, Adam(head.parameters(), lr=args.lr, l2=args.l2), args.keep_checkpoints,
+                   "train.finetune")
+    start = run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets["train"])
+    print(f"run folder: {run_dir}\nmodel: {head.num_parameters():,} parameters on {device}{loop.ranks_note(group)}")
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    epochs = [m for m in read_metrics(run_dir) if "epoch" in m]  # the dev figures so far (after a resume)
-    results = {"task": args.task, "main_metric": main, "epochs": epochs,
-               "best": max(epochs, key=lambda e: e[main]) if epochs else None,
-               "n_cut": {split: data.n_cut for split, data in encoded.items()},
-               "skipped": {split: d.skipped for split, d in datasets.items()}}
-    interrupt = Interrupt()
+    results = results_so_far(run_dir, args.task, datasets, encoded)
+    with loop.progress_bar(total, start, f"finetune {args.task}", group) as progress:
+        for step in range(start, total):
+            began = time.perf_counter()
+            # one optimizer step on this rank's slice of the batch
+            ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
+            batch, mine = batch_of(step, steps_per_epoch, len(train), args, group)
+            # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its
+            # share of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
+            weight = len(mine) / len(batch)
+            lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
+            run.optimizer.zero_grad()
+            losses = forward_backward(head, train, mine, args.lm_coef)
+            run.optimizer_step(lr, weight, args.grad_clip)
+            run.elapsed += time.perf_counter() - began
+            progress.update(1)
 
-    def end_of_epoch(step):
-        """Measure the dev set; keep the weights if the main metric is the best so far."""
-        _, figures = evaluate(head, encoded["dev"], metric_names, args.batch_size)
-        best_before = max((e[main] for e in epochs), default=-math.inf)
-        epochs.append({"step": step, "epoch": step // steps_per_epoch, "val_loss": figures.pop("loss"), **figures})
-        append_metrics(run_dir, epochs[-1])
-        progress.write(f"epoch {epochs[-1]['epoch']}: dev loss {epochs[-1]['val_loss']:.4f}, " +
-                       ", ".join(f"{name} {figures[name]:.4f}" for name in metric_names))
-        if figures[main] > best_before:
-            save_best(run_dir, head)
-        results["best"] = max(epochs, key=lambda e: e[main])  # the first of equals: the one saved
-        write_results(run_dir, results)
+            done = step + 1
+            epoch_ends = done % steps_per_epoch == 0
+            # log every step: the whole batch's losses, summed over the ranks
+            interrupted = log_step(run, done, losses, weight, progress, with_lm_loss=args.lm_coef != 0, lr=lr,
+                                   examples_per_s=round(len(batch) / (time.perf_counter() - began), 1))
+            # measure the dev set at the end of each epoch, keeping the best epoch's weights
+            if epoch_ends and group.main:
+                progress.write(measure_dev(run, encoded["dev"], datasets["dev"].metrics, results, done,
+                                           done // steps_per_epoch, args.batch_size))
+            # checkpoint at each epoch's end and every --save-every steps, and stop after one on Ctrl-C
+            if epoch_ends or (args.save_every and done % args.save_every == 0) or interrupted:
+                checkpoint = run.save(done)
+            if interrupted:
+                run.stop_interrupted(done, checkpoint, progress)
+    if group.main:
+        finish(run, args, datasets, encoded, results)
 
-    def checkpoint(step):
-        """Called by every rank; rank 0 writes."""
-        if not group.main:
-            return None
-        try:
-            return save_checkpoint(run_dir, step, head, optimizer, {"elapsed": elapsed, "world_size": group.size},
-                                   keep=args.keep_checkpoints)
-        except OSError as error:
-            sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
 
-    progress = tqdm(total=total, initial=start, desc=f"finetune {args.task}", unit="step", dynamic_ncols=True,
-                    disable=not group.main)
-    for step in range(start, total):
-        began = time.perf_counter()
-        epoch, position = divmod(step, steps_per_epoch)
-        ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
-        order = epoch_order(args.seed, epoch, len(train))
-        chosen = order[position * args.batch_size:(position + 1) * args.batch_size]
-        mine = np.array_split(chosen, group.size)[group.rank]  # this rank's slice (the last batch may be short)
-        # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its share
-        # of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
-        weight = len(mine) / len(chosen)
-        lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
-        optimizer.lr = lr
-        optimizer.zero_grad()
-        losses = [0.0, 0.0, 0.0]  # L2, L3, L1 of a rank left without examples
-        if len(mine):
-            objective, task_loss, lm_loss = head.loss(train.batch(mine), args.lm_coef)
-            objective.backward()
-            losses = [float(value.item()) if value is not None else 0.0 for value in (task_loss, objective, lm_loss)]
-        group.reduce_gradients(head.parameters(), weight)
-        if args.grad_clip > 0:
-            clip_grad_norm(head.parameters(), args.grad_clip)
-        optimizer.step()
-        elapsed += time.perf_counter() - began
-        done = step + 1
-        task_loss, objective, lm_loss, stop = group.sum([weight * value for value in losses] + [interrupt.requested])
-        # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
-        record = {"step": done, "loss": float(task_loss), "objective": float(objective), "lr": lr,
-                  "examples_per_s": round(len(chosen) / (time.perf_counter() - began), 1),
-                  "elapsed": round(elapsed, 3)}
-        if args.lm_coef != 0:
-            record["lm_loss"] = float(lm_loss)
-        if not math.isfinite(record["objective"]):
-            last = find_checkpoint(run_dir) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "none yet"
-            group.exit_together(f"the loss became {record['objective']} at step {done}: stopping; "
-                                f"last good checkpoint: {last}")
-        if group.main:
-            append_metrics(run_dir, record)
-        progress.update(1)
-        progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}")
-        if done % steps_per_epoch == 0 and group.main:
-            end_of_epoch(done)
-        if done % steps_per_epoch == 0 or (args.save_every and done % args.save_every == 0):
-            checkpoint(done)
-        if stop:  # Ctrl-C on any rank (it may reach them in different steps)
-            path = checkpoint(done)
-            progress.close()
-            print(f"\ninterrupted after step {done}; checkpoint {path}\n"
-                  f"resume with: {group.command('train.finetune')} --resume {run_dir}")
-            group.exit_together(130)
-    progress.close()
-    if not group.main:
-        return
+def begin(run, args, tokenizer, train_set):
+    """Write a new fine-tune's folder: tokenizer, config.json and the label names. Returns 0."""
+    has_labels = train_set.labels is not None
+    run.begin(run.model.transformer.config, tokenizer, {**loop.settings_of(args), "has_labels": has_labels})
+    if has_labels and run.group.main:
+        glue.save_labels(train_set.labels, os.path.join(run.dir, "labels.json"))
+    return 0
+
+
+def results_so_far(run_dir, task, datasets, encoded):
+    """results.json's content: the dev figures of the epochs done (after a resume), the best of
+    them, and the examples cut to fit n_ctx or left out of each split."""
+    dev_set = datasets["dev"]
+    main = main_metric(dev_set)
+    epochs = [m for m in read_metrics(run_dir) if "epoch" in m]
+    return {"task": task, "main_metric": main, "epochs": epochs,
+            "best": max(epochs, key=lambda e: e[main]) if epochs else None,
+            "n_cut": {split: data.n_cut for split, data in encoded.items()},
+            "skipped": {split: d.skipped for split, d in datasets.items()}}
+
+
+def finish(run, args, datasets, encoded, results):
+    """After the last step: the test set's figures (with the best epoch's weights), and the report."""
+    names = datasets["dev"].metrics
     if "test" in encoded:
-        results["test"] = predict_test(run_dir, head, datasets["test"], encoded["test"], metric_names, args.batch_size)
-        write_results(run_dir, results)
-    report(run_dir, results, metric_names, elapsed)
+        results["test"] = predict_test(run.dir, run.model, datasets["test"], encoded["test"], names, args.batch_size)
+        write_results(run.dir, results)
+    report(run.dir, results, names, run.elapsed)
 
 
 def predict_test(run_dir, head, dataset, data, metric_names, batch_size):

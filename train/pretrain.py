@@ -4,28 +4,23 @@ With no arguments it trains the `tiny` preset on text that ships with Python, wi
 BPE trained on the same text, in a few minutes on a CPU. See --help for the rest.
 """
 import argparse
-import json
 import math
 import os
-import signal
-import sys
 import time
 from itertools import islice
-
-from tqdm import tqdm
 
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
-from autograd.optim import Adam, clip_grad_norm, warmup_cosine
+from autograd.optim import Adam, warmup_cosine
 from tinygpt import GPT, GPTConfig
+from tinygpt.generation import generate
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
-from . import data, distributed
-from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from . import data, distributed, loop
+from .checkpoint import find_checkpoint
 from .cli import Help
-from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics, rewrite_metrics, \
-    save_tokenizer, write_config
+from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
 
 def parse_args(argv):
@@ -83,23 +78,17 @@ def parse_args(argv):
     return p, args
 
 
-def build_tokenizer(args, texts, run_dir):
+def build_tokenizer(args, texts):
+    """The tokenizer of a new run: the one given, that of the --init-from run, or one trained here."""
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
     if args.gpt1_tokenizer:
-        encoder, merges = (os.path.join(args.gpt1_tokenizer, name) for name in GPT1Tokenizer.FILES)
-        return GPT1Tokenizer.from_files(encoder, merges)
+        return GPT1Tokenizer.from_folder(args.gpt1_tokenizer)
     if args.init_from and os.path.isdir(os.path.join(run_folder_of(args.init_from), "tokenizer")):
         return load_tokenizer(os.path.join(run_folder_of(args.init_from), "tokenizer"))
     normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
     print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
     return BPETokenizer.train(texts, args.vocab_size, normalizer=args.normalize)
-
-
-def run_folder_of(path):
-    """The run folder of a checkpoint folder; any other folder as it is."""
-    parent = os.path.dirname(os.path.abspath(path))
-    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else path
 
 
 def model_config(args, vocab_size):
@@ -108,6 +97,93 @@ def model_config(args, vocab_size):
     if args.dropout is not None:
         overrides.update(embd_pdrop=args.dropout, attn_pdrop=args.dropout, resid_pdrop=args.dropout)
     return GPTConfig.preset(args.preset, vocab_size=vocab_size, **overrides)
+
+
+def read_tokens(parser, args, run_dir, group):
+    """(tokenizer, token ids of the corpus): a resumed run's own tokenizer, else a new run's."""
+    try:
+        texts = data.read_corpus(args.data) if args.data else data.default_corpus()
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer")) if args.resume else build_tokenizer(args, texts)
+    ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)  # on every rank: the same text, the same ids
+    group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
+    print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
+    return tokenizer, ids
+
+
+def cut_windows(parser, args, ids, n_ctx):
+    """(training windows, validation windows): the corpus's last --val-fraction is held out."""
+    try:
+        train_ids, val_ids = data.split(ids, args.val_fraction, n_ctx)
+        train, val = data.Windows(train_ids, n_ctx, "training data"), data.Windows(val_ids, n_ctx, "validation data")
+    except ValueError as error:
+        parser.error(str(error))
+    if train.count < args.batch_size:
+        parser.error(f"the training data makes {train.count} windows of {n_ctx + 1} tokens, "
+                     f"fewer than --batch-size {args.batch_size}")
+    return train, val
+
+
+def build_model(parser, args, config, device, group):
+    """(GPT, Adam): new weights, or those of --init-from for a new run; the same on every rank."""
+    ag.manual_seed(args.seed)
+    model = GPT(config)
+    if args.init_from and not args.resume:
+        is_run = os.path.isdir(os.path.join(args.init_from, "checkpoints"))
+        try:
+            model.load_state_dict(GPT.read_weights(find_checkpoint(args.init_from) if is_run else args.init_from))
+        except (ValueError, OSError) as error:
+            parser.error(f"--init-from: {error}")
+    for p in model.parameters():
+        p.data = p.data.astype(args.dtype)
+    model.to(device).train()
+    group.broadcast_parameters(model.parameters())
+    return model, Adam(model.parameters(), lr=args.lr, l2=args.l2, l2_mode=args.l2_mode)
+
+
+def forward_backward(model, batch, grad_accum):
+    """Add the gradient of the batch's mean next-token loss into the weights' .grad, in
+    grad_accum backward passes over equal parts; returns the loss, an array left on the device."""
+    part_size = len(batch) // grad_accum
+    total = 0.0
+    for start in range(0, len(batch), part_size):
+        part = batch[start:start + part_size]
+        loss = F.cross_entropy(model(part[:, :-1]), part[:, 1:]) / grad_accum
+        loss.backward()
+        total = total + loss.data
+    return total
+
+
+class LossLog:
+    """The training losses of the steps since the last log line. They stay on the device until
+    `write` brings them all to the host at once, so that a step on a GPU never waits for the host."""
+
+    def __init__(self, run, tokens_per_step):
+        self.run, self.tokens_per_step = run, tokens_per_step
+        self.pending = []  # (step, loss array, learning rate, compute time so far)
+        self.since = time.perf_counter()
+
+    def add(self, step, loss, lr):
+        self.pending.append((step, loss, lr, self.run.elapsed))
+
+    def write(self, progress):
+        """Log the pending steps to metrics.jsonl and the progress bar; stop on a NaN or inf."""
+        if not self.pending:
+            return
+        steps, losses, rates, elapsed = zip(*self.pending)
+        group, xp = self.run.group, backend.get_array_module(*losses)
+        losses = group.sum(backend.to_numpy(xp.stack(losses))) / group.size  # every rank's share: as many tokens
+        for step, loss in zip(steps, losses):
+            self.run.stop_if_diverged(loss, step)
+        now = time.perf_counter()
+        tokens_per_s = len(steps) * self.tokens_per_step / (now - self.since)
+        for step, loss, lr, step_elapsed in zip(steps, losses, rates, elapsed):
+            if group.main:
+                append_metrics(self.run.dir, {"step": step, "loss": float(loss), "lr": lr,
+                                              "tokens_per_s": round(tokens_per_s), "elapsed": round(step_elapsed, 3)})
+        progress.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{rates[-1]:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        self.pending, self.since = [], now
 
 
 @ag.no_grad()
@@ -126,16 +202,13 @@ def evaluate(model, windows, batch_size, limit, group=None):
     return float(total / count)
 
 
-class Interrupt:
-    """Turns the first Ctrl-C into a request to stop after the current step; a second one kills."""
-
-    def __init__(self):
-        self.requested = False
-        signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+def validate(run, val, args, step, progress):
+    """Measure the loss on the validation windows; log and print it."""
+    loss = evaluate(run.model, val, args.batch_size, args.eval_windows, run.group)
+    if run.group.main:
+        append_metrics(run.dir, {"step": step, "val_loss": loss, "val_perplexity": math.exp(loss),
+                                 "elapsed": round(run.elapsed, 2)})
+    progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {math.exp(loss):.1f}")
 
 
 def main(argv=None):
@@ -146,166 +219,61 @@ def main(argv=None):
 def train_model(parser, args, group):
     """The run: with a group of several ranks, each trains on its slice of every batch, and only
     rank 0 writes the run folder."""
+    # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        try:
-            checkpoint = find_checkpoint(args.resume)
-            run_dir = run_folder_of(checkpoint)
-            config, settings = read_config(run_dir)
-        except (ValueError, OSError) as error:
-            parser.error(f"--resume: {error}")
-        steps_asked, device_asked = args.steps, args.device
-        args = argparse.Namespace(**{**vars(args), **settings, "resume": checkpoint, "device": device_asked,
-                                     "steps": steps_asked or settings["steps"]})
+        args, run_dir, config = loop.resumed_args(parser, args, keep=("device", "steps"))
     else:
-        run_dir = args.out or os.path.join("runs", f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
-    if args.batch_size % (group.size * args.grad_accum):
-        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over "
-                     f"{group.size} ranks x --grad-accum {args.grad_accum}")
-    device = group.device(args.device)
+        run_dir, config = args.out or os.path.join("runs", f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"), None
+    device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
 
-    try:
-        texts = data.read_corpus(args.data) if args.data else data.default_corpus()
-    except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
-    if args.resume:
-        tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer"))
-    else:
-        tokenizer = build_tokenizer(args, texts, run_dir)  # on every rank: the same text makes the same one
-        if group.main:
-            os.makedirs(run_dir, exist_ok=True)
-            save_tokenizer(tokenizer, run_dir)
-        config = model_config(args, tokenizer.vocab_size)
-    ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
-    group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
-    print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
-    try:
-        train_ids, val_ids = data.split(ids, args.val_fraction, config.n_ctx)
-        train, val = data.Windows(train_ids, config.n_ctx, "training data"), data.Windows(val_ids, config.n_ctx, "validation data")
-        if train.count < args.batch_size:
-            raise ValueError(f"the training data makes {train.count} windows of {config.n_ctx + 1} tokens, "
-                             f"fewer than --batch-size {args.batch_size}")
-    except ValueError as error:
-        parser.error(str(error))
+    # data: the corpus in tokens, cut into windows of n_ctx + 1
+    tokenizer, ids = read_tokens(parser, args, run_dir, group)
+    config = config or model_config(args, tokenizer.vocab_size)
+    train, val = cut_windows(parser, args, ids, config.n_ctx)
     if args.steps is None:
         args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 600
 
-    ag.manual_seed(args.seed)
-    model = GPT(config)
-    if args.init_from and not args.resume:
-        try:
-            source = find_checkpoint(args.init_from) if os.path.isdir(os.path.join(args.init_from, "checkpoints")) else args.init_from
-            model.load_state_dict(GPT.read_weights(source))
-        except (ValueError, OSError) as error:
-            parser.error(f"--init-from: {error}")
-    for p in model.parameters():
-        p.data = p.data.astype(args.dtype)
-    model.to(device).train()
-    group.broadcast_parameters(model.parameters())
-    optimizer = Adam(model.parameters(), lr=args.lr, l2=args.l2, l2_mode=args.l2_mode)
-
-    start, elapsed = 0, 0.0
-    if args.resume:
-        try:
-            state = load_checkpoint(args.resume, model, optimizer)
-        except (ValueError, OSError) as error:
-            parser.error(f"--resume: {error}")
-        if state.get("world_size", group.size) != group.size:
-            parser.error(f"--resume: {args.resume} was written by {state['world_size']} ranks; resume it with as "
-                         f"many (this job has {group.size})")
-        start, elapsed = state["step"], state["elapsed"]
-        if group.main:
-            rewrite_metrics(run_dir, [m for m in read_metrics(run_dir) if m["step"] <= start])
-        print(f"resuming {run_dir} at step {start}")
-    elif group.main:
-        settings = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "device", "distributed")}
-        write_config(run_dir, config, settings)
+    # the model and Adam: from the checkpoint when resuming, else a new run folder
+    run = loop.Run(run_dir, group, *build_model(parser, args, config, device, group), args.keep_checkpoints,
+                   "train.pretrain")
+    start = run.restore(parser, args.resume) if args.resume else run.begin(config, tokenizer, loop.settings_of(args))
     print(f"run folder: {run_dir}\nmodel: {config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, "
-          f"n_ctx {config.n_ctx}, vocab {config.vocab_size}: {model.num_parameters():,} parameters on {device}"
-          + (f", one of {group.size} ranks" if group.size > 1 else ""))
+          f"n_ctx {config.n_ctx}, vocab {config.vocab_size}: {run.model.num_parameters():,} parameters on "
+          f"{device}{loop.ranks_note(group)}")
 
     warmup = min(args.warmup, args.steps // 10)
-    micro = args.batch_size // group.size // args.grad_accum  # windows per backward pass on this rank
-    tokens_per_step = args.batch_size * config.n_ctx
-    interrupt = Interrupt()
-    pending = []  # (step, loss array, lr, elapsed) since the last log line: losses stay on the device until then
-    last_log = time.perf_counter()
-
-    def log_pending():
-        """Bring the pending losses to the host, log them, and stop the run on a NaN or inf."""
-        nonlocal last_log
-        if not pending:
-            return
-        losses = backend.to_numpy(model.tokens_embed.weight.xp.stack([record[1] for record in pending]))
-        losses = group.sum(losses) / group.size  # the whole batch's: every rank's share has as many tokens
-        bad = [record[0] for record, loss in zip(pending, losses) if not math.isfinite(loss)]
-        if bad:
-            good = find_checkpoint(run_dir) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else "none yet"
-            group.exit_together(f"the loss became {losses[len(pending) - len(bad)]} at step {bad[0]}: stopping; "
-                                f"last good checkpoint: {good}")
-        now = time.perf_counter()
-        rate = len(pending) * tokens_per_step / (now - last_log)
-        for (step, _, step_lr, step_elapsed), loss in zip(pending, losses):
-            if group.main:
-                append_metrics(run_dir, {"step": step, "loss": float(loss), "lr": step_lr,
-                                         "tokens_per_s": round(rate), "elapsed": round(step_elapsed, 3)})
-        progress.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{pending[-1][2]:.2e}", tok_s=f"{rate:,.0f}")
-        pending.clear()
-        last_log = now
-
-    def checkpoint(step):
-        """Called by every rank; rank 0 writes."""
-        log_pending()  # never save weights that a NaN has already reached
-        if not group.main:
-            return None
-        try:
-            return save_checkpoint(run_dir, step, model, optimizer, {"elapsed": elapsed, "world_size": group.size},
-                                   keep=args.keep_checkpoints)
-        except OSError as error:
-            sys.exit(f"could not write a checkpoint in {run_dir}/checkpoints: {error}; the last good one is kept")
-
-    progress = tqdm(total=args.steps, initial=start, desc="pretrain", unit="step", dynamic_ncols=True,
-                    disable=not group.main)
-    with progress:  # closed however the loop ends, so no bar is left half drawn
+    log = LossLog(run, args.batch_size * config.n_ctx)
+    with loop.progress_bar(args.steps, start, "pretrain", group) as progress:
         for step in range(start, args.steps):
             began = time.perf_counter()
+            # one optimizer step on this rank's share of the batch, in --grad-accum backward passes
             ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
             batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
             lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
-            optimizer.lr = lr
-            optimizer.zero_grad()
-            step_loss = 0.0
-            for part in range(args.grad_accum):
-                chunk = batch[part * micro:(part + 1) * micro]
-                loss = F.cross_entropy(model(chunk[:, :-1]), chunk[:, 1:]) / args.grad_accum
-                loss.backward()
-                step_loss = step_loss + loss.data
-            group.reduce_gradients(model.parameters(), 1 / group.size)  # the whole batch's mean gradient
-            if args.grad_clip > 0:
-                clip_grad_norm(model.parameters(), args.grad_clip)
-            optimizer.step()
-            elapsed += time.perf_counter() - began
-            pending.append((step + 1, step_loss, lr, elapsed))
+            run.optimizer.zero_grad()
+            loss = forward_backward(run.model, batch, args.grad_accum)
+            run.optimizer_step(lr, 1 / group.size, args.grad_clip)  # the mean gradient of the whole batch
+            run.elapsed += time.perf_counter() - began
+            log.add(step + 1, loss, lr)
             progress.update(1)
+
             done = step + 1
-            if done % args.log_every == 0 or done == args.steps:
-                log_pending()
-            if done % args.eval_every == 0 or done == args.steps:
-                log_pending()
-                val_loss = evaluate(model, val, args.batch_size, args.eval_windows, group)
-                if group.main:
-                    append_metrics(run_dir, {"step": done, "val_loss": val_loss,
-                                             "val_perplexity": math.exp(val_loss), "elapsed": round(elapsed, 2)})
-                progress.write(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
-            if done % args.save_every == 0 or done == args.steps:
-                checkpoint(done)
-            if group.any(interrupt.requested):  # Ctrl-C may reach the ranks in different steps
-                path = checkpoint(done)
-                print(f"\ninterrupted after step {done}; checkpoint {path}\n"
-                      f"resume with: {group.command('train.pretrain')} --resume {run_dir}")
-                group.exit_together(130)
+            interrupted = group.any(run.interrupt.requested)  # Ctrl-C may reach the ranks in different steps
+            evaluating = done % args.eval_every == 0 or done == args.steps
+            saving = done % args.save_every == 0 or done == args.steps or interrupted
+            # log: the losses come to the host only here (never save weights a NaN has reached)
+            if done % args.log_every == 0 or evaluating or saving:
+                log.write(progress)
+            # evaluate on the held-out windows
+            if evaluating:
+                validate(run, val, args, done, progress)
+            # checkpoint, and stop after it on Ctrl-C
+            if saving:
+                checkpoint = run.save(done)
+            if interrupted:
+                run.stop_interrupted(done, checkpoint, progress)
     if group.main:
-        report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed)
+        report(run.model, tokenizer, train.ids, val.ids, run_dir, args, run.elapsed)
 
 
 def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):
@@ -315,8 +283,6 @@ def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):
     baseline = data.unigram_perplexity(train_ids, val_ids, tokenizer.vocab_size)
     print(f"\ntrained {args.steps} steps in {elapsed / 60:.1f} min of compute")
     print(f"validation perplexity {last['val_perplexity']:.1f} (unigram baseline {baseline:.1f})")
-    from tinygpt.generation import generate
-
     prompt = tokenizer.encode("The ")
     sample = generate(model.eval(), prompt, args.sample_tokens, temperature=0.8, top_k=40, seed=args.seed)
     print(f"sample: {tokenizer.decode(prompt + sample)!r}")

@@ -21,9 +21,8 @@ def save_tokenizer(tokenizer, run_dir):
 
 def load_tokenizer(directory):
     """A tokenizer from a folder: GPT-1's original files if they are there, else byte-level BPE."""
-    encoder, merges = (os.path.join(directory, name) for name in GPT1Tokenizer.FILES)
-    if os.path.isfile(encoder):
-        return GPT1Tokenizer.from_files(encoder, merges)
+    if os.path.isfile(os.path.join(directory, GPT1Tokenizer.FILES[0])):
+        return GPT1Tokenizer.from_folder(directory)
     if not os.path.isfile(os.path.join(directory, "vocab.json")):
         raise FileNotFoundError(f"{directory}: no tokenizer here (expected vocab.json + merges.txt, "
                                 f"or {' + '.join(GPT1Tokenizer.FILES)})")
@@ -46,11 +45,17 @@ def read_config(run_dir):
         raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
 
 
+def run_folder_of(path):
+    """The run folder of a checkpoint folder (run/checkpoints/<step>); any other folder as it is."""
+    parent = os.path.dirname(os.path.abspath(path))
+    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else path
+
+
 def load_run(path, device="cpu"):
     """(model, tokenizer) from a run folder (its newest checkpoint) or from one checkpoint folder
     inside a run, on `device` and in eval mode."""
     checkpoint = find_checkpoint(path)
-    run_dir = os.path.dirname(os.path.dirname(checkpoint))
+    run_dir = run_folder_of(checkpoint)
     model = GPT.from_pretrained(checkpoint, device=device).eval()
     return model, load_tokenizer(os.path.join(run_dir, "tokenizer"))
 

@@ -15,7 +15,7 @@ from tinygpt.heads import resize
 from tinygpt.tokenizer import GPT1Tokenizer
 
 from .checkpoint import STATE_FILE, find_checkpoint
-from .run import load_tokenizer
+from .run import load_tokenizer, run_folder_of
 
 
 def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
@@ -25,7 +25,7 @@ def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
     if is_run:
         checkpoint = find_checkpoint(path)
         model = GPT.from_pretrained(checkpoint)
-        own_tokenizer = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "tokenizer")
+        own_tokenizer = os.path.join(run_folder_of(checkpoint), "tokenizer")
     elif os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
         model, own_tokenizer = GPT.from_pretrained(path), None
     else:
@@ -37,8 +37,7 @@ def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
                              f"are for an openai-gpt folder")
         return model, load_tokenizer(own_tokenizer)
     if gpt1_tokenizer_dir:
-        encoder, merges = (os.path.join(gpt1_tokenizer_dir, name) for name in GPT1Tokenizer.FILES)
-        return model, GPT1Tokenizer.from_files(encoder, merges)
+        return model, GPT1Tokenizer.from_folder(gpt1_tokenizer_dir)
     if tokenizer_dir:
         return model, load_tokenizer(tokenizer_dir)
     raise ValueError(f"{path} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "

@@ -1,0 +1,150 @@
+"""The phases that train.pretrain and train.finetune share: start or resume, one optimizer step,
+checkpoint, and stop on Ctrl-C or on a loss that is no longer a number.
+
+Each module writes its own loop from these, nanoGPT-style: its batches, its losses, its log
+lines and its evaluation stay in the module; what a run does the same way in both lives here.
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+
+from tqdm import tqdm
+
+from autograd.optim import clip_grad_norm
+
+from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, save_checkpoint
+from .run import read_config, read_metrics, rewrite_metrics, run_folder_of, save_tokenizer, write_config
+
+NOT_SETTINGS = ("resume", "out", "device", "distributed")  # flags of one invocation, not of the run
+
+
+class Interrupt:
+    """Turns the first Ctrl-C into a request to stop after the current step; a second one kills."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# ----- start or resume ---------------------------------------------------------------------------
+def resumed_args(parser, args, keep=("device",)):
+    """(args, run folder, model config) of the run that --resume names: the settings it was
+    started with, --resume as its checkpoint, and the flags in `keep` as given now where given."""
+    try:
+        checkpoint = find_checkpoint(args.resume)
+        run_dir = run_folder_of(checkpoint)
+        config, settings = read_config(run_dir)
+    except (ValueError, OSError) as error:
+        parser.error(f"--resume: {error}")
+    given_now = {name: getattr(args, name) for name in keep if getattr(args, name) is not None}
+    return argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint}), run_dir, config
+
+
+def start_job(parser, args, group, parts_per_rank=1):
+    """This rank's device, once the ranks agree on the command line and the global batch splits
+    into parts_per_rank equal parts on every rank; a problem is a usage error."""
+    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
+    if args.batch_size % (group.size * parts_per_rank):
+        parts = f" x --grad-accum {parts_per_rank}" if parts_per_rank > 1 else ""
+        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over "
+                     f"{group.size} ranks{parts}")
+    try:
+        return group.device(args.device)
+    except (ValueError, RuntimeError) as error:
+        parser.error(f"--device: {error}")
+
+
+def settings_of(args):
+    """The settings a run's config.json keeps: every flag but those of one invocation."""
+    return {name: value for name, value in vars(args).items() if name not in NOT_SETTINGS}
+
+
+def ranks_note(group):
+    """", one of N ranks" in a job of several ranks, else nothing: for a run's opening line."""
+    return f", one of {group.size} ranks" if group.size > 1 else ""
+
+
+def progress_bar(total, start, description, group):
+    """The run's progress in steps, drawn by rank 0 alone."""
+    return tqdm(total=total, initial=start, desc=description, unit="step", dynamic_ncols=True,
+                disable=not group.main)
+
+
+# ----- the run ------------------------------------------------------------------------------------
+class Run:
+    """A training run under way: its folder, the job's ranks, the model and its optimizer, and
+    the compute time so far (saved with every checkpoint)."""
+
+    def __init__(self, run_dir, group, model, optimizer, keep_checkpoints, module):
+        self.dir, self.group, self.model, self.optimizer = run_dir, group, model, optimizer
+        self.keep_checkpoints, self.module = keep_checkpoints, module
+        self.elapsed = 0.0
+        self.interrupt = Interrupt()
+
+    def restore(self, parser, checkpoint):
+        """Load the weights, Adam's state and the compute time of `checkpoint`; drop the metrics
+        written after it. Returns its step, where the loop goes on."""
+        try:
+            state = load_checkpoint(checkpoint, self.model, self.optimizer)
+        except (ValueError, OSError) as error:
+            parser.error(f"--resume: {error}")
+        if state.get("world_size", self.group.size) != self.group.size:
+            parser.error(f"--resume: {checkpoint} was written by {state['world_size']} ranks; resume it with "
+                         f"as many (this job has {self.group.size})")
+        self.elapsed = state["elapsed"]
+        if self.group.main:
+            rewrite_metrics(self.dir, [m for m in read_metrics(self.dir) if m["step"] <= state["step"]])
+        print(f"resuming {self.dir} at step {state['step']}")
+        return state["step"]
+
+    def begin(self, config, tokenizer, settings):
+        """Write a new run's folder: its tokenizer, and config.json with the model config and the
+        settings (rank 0 writes). Returns 0, the step where the loop starts."""
+        if self.group.main:
+            os.makedirs(self.dir, exist_ok=True)
+            save_tokenizer(tokenizer, self.dir)
+            write_config(self.dir, config, settings)
+        return 0
+
+    def optimizer_step(self, lr, weight, grad_clip):
+        """Sum the ranks' gradients, each rank's times `weight`; clip their global norm to
+        grad_clip (0: no clipping); move the weights at rate lr."""
+        params = self.optimizer.params
+        self.group.reduce_gradients(params, weight)
+        if grad_clip > 0:
+            clip_grad_norm(params, grad_clip)
+        self.optimizer.lr = lr
+        self.optimizer.step()
+
+    def save(self, step):
+        """Write a checkpoint of `step` (rank 0; the other ranks pass); returns its folder."""
+        if not self.group.main:
+            return None
+        state = {"elapsed": self.elapsed, "world_size": self.group.size}
+        try:
+            return save_checkpoint(self.dir, step, self.model, self.optimizer, state, keep=self.keep_checkpoints)
+        except OSError as error:
+            sys.exit(f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept")
+
+    def stop_if_diverged(self, loss, step):
+        """End the job, naming the step and the last good checkpoint, when `loss` is NaN or inf."""
+        if math.isfinite(loss):
+            return
+        steps = checkpoint_steps(self.dir)
+        good = os.path.join(self.dir, "checkpoints", str(steps[-1])) if steps else "none yet"
+        self.group.exit_together(f"the loss became {loss} at step {step}: stopping; last good checkpoint: {good}")
+
+    def stop_interrupted(self, step, checkpoint, progress):
+        """After a Ctrl-C (which every rank has agreed on) and the checkpoint saved for it: say how
+        to resume, and end the job with status 130."""
+        progress.close()
+        print(f"\ninterrupted after step {step}; checkpoint {checkpoint}\n"
+              f"resume with: {self.group.command(self.module)} --resume {self.dir}")
+        self.group.exit_together(130)
