@@ -17,17 +17,17 @@ def _dropped(ctx, heads, probs):
     return masks.drop(probs, ctx.keep[heads], ctx.keep_scale)
 
 
-def _attend(ctx, q, k, v, causal, dropout_p, generator):
-    """softmax(q k^T / sqrt(d) + mask), dropped out, times v, for q (n, T, d), k (n, S, d),
-    v (n, S, e); keeps the softmax and the dropout mask on ctx for _attend_backward."""
+def _attend(ctx, q, k, v, causal, keep, dropout_p):
+    """softmax(q k^T / sqrt(d) + mask), dropped out where `keep` (n, T, S) is false (no dropout
+    when it is None), times v, for q (n, T, d), k (n, S, d), v (n, S, e); keeps the softmax and
+    the dropout mask on ctx for _attend_backward."""
     n, n_queries, n_keys = q.shape[0], q.shape[1], k.shape[1]
     ctx.scale = 1 / math.sqrt(q.shape[-1])
     scaled_q = q * ctx.scale
     ctx.scaled_q, ctx.k, ctx.v = scaled_q, k, v
     hidden = ~np.tri(n_queries, n_keys, n_keys - n_queries, dtype=bool) if causal else None
     ctx.probs = probs = buffers.empty((n, n_queries, n_keys), q.dtype)
-    ctx.keep = masks.keep_mask(generator, probs.shape, dropout_p) if dropout_p > 0 else None
-    ctx.keep_scale = masks.keep_scale(dropout_p)
+    ctx.keep, ctx.keep_scale = keep, masks.keep_scale(dropout_p)
     out = buffers.empty((n, n_queries, v.shape[-1]), q.dtype)
 
     def attend(heads):
@@ -72,8 +72,14 @@ def _attend_backward(ctx, grad, needs=(True, True, True)):
 def scaled_dot_product_forward_cpu(ctx, q, k, v, causal, dropout_p, generator):
     heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     ctx.shapes, ctx.heads = (q.shape, k.shape, v.shape), heads
+    keep = None
+    if dropout_p > 0:  # one mask per head of the scores q k^T, as the reference draws it; heads
+        # that only v adds share it
+        score_heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        keep = masks.keep_mask(generator, score_heads + (q.shape[-2], k.shape[-2]), dropout_p)
+        keep = np.broadcast_to(keep, heads + keep.shape[-2:]).reshape(-1, *keep.shape[-2:])
     q, k, v = (np.broadcast_to(a, heads + a.shape[-2:]).reshape(-1, *a.shape[-2:]) for a in (q, k, v))
-    return _attend(ctx, q, k, v, causal, dropout_p, generator).reshape(heads + (q.shape[1], v.shape[2]))
+    return _attend(ctx, q, k, v, causal, keep, dropout_p).reshape(heads + (q.shape[1], v.shape[2]))
 
 
 def scaled_dot_product_backward_cpu(ctx, grad):
@@ -87,7 +93,8 @@ def multi_head_forward_cpu(ctx, qkv, n_head, dropout_p, generator):
     ctx.heads_shape = (batch, time, 3, n_head, width3 // (3 * n_head))
     # (3, batch * head, time, head width): one copy, which each head reads contiguously
     q, k, v = qkv.reshape(ctx.heads_shape).transpose(2, 0, 3, 1, 4).reshape(3, batch * n_head, time, -1)
-    y = _attend(ctx, q, k, v, True, dropout_p, generator)
+    keep = masks.keep_mask(generator, (batch * n_head, time, time), dropout_p) if dropout_p > 0 else None
+    y = _attend(ctx, q, k, v, True, keep, dropout_p)
     return y.reshape(batch, n_head, time, -1).transpose(0, 2, 1, 3).reshape(batch, time, width3 // 3)
 
 
