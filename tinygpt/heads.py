@@ -16,16 +16,14 @@ import autograd as ag
 from autograd import functional as F
 from autograd import nn
 
-from .tasks import IGNORE, SPECIAL_TOKENS
+from .tasks import IGNORE, SpecialTokens
 
 
 def resize(transformer, tokenizer):
     """Add the tokenizer's extra tokens (the paper's _start_, _delimiter_, _classify_) to a GPT
     whose vocabulary is smaller, as when fine-tuning a pre-trained GPT-1. Returns how many rows
     were added (0 when the model already has them all)."""
-    missing = [name for name in SPECIAL_TOKENS if name not in tokenizer.special_tokens]
-    if missing:
-        raise ValueError(f"the tokenizer has no special tokens {missing}; fine-tuning needs {list(SPECIAL_TOKENS)}")
+    SpecialTokens.of(tokenizer)  # a ValueError if the tokenizer lacks any of them
     added = tokenizer.vocab_size - transformer.config.vocab_size
     if added > 0:
         transformer.resize_token_embeddings(tokenizer.vocab_size)

@@ -18,14 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autograd.functional import IGNORE_INDEX
+
+from .tokenizer import SPECIAL_TOKENS
+
 KINDS = {  # kind -> the fields its examples hold besides the label
     "classification": ("text",),
     "entailment": ("premise", "hypothesis"),
     "similarity": ("text_a", "text_b"),
     "multiple_choice": ("context", "choices"),
 }
-SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
-IGNORE = -100  # an LM target that adds nothing to the loss (F.cross_entropy's ignore_index)
+IGNORE = IGNORE_INDEX  # an LM target that adds nothing to the loss (F.cross_entropy's ignore_index)
 
 
 def kind_of(example):

@@ -21,13 +21,11 @@ from pathlib import Path
 
 import regex
 
+from .base import SPECIAL_TOKENS, Tokenizer, ids_after
 from .merges import apply_merges, replace_pair
 from .text import GPT1Normalizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-DEFAULT_SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
-MERGES_HEADER = "#version: 0.2"
-CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
 NORMALIZERS = {"gpt1": GPT1Normalizer}
 CONFIG_FILE = "tokenizer_config.json"  # written only when there is a normalizer
 
@@ -189,40 +187,28 @@ def _special_token_regex(special_tokens):
     return regex.compile("(" + "|".join(regex.escape(name) for name in names) + ")")
 
 
-class BPETokenizer:
+class BPETokenizer(Tokenizer):
     """A byte-level BPE tokenizer: ids 0.. for ordinary tokens, then the special tokens."""
 
     def __init__(self, vocab, merges, special_tokens=None, pattern=GPT2_PATTERN, normalizer=None):
         """vocab: {token string: id} for ordinary tokens, in the byte-to-unicode alphabet.
         merges: [(left, right)] token strings in rank order. special_tokens: {name: id}.
-        Together the ids must be exactly 0 .. vocab_size - 1 (load() checks files for this).
+        Together the ids must be exactly 0 .. vocab_size - 1 (a ValueError says when not).
         normalizer: None, or "gpt1" to prepare text as GPT-1 did before splitting it.
         """
+        super().__init__(vocab, merges, special_tokens or {})
         self.normalizer = normalizer
         self._normalize = make_normalizer(normalizer)
-        special_tokens = dict(special_tokens or {})
-        clashes = sorted(set(special_tokens) & set(vocab))
-        if clashes:
-            raise ValueError(f"special tokens {clashes} are also ordinary tokens")
-        self._token_to_id = dict(vocab)
-        self._special_tokens = special_tokens
-        self._merges = [tuple(pair) for pair in merges]
-        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
         self.pattern = pattern
         self._split_regex = regex.compile(pattern)
-        self._special_regex = _special_token_regex(special_tokens)
-        self._id_to_token = [None] * (len(vocab) + len(special_tokens))
-        self._id_to_bytes = [None] * len(self._id_to_token)
-        for token, token_id in self._token_to_id.items():
-            self._id_to_token[token_id] = token
-            self._id_to_bytes[token_id] = token_to_bytes(token)
-        for name, token_id in special_tokens.items():
-            self._id_to_token[token_id] = name
-            self._id_to_bytes[token_id] = name.encode("utf-8")
-        self._cache = {}
+        self._special_regex = _special_token_regex(self._special_tokens)
+        self._id_to_bytes = [  # what decode writes for each id; a special token writes its name
+            token.encode("utf-8") if token in self._special_tokens else token_to_bytes(token)
+            for token in self._id_to_token
+        ]
 
     @classmethod
-    def train(cls, texts, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN, normalizer=None):
+    def train(cls, texts, vocab_size, special_tokens=SPECIAL_TOKENS, pattern=GPT2_PATTERN, normalizer=None):
         """Learn a vocabulary of `vocab_size` ids from an iterable of strings.
 
         Ids 0-255 are the bytes, then one id per merge in the order learned, then the special
@@ -246,11 +232,10 @@ class BPETokenizer:
         vocab = {char: byte for byte, char in enumerate(BYTE_TO_CHAR)}
         for left, right in merges:
             vocab[left + right] = len(vocab)
-        specials = {name: len(vocab) + i for i, name in enumerate(special_tokens)}
-        return cls(vocab, merges, specials, pattern, normalizer)
+        return cls(vocab, merges, ids_after(vocab, special_tokens), pattern, normalizer)
 
     @classmethod
-    def train_files(cls, paths, vocab_size, special_tokens=DEFAULT_SPECIAL_TOKENS, pattern=GPT2_PATTERN,
+    def train_files(cls, paths, vocab_size, special_tokens=SPECIAL_TOKENS, pattern=GPT2_PATTERN,
                     errors="strict", normalizer=None):
         """train() on files: paths may be files, folders (all *.txt below) and globs.
 
@@ -259,31 +244,6 @@ class BPETokenizer:
         files = find_text_files(paths)
         return cls.train((read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern,
                          normalizer)
-
-    # -- looking things up ---------------------------------------------------------------------
-
-    @property
-    def vocab_size(self):
-        return len(self._id_to_token)
-
-    @property
-    def special_tokens(self):
-        """{name: id} of the special tokens."""
-        return dict(self._special_tokens)
-
-    @property
-    def merges(self):
-        """[(left, right)] in rank order."""
-        return list(self._merges)
-
-    def token_to_id(self, token):
-        """Id of an ordinary token (byte-to-unicode alphabet) or of a special token's name."""
-        if token in self._special_tokens:
-            return self._special_tokens[token]
-        return self._token_to_id[token]
-
-    def id_to_token(self, token_id):
-        return self._id_to_token[token_id]
 
     # -- encoding and decoding -----------------------------------------------------------------
 
@@ -300,33 +260,17 @@ class BPETokenizer:
                 continue
             if self._normalize:
                 piece = self._normalize(piece)
-            for word in self._split_regex.findall(piece):
-                word_ids = self._cache.get(word)
-                if word_ids is None:
-                    word_ids = self._encode_word(word)
-                ids += word_ids
+            ids += self._encode_words(self._split_regex.findall(piece))
         return ids
 
     def _encode_word(self, word):
-        """One pre-tokenized word -> ids, remembered in the cache."""
+        """One pre-tokenized word -> ids: its UTF-8 bytes, merged."""
         symbols = tuple(bytes_to_token(word.encode("utf-8")))
-        word_ids = [self._token_to_id[piece] for piece in apply_merges(symbols, self._ranks)]
-        if len(self._cache) >= CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[word] = word_ids
-        return word_ids
-
-    def encode_batch(self, texts):
-        return [self.encode(text) for text in texts]
+        return [self._token_to_id[piece] for piece in apply_merges(symbols, self._ranks)]
 
     def decode(self, ids, errors="replace"):
         """Ids -> text. A cut through a multi-byte character decodes as U+FFFD (errors="replace")."""
-        chunks = []
-        for token_id in ids:
-            if not 0 <= token_id < len(self._id_to_bytes):
-                raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
-            chunks.append(self._id_to_bytes[token_id])
-        return b"".join(chunks).decode("utf-8", errors)
+        return b"".join(self._look_up(self._id_to_bytes, ids)).decode("utf-8", errors)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -337,8 +281,7 @@ class BPETokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         vocab = {token: token_id for token_id, token in enumerate(self._id_to_token)}
         (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        lines = [MERGES_HEADER] + [f"{left} {right}" for left, right in self._merges]
-        (directory / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self._write_merges(directory / "merges.txt")
         (directory / "special_tokens.json").write_text(json.dumps(self._special_tokens, indent=1), encoding="utf-8")
         if self.normalizer:
             (directory / CONFIG_FILE).write_text(json.dumps({"normalizer": self.normalizer}), encoding="utf-8")

@@ -12,13 +12,12 @@ The default `pretokenizer="builtin"` needs neither ftfy nor spaCy (see text.py);
 import json
 from pathlib import Path
 
+from .base import SPECIAL_TOKENS, Tokenizer, ids_after
 from .merges import apply_merges
 from .text import EnglishWordSplitter, fix_text, text_standardize
 
 UNKNOWN_ID = 0
-SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 WORD_END = "</w>"
-CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
 
 
 def read_encoder(path):
@@ -72,7 +71,7 @@ def _spacy_pipeline():
     return ftfy.fix_text, lambda text: [token.text for token in spacy_tokenizer(text)]
 
 
-class GPT1Tokenizer:
+class GPT1Tokenizer(Tokenizer):
     """Text <-> ids with GPT-1's vocabulary, exactly as the original encoder produced them."""
 
     def __init__(self, encoder, merges, pretokenizer="builtin"):
@@ -85,14 +84,7 @@ class GPT1Tokenizer:
         else:
             raise ValueError(f"pretokenizer must be 'builtin' or 'spacy', got {pretokenizer!r}")
         self.pretokenizer = pretokenizer
-        self._encoder = dict(encoder)
-        self._merges = [tuple(pair) for pair in merges]
-        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
-        self._special_tokens = {name: len(encoder) + i for i, name in enumerate(SPECIAL_TOKENS)}
-        self._id_to_token = [None] * (len(encoder) + len(SPECIAL_TOKENS))
-        for piece, token_id in [*encoder.items(), *self._special_tokens.items()]:
-            self._id_to_token[token_id] = piece
-        self._cache = {}
+        super().__init__(encoder, merges, ids_after(encoder, SPECIAL_TOKENS))
 
     @classmethod
     def from_files(cls, encoder_json, merges_bpe, pretokenizer="builtin"):
@@ -111,30 +103,8 @@ class GPT1Tokenizer:
         """Write the two files of the original release into `directory` (from_files reads them)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / self.FILES[0]).write_text(json.dumps(self._encoder), encoding="utf-8")
-        merges = "".join(f"{left} {right}\n" for left, right in self._merges)
-        (directory / self.FILES[1]).write_text("#version: 0.2\n" + merges, encoding="utf-8")
-
-    # -- looking things up ---------------------------------------------------------------------
-
-    @property
-    def vocab_size(self):
-        """BPE pieces plus the three special tokens (40,481 for GPT-1's files)."""
-        return len(self._id_to_token)
-
-    @property
-    def special_tokens(self):
-        """{name: id}: `_start_`, `_delimiter_`, `_classify_` right after the BPE pieces."""
-        return dict(self._special_tokens)
-
-    def token_to_id(self, token):
-        """Id of a piece ('the</w>') or of a special token's name (KeyError for anything else)."""
-        if token in self._special_tokens:
-            return self._special_tokens[token]
-        return self._encoder[token]
-
-    def id_to_token(self, token_id):
-        return self._id_to_token[token_id]
+        (directory / self.FILES[0]).write_text(json.dumps(self._token_to_id), encoding="utf-8")
+        self._write_merges(directory / self.FILES[1])
 
     # -- encoding and decoding -----------------------------------------------------------------
 
@@ -144,36 +114,18 @@ class GPT1Tokenizer:
 
     def encode(self, text):
         """Text -> ids (special tokens are not parsed out of text; add their ids yourself)."""
-        ids = []
-        for word in self.words(text):
-            word_ids = self._cache.get(word)
-            if word_ids is None:
-                word_ids = self._encode_word(word)
-            ids += word_ids
-        return ids
-
-    def encode_batch(self, texts):
-        return [self.encode(text) for text in texts]
+        return self._encode_words(self.words(text))
 
     def _encode_word(self, word):
-        """BPE of one word, `</w>` on its last symbol; remembered in the cache."""
+        """BPE of one word, `</w>` on its last symbol."""
         pieces = apply_merges((*word[:-1], word[-1] + WORD_END), self._ranks)
         # The original joined the pieces with spaces and split them again; spaCy's newline token
         # "\n " comes out as "\n  </w>" that way, which it mapped to the piece "\n</w>".
         joined = " ".join(pieces)
         if joined == "\n  </w>":
             joined = "\n</w>"
-        word_ids = [self._encoder.get(piece, UNKNOWN_ID) for piece in joined.split(" ")]
-        if len(self._cache) >= CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[word] = word_ids
-        return word_ids
+        return [self._token_to_id.get(piece, UNKNOWN_ID) for piece in joined.split(" ")]
 
     def decode(self, ids):
         """Ids -> text: the pieces joined, each `</w>` a space (lower case, spaced punctuation)."""
-        pieces = []
-        for token_id in ids:
-            if not 0 <= token_id < len(self._id_to_token):
-                raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
-            pieces.append(self._id_to_token[token_id])
-        return "".join(pieces).replace(WORD_END, " ").strip()
+        return "".join(self._look_up(self._id_to_token, ids)).replace(WORD_END, " ").strip()

@@ -1,0 +1,107 @@
+"""What both tokenizers share: the vocabulary, the special tokens, the merges and the word cache.
+
+A tokenizer here maps ordinary tokens (BPE pieces, spelled as its files spell them) and special
+tokens (task markers such as `_start_`, looked up by name) to ids 0 .. vocab_size - 1. Encoding
+cuts text into words and runs BPE on each word; a subclass says how words are cut and merged
+(`encode`, `_encode_word`) and how ids become text again (`decode`). Since a text repeats the
+same words over and over, each word's ids are worked out once and then remembered.
+"""
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
+CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
+MERGES_HEADER = "#version: 0.2"  # the first line of a merges file
+
+
+def ids_after(vocab, names):
+    """{name: id} giving the special tokens `names` the ids right after the ordinary `vocab`."""
+    return {name: len(vocab) + i for i, name in enumerate(names)}
+
+
+class Tokenizer:
+    """A BPE vocabulary with special tokens; subclasses add how text is cut, merged and decoded."""
+
+    def __init__(self, vocab, merges, special_tokens):
+        """vocab: {token: id} for ordinary tokens. merges: [(left, right)] in rank order.
+        special_tokens: {name: id}. Together the ids must be exactly 0 .. vocab_size - 1."""
+        clashes = sorted(set(special_tokens) & set(vocab))
+        if clashes:
+            raise ValueError(f"special tokens {clashes} are also ordinary tokens")
+        self._token_to_id = dict(vocab)
+        self._special_tokens = dict(special_tokens)
+        self._merges = [tuple(pair) for pair in merges]
+        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
+        ids = sorted([*self._token_to_id.values(), *self._special_tokens.values()])
+        if ids != list(range(len(ids))):
+            raise ValueError(f"the token ids (ordinary and special) must be 0 .. {len(ids) - 1}, each once")
+        self._id_to_token = [None] * len(ids)
+        for token, token_id in [*self._token_to_id.items(), *self._special_tokens.items()]:
+            self._id_to_token[token_id] = token
+        self._cache = {}  # word -> its ids
+
+    # -- looking things up ---------------------------------------------------------------------
+
+    @property
+    def vocab_size(self):
+        """Ordinary tokens plus special tokens (40,481 for GPT-1's files)."""
+        return len(self._id_to_token)
+
+    @property
+    def special_tokens(self):
+        """{name: id} of the special tokens."""
+        return dict(self._special_tokens)
+
+    @property
+    def merges(self):
+        """[(left, right)] in rank order."""
+        return list(self._merges)
+
+    def token_to_id(self, token):
+        """Id of an ordinary token ('Ġthe' in byte-level BPE, 'the</w>' in GPT-1's) or of a
+        special token's name; KeyError for anything else."""
+        if token in self._special_tokens:
+            return self._special_tokens[token]
+        return self._token_to_id[token]
+
+    def id_to_token(self, token_id):
+        return self._id_to_token[token_id]
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+    def _encode_words(self, words):
+        """The ids of pre-tokenized words, one after the other; each new word goes through
+        _encode_word once and is then taken from the cache."""
+        ids = []
+        cache = self._cache
+        for word in words:
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = self._encode_word(word)
+                if len(cache) >= CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = word_ids
+            ids += word_ids
+        return ids
+
+    def _encode_word(self, word):
+        """One pre-tokenized word -> its ids (the BPE each subclass does its own way)."""
+        raise NotImplementedError
+
+    def _look_up(self, table, ids):
+        """[table[id] for id in ids], where table has one entry per id; an id outside the
+        vocabulary raises a ValueError (a negative one would otherwise index from the end)."""
+        entries = []
+        for token_id in ids:
+            if not 0 <= token_id < len(table):
+                raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+            entries.append(table[token_id])
+        return entries
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def _write_merges(self, path):
+        """Write the merges as `merges.txt` / `vocab_40000.bpe` hold them: a version line, then
+        one 'left right' a line."""
+        lines = [MERGES_HEADER] + [f"{left} {right}" for left, right in self._merges]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
