@@ -1,7 +1,9 @@
-"""What the command-line modules share: argument types that say what they expect, and opening a run."""
+"""What the command-line modules share: argument types that say what they expect, the arguments that
+name a run and a device, the subcommands of train.evaluate, opening a run and writing results."""
 import argparse
 import json
 import math
+import os
 
 from autograd import backend
 
@@ -35,6 +37,34 @@ temperature = argument_type(float, lambda t: 0 <= t < math.inf, "a finite number
 probability = argument_type(float, lambda p: 0 < p <= 1, "a number in (0, 1]")
 
 
+def add_run_argument(parser):
+    """--run, the run whose model a command loads (see open_run)."""
+    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+
+
+def add_device_argument(parser):
+    """--device, where the model runs (see open_run)."""
+    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+
+
+def add_command(commands, name, run_command, **parser_options):
+    """A subcommand of python -m train.evaluate: its parser, which starts with --run and, when the
+    command line names it, calls run_command(parser, args). The caller adds the other arguments."""
+    parser = commands.add_parser(name, **parser_options)
+    add_run_argument(parser)
+    parser.set_defaults(handler=lambda args: run_command(parser, args))
+    return parser
+
+
+def add_figure_arguments(parser, batch_size, batched):
+    """The arguments that close a command which runs a model over data and reports figures:
+    --batch-size (`batch_size` of what is `batched` per forward pass), --device and --json."""
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
+                        help=f"{batched} per forward pass ({batch_size})")
+    add_device_argument(parser)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
+
+
 def open_run(parser, run, device):
     """(model, tokenizer) of a run on a device; a problem with either is a usage error naming it."""
     try:
@@ -45,6 +75,12 @@ def open_run(parser, run, device):
         return load_run(run, device)
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
+
+
+def check_json_folder(parser, args):
+    """A usage error before any work where --json could not be written: its folder is missing."""
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json: the folder of {args.json} does not exist")
 
 
 def write_results(args, results):

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from autograd.functional import IGNORE_INDEX
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 
 
@@ -127,3 +128,18 @@ def unigram_perplexity(train_ids, val_ids, vocab_size):
     log_probs = np.log(counts / counts.sum())
     return float(np.exp(-log_probs[np.asarray(val_ids)].mean()))
 
+
+def next_token_batch(rows):
+    """(inputs, targets) of rows of (token ids, n), padded at the end to one width: a row's inputs
+    are its ids but the last and its targets the ids after them, of which only the last n count;
+    the others, and the padding, are IGNORE_INDEX, which cross_entropy leaves out. A row with n = 0
+    is all padding. Zero-shot scores a continuation, its last n tokens; perplexity scores every
+    token of a window but the first, n = len(ids) - 1."""
+    width = max(max(len(ids) for ids, _ in rows) - 1, 1)
+    inputs = np.zeros((len(rows), width), dtype=np.int64)
+    targets = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)
+    for row, (ids, n) in enumerate(rows):
+        if n > 0:
+            inputs[row, :len(ids) - 1] = ids[:-1]
+            targets[row, len(ids) - 1 - n:len(ids) - 1] = ids[-n:]
+    return inputs, targets

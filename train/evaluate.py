@@ -5,25 +5,23 @@
     attention    heatmaps of the attention weights of a layer (train/inspection.py)
     summary      parameters and FLOPs per token by layer (train/inspection.py)
 
-Each command is an argparse subparser that registers its own handler (see
-add_perplexity_command); a new one is a function like it, called in build_parser.
+Each command is an argparse subparser made by train.cli.add_command, which starts it with --run
+and registers its handler (see add_perplexity_command); a new one is a function like it, called in
+build_parser.
 """
 import argparse
 import math
-import os
 import sys
 
-import numpy as np
-
 from autograd import functional as F
+from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 
-from .cli import open_run, positive_int, write_results
+from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .inspection import add_attention_command, add_summary_command
+from .data import next_token_batch
 from .zeroshot import add_zeroshot_command
-
-IGNORE = -100  # the target of padding: cross_entropy leaves it out
 
 
 def read_tokens(paths, tokenizer, max_tokens=None):
@@ -69,24 +67,19 @@ def negative_log_likelihood(model, ids, batch_size, progress=False):
     with no_grad():
         for start in range(0, len(chunks), batch_size):
             batch = chunks[start:start + batch_size]
-            width = max(len(chunk) for chunk in batch) - 1
-            inputs = np.zeros((len(batch), width), dtype=np.int64)
-            targets = np.full((len(batch), width), IGNORE, dtype=np.int64)
-            for row, chunk in enumerate(batch):
-                inputs[row, :len(chunk) - 1] = chunk[:-1]
-                targets[row, :len(chunk) - 1] = chunk[1:]
-            loss = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE, reduction="sum")
+            inputs, targets = next_token_batch([(chunk, len(chunk) - 1) for chunk in batch])  # every target
+            loss = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="sum")
             total += float(loss.item())
             if progress:
-                print(f"\r{min(start + batch_size, len(chunks))}/{len(chunks)} windows", end="", file=sys.stderr)
+                done = min(start + batch_size, len(chunks))
+                print(f"\r{done}/{len(chunks)} windows", end="", file=sys.stderr)
     if progress:
         print(file=sys.stderr)
     return total
 
 
 def perplexity_command(parser, args):
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json: the folder of {args.json} does not exist")
+    check_json_folder(parser, args)
     model, tokenizer = open_run(parser, args.run, args.device)
     try:
         ids, n_bytes = read_tokens(args.data, tokenizer, args.max_tokens)
@@ -107,19 +100,16 @@ def perplexity_command(parser, args):
 
 
 def add_perplexity_command(commands):
-    parser = commands.add_parser(
-        "perplexity", help="token perplexity and bits per byte on text files",
-        description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first predicted "
-                    "once), and bits per byte (the negative log-likelihood in bits over the UTF-8 bytes of the "
-                    "text), which compares models with different tokenizers.")
-    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    parser = add_command(
+        commands, "perplexity", perplexity_command, help="token perplexity and bits per byte on text files",
+        description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first "
+                    "predicted once), and bits per byte (the negative log-likelihood in bits over the UTF-8 "
+                    "bytes of the text), which compares models with different tokenizers.")
     parser.add_argument("--data", required=True, nargs="+", metavar="FILE",
                         help="text files (UTF-8), folders of *.txt, or glob patterns")
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass (8)")
-    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
-    parser.add_argument("--max-tokens", type=positive_int, help="evaluate only the first N tokens (for speed)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
-    parser.set_defaults(handler=lambda args: perplexity_command(parser, args))
+    parser.add_argument("--max-tokens", type=positive_int,
+                        help="evaluate only the first N tokens (for speed)")
+    add_figure_arguments(parser, batch_size=8, batched="windows")
 
 
 def build_parser():

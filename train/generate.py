@@ -8,21 +8,24 @@ import argparse
 
 from tinygpt.generation import generate
 
-from .cli import non_negative_int, open_run, positive_int, probability, temperature
+from .cli import (add_device_argument, add_run_argument, non_negative_int, open_run, positive_int,
+                  probability, temperature)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m train.generate", description=__doc__.split("\n")[0])
-    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
+    add_run_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    parser.add_argument("--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate (100)")
+    parser.add_argument("--max-new-tokens", type=non_negative_int, default=100,
+                        help="tokens to generate (100)")
     parser.add_argument("--temperature", type=temperature, default=1.0,
                         help="divides the logits; 0 always takes the most likely token (1.0)")
     parser.add_argument("--top-k", type=positive_int, help="sample only among the k most likely tokens")
     parser.add_argument("--top-p", type=probability,
-                        help="sample only among the smallest set of most likely tokens whose probability reaches p")
+                        help="sample only among the smallest set of most likely tokens whose probability "
+                             "reaches p")
     parser.add_argument("--seed", type=int, help="fixes the sampling, so the same seed gives the same text")
-    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    add_device_argument(parser)
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token (slower; the same tokens)")
     return parser

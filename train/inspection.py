@@ -11,7 +11,7 @@ import numpy as np
 from autograd import backend
 from autograd.tensor import no_grad
 
-from .cli import non_negative_int, open_run, positive_int
+from .cli import add_command, add_device_argument, non_negative_int, open_run, positive_int
 
 PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot]'"
 
@@ -95,16 +95,15 @@ def attention_command(parser, args):
 
 
 def add_attention_command(commands):
-    parser = commands.add_parser(
-        "attention", help="heatmaps of the attention weights of every head of a layer",
+    parser = add_command(
+        commands, "attention", attention_command,
+        help="heatmaps of the attention weights of every head of a layer",
         description="Draw the attention weights of every head of one layer over the tokens of a text "
                     "(rows attend to columns; the causal mask leaves the upper triangle empty).")
-    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
     parser.add_argument("--text", required=True, help="the text to run through the model")
     parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
     parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
-    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
-    parser.set_defaults(handler=lambda args: attention_command(parser, args))
+    add_device_argument(parser)
 
 
 # ----- summary ---------------------------------------------------------------------------------
@@ -147,11 +146,9 @@ def summary_command(parser, args):
 
 
 def add_summary_command(commands):
-    parser = commands.add_parser(
-        "summary", help="parameters and FLOPs per token, layer by layer",
+    parser = add_command(
+        commands, "summary", summary_command, help="parameters and FLOPs per token, layer by layer",
         description="A table of each layer's parameters and forward FLOPs per token: 2 per weight of each "
                     "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.")
-    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
     parser.add_argument("--context", type=positive_int, metavar="T",
                         help="the context length at which attention is counted (default: n_ctx)")
-    parser.set_defaults(handler=lambda args: summary_command(parser, args))

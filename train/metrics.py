@@ -11,7 +11,8 @@ import numpy as np
 def _pair(predictions, labels):
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     if predictions.shape != labels.shape or predictions.ndim != 1:
-        raise ValueError(f"predictions {predictions.shape} and labels {labels.shape} must be two vectors of one length")
+        raise ValueError(f"predictions {predictions.shape} and labels {labels.shape} "
+                         "must be two vectors of one length")
     if not len(labels):
         raise ValueError("no examples to measure")
     return predictions, labels

@@ -12,17 +12,17 @@ A language model that was never fine-tuned answers a task through its next-token
 The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
 """
 import argparse
-import os
 
 import numpy as np
 
 from autograd import functional as F
+from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
 
 from . import glue, metrics
-from .cli import open_run, positive_int, write_results
+from .data import next_token_batch
+from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 
-IGNORE = -100  # a target cross_entropy leaves out
 TASKS = ("sst2", "cola", "rocstories", "jsonl")
 
 
@@ -38,14 +38,8 @@ def continuation_log_probs(model, pairs, batch_size=16):
         for context, continuation in pairs[start:start + batch_size]:
             ids = (context + continuation)[-(n_ctx + 1):]
             rows.append((ids, max(min(len(continuation), len(ids) - 1), 0)))
-        width = max(max(len(ids) for ids, _ in rows) - 1, 1)
-        inputs = np.zeros((len(rows), width), dtype=np.int64)
-        targets = np.full((len(rows), width), IGNORE, dtype=np.int64)
-        for row, (ids, n) in enumerate(rows):
-            if n > 0:
-                inputs[row, :len(ids) - 1] = ids[:-1]
-                targets[row, len(ids) - 1 - n:len(ids) - 1] = ids[-n:]
-        nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE, reduction="none").numpy()
+        inputs, targets = next_token_batch(rows)
+        nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="none").numpy()
         totals[start:start + len(rows)] = -nll.sum(axis=-1)
         counts[start:start + len(rows)] = [n for _, n in rows]
     return totals, counts
@@ -55,7 +49,8 @@ def sst2_predictions(model, tokenizer, examples, batch_size):
     """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0."""
     words = [tokenizer.encode(" positive"), tokenizer.encode(" negative")]
     contexts = [tokenizer.encode(example["text"] + " very") for example in examples]
-    positive, negative = (continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0] for word in words)
+    positive, negative = (continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0]
+                          for word in words)
     return (positive > negative).astype(np.int64)
 
 
@@ -86,8 +81,7 @@ def choice_predictions(model, tokenizer, examples, batch_size):
 def zeroshot_command(parser, args):
     if args.threshold is not None and args.task != "cola":
         parser.error("--threshold is for --task cola")
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json: the folder of {args.json} does not exist")
+    check_json_folder(parser, args)
     try:
         dataset = glue.read(args.task, args.data)
     except (OSError, ValueError) as error:
@@ -123,16 +117,15 @@ def zeroshot_command(parser, args):
 
 
 def add_zeroshot_command(commands):
-    parser = commands.add_parser(
-        "zeroshot", help="the paper's zero-shot heuristics on a labelled file",
-        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="a run folder or one checkpoint folder in it")
-    parser.add_argument("--task", required=True, choices=TASKS, help="the heuristic, and the layout of --data")
+    parser = add_command(commands, "zeroshot", zeroshot_command,
+                         help="the paper's zero-shot heuristics on a labelled file",
+                         description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, choices=TASKS,
+                        help="the heuristic, and the layout of --data")
     parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
-    parser.add_argument("--threshold", type=float, help="cola: the mean log-probability above which a sentence "
-                                                       "is acceptable (default: the best for --data)")
+    parser.add_argument("--threshold", type=float,
+                        help="cola: the mean log-probability above which a sentence is acceptable "
+                             "(default: the best for --data)")
     parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N examples")
-    parser.add_argument("--batch-size", type=positive_int, default=16, help="sequences per forward pass (16)")
-    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
-    parser.set_defaults(handler=lambda args: zeroshot_command(parser, args))
+    add_figure_arguments(parser, batch_size=16, batched="sequences")
