@@ -1,7 +1,9 @@
 """autograd.parallel: work cut into pieces and shared out among threads."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from autograd import parallel
 
@@ -64,14 +66,30 @@ def test_pieces_that_run_pieces_do_them_in_place(threads):
     np.testing.assert_array_equal(total, 2)
 
 
-def test_matrix_products_in_pieces_restore_blas_threads(threads):
+def blas_threads():
+    """The thread count of each BLAS library loaded, as threadpoolctl reads it from the library."""
+    return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+
+
+def test_matrix_products_in_pieces_run_with_blas_at_one_thread_then_restore_it(threads):
     if parallel._blas is None:
-        pytest.skip("numpy's BLAS is not an OpenBLAS this module can set")
-    get, _ = parallel._blas
-    before = get()
-    a = np.ones((64, 64))
-    parallel.run(lambda piece: a[piece] @ a, parallel.split(64), multiplies=True)
-    assert get() == before
+        pytest.skip("threadpoolctl finds no BLAS it can set")
+    a, inside = np.ones((64, 64)), []
+
+    def multiply(rows):
+        inside.append(blas_threads())
+        a[rows] @ a
+
+    def fail(piece):
+        raise ValueError("a failing product")
+
+    with threadpool_limits(limits=2, user_api="blas"):  # more than one, whatever the environment says
+        parallel.run(multiply, parallel.split(64), multiplies=True)
+        assert len(inside) == 3 and all(set(seen) == {1} for seen in inside)
+        assert set(blas_threads()) == {2}
+        with pytest.raises(ValueError, match="a failing product"):
+            parallel.run(fail, list(range(3)), multiplies=True)
+        assert set(blas_threads()) == {2}
 
 
 def test_thread_count_must_be_positive():
