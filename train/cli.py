@@ -1,5 +1,6 @@
 """What the command-line modules share: argument types that say what they expect, the arguments that
 name a run and a device, the subcommands of train.evaluate, opening a run and writing results."""
+
 import argparse
 import json
 import math
@@ -17,9 +18,19 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default in (None, False) else super()._get_help_string(action)
 
 
+def grouped_parser(prog, description, groups):
+    """An ArgumentParser whose --help lists the arguments under titles: `groups` maps each title
+    to a function that adds its arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
+    for title, add_arguments in groups.items():
+        add_arguments(parser.add_argument_group(title))
+    return parser
+
+
 def argument_type(convert, holds, requirement):
     """An argparse type: `convert` the text, then check that `holds(value)`; a failure is a usage
     error that says what the argument must be."""
+
     def parse(text):
         try:
             value = convert(text)
@@ -28,6 +39,7 @@ def argument_type(convert, holds, requirement):
         if value is None or not holds(value):
             raise argparse.ArgumentTypeError(f"must be {requirement}, got {text!r}")
         return value
+
     return parse
 
 
@@ -59,8 +71,12 @@ def add_command(commands, name, run_command, **parser_options):
 def add_figure_arguments(parser, batch_size, batched):
     """The arguments that close a command which runs a model over data and reports figures:
     --batch-size (`batch_size` of what is `batched` per forward pass), --device and --json."""
-    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
-                        help=f"{batched} per forward pass ({batch_size})")
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=batch_size,
+        help=f"{batched} per forward pass ({batch_size})",
+    )
     add_device_argument(parser)
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
 

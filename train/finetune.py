@@ -11,7 +11,7 @@ The run folder: config.json, tokenizer/, labels.json (the label names in id orde
 best/ (the best epoch's weights), metrics.jsonl, results.json, loss.png and, with --test,
 predictions.tsv.
 """
-import argparse
+
 import json
 import math
 import os
@@ -28,63 +28,97 @@ from tinygpt.tasks import encode_examples
 
 from . import distributed, glue, loop
 from .checkpoint import read_weights, save_weights
-from .cli import Help, non_negative_int, positive_int
+from .cli import grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
-from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
+from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_config, read_metrics
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0],
-                                formatter_class=Help)
-    p.add_argument("--init-from", metavar="PATH",
-                   help="a pretraining run, one checkpoint in it, or an openai-gpt folder "
-                        "(config.json + model.safetensors)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a BPE tokenizer folder, for an openai-gpt --init-from")
-    p.add_argument("--gpt1-tokenizer", metavar="DIR", help="GPT-1's encoder_bpe_40000.json + vocab_40000.bpe, "
-                                                          "for an openai-gpt --init-from")
-    p.add_argument("--task", choices=glue.TASKS, help="the layout of the files (jsonl: your own, see train/glue.py)")
-    p.add_argument("--train", metavar="FILE", help="training examples")
-    p.add_argument("--dev", metavar="FILE", help="examples measured after every epoch")
-    p.add_argument("--test", metavar="FILE", help="examples to predict with the best epoch's weights (labelled)")
-    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
-    p.add_argument("--resume", metavar="PATH", help="continue a fine-tune (its folder, or one checkpoint in it)")
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="count and leave out malformed rows instead of stopping")
-    p.add_argument("--limit-train", type=positive_int, metavar="N", help="train on N examples drawn by --seed")
-    p.add_argument("--epochs", type=positive_int, default=3, help="passes over the training examples")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="examples per optimizer step")
-    p.add_argument("--lr", type=float, default=6.25e-5, help="peak learning rate")
-    p.add_argument("--warmup", type=float, default=0.002, help="share of the steps over which the rate rises")
-    p.add_argument("--lm-coef", type=float, default=0.5, help="lambda, the weight of the auxiliary LM loss (0: none)")
-    p.add_argument("--clf-dropout", type=float, default=0.1, help="dropout on the state the head reads")
-    p.add_argument("--l2", type=float, default=0.01, help="GPT-1's decoupled L2 on matrices")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off")
-    p.add_argument("--from-scratch", action="store_true", help="re-initialise every weight (no pre-training)")
-    p.add_argument("--transfer-layers", type=non_negative_int, metavar="K",
-                   help="keep the embeddings and the first K blocks, re-initialise the rest (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the head, re-initialised weights, data order, dropout")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--save-every", type=non_negative_int, default=500,
-                   help="steps between checkpoints besides those at each epoch's end (0: only those)")
-    p.add_argument("--keep-checkpoints", type=positive_int, default=2)
-    p.add_argument("--distributed", action="store_true",
-                   help="one rank of a data-parallel job started by mpirun (see the README)")
-    args = p.parse_args(argv)
+    groups = {
+        "the task": add_task_arguments,
+        "the pre-trained model": add_model_arguments,
+        "optimization": add_optimizer_arguments,
+        "the run": add_run_arguments,
+    }
+    parser = grouped_parser("python -m train.finetune", __doc__.split("\n\n")[0], groups)
+    args = parser.parse_args(argv)
     if not args.resume and any(getattr(args, name) is None for name in REQUIRED):
         missing = [f"--{name.replace('_', '-')}" for name in REQUIRED if getattr(args, name) is None]
-        p.error(f"{', '.join(missing)} required (or --resume a fine-tune)")
+        parser.error(f"{', '.join(missing)} required (or --resume a fine-tune)")
     if args.tokenizer and args.gpt1_tokenizer:
-        p.error("give --tokenizer or --gpt1-tokenizer, not both")
+        parser.error("give --tokenizer or --gpt1-tokenizer, not both")
     if args.from_scratch and args.transfer_layers is not None:
-        p.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
+        parser.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
     if not 0 <= args.warmup < 1:
-        p.error(f"--warmup is a share of the steps in [0, 1), got {args.warmup}")
+        parser.error(f"--warmup is a share of the steps in [0, 1), got {args.warmup}")
     if not 0 <= args.clf_dropout < 1:
-        p.error(f"--clf-dropout must lie in [0, 1), got {args.clf_dropout}")
-    return p, args
+        parser.error(f"--clf-dropout must lie in [0, 1), got {args.clf_dropout}")
+    return parser, args
+
+
+def add_task_arguments(group):
+    group.add_argument(
+        "--task", choices=glue.TASKS, help="the files' layout (jsonl: your own, see train/glue.py)"
+    )
+    group.add_argument("--train", metavar="FILE", help="training examples")
+    group.add_argument("--dev", metavar="FILE", help="examples measured after every epoch")
+    group.add_argument(
+        "--test", metavar="FILE", help="labelled examples to predict with the best epoch's weights"
+    )
+    group.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
+    group.add_argument(
+        "--limit-train", type=positive_int, metavar="N", help="train on N examples drawn by --seed"
+    )
+
+
+def add_model_arguments(group):
+    openai_gpt = "an openai-gpt folder (config.json + model.safetensors)"
+    group.add_argument(
+        "--init-from", metavar="PATH", help=f"a pretraining run, one checkpoint in it, or {openai_gpt}"
+    )
+    group.add_argument(
+        "--tokenizer", metavar="DIR", help="a BPE tokenizer folder, for an openai-gpt --init-from"
+    )
+    gpt1_files = "GPT-1's encoder_bpe_40000.json + vocab_40000.bpe"
+    group.add_argument("--gpt1-tokenizer", metavar="DIR", help=f"{gpt1_files}, for an openai-gpt --init-from")
+    group.add_argument(
+        "--from-scratch", action="store_true", help="re-initialise every weight (no pre-training)"
+    )
+    keep = "keep the embeddings and the first K blocks, re-initialise the rest (default: all)"
+    group.add_argument("--transfer-layers", type=non_negative_int, metavar="K", help=keep)
+    group.add_argument("--clf-dropout", type=float, default=0.1, help="dropout on the state the head reads")
+
+
+def add_optimizer_arguments(group):
+    group.add_argument("--epochs", type=positive_int, default=3, help="passes over the training examples")
+    group.add_argument("--batch-size", type=positive_int, default=32, help="examples per optimizer step")
+    group.add_argument("--lr", type=float, default=6.25e-5, help="peak learning rate")
+    group.add_argument(
+        "--warmup", type=float, default=0.002, help="share of the steps over which the rate rises"
+    )
+    group.add_argument(
+        "--lm-coef", type=float, default=0.5, help="lambda, the auxiliary LM loss's weight (0: none)"
+    )
+    group.add_argument("--l2", type=float, default=0.01, help="GPT-1's decoupled L2 on matrices")
+    group.add_argument(
+        "--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off"
+    )
+
+
+def add_run_arguments(group):
+    group.add_argument("--seed", type=int, default=0, help="fixes the head, new weights, data order, dropout")
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
+    group.add_argument(
+        "--resume", metavar="PATH", help="continue a fine-tune (its folder, or a checkpoint in it)"
+    )
+    save_every = "steps between checkpoints besides those at each epoch's end (0: only those)"
+    group.add_argument("--save-every", type=non_negative_int, default=500, help=save_every)
+    group.add_argument("--keep-checkpoints", type=positive_int, default=2)
+    group.add_argument("--distributed", action="store_true", help="a rank of an mpirun job (see the README)")
 
 
 def read_datasets(parser, args, labels=None):
@@ -109,7 +143,7 @@ def read_datasets(parser, args, labels=None):
         labels = datasets["train"].labels  # dev and test take the train set's label ids
     if args.limit_train and args.limit_train < len(datasets["train"].examples):
         examples = datasets["train"].examples
-        keep = np.sort(np.random.default_rng(args.seed).permutation(len(examples))[:args.limit_train])
+        keep = np.sort(np.random.default_rng(args.seed).permutation(len(examples))[: args.limit_train])
         datasets["train"].examples = [examples[i] for i in keep]
     return datasets
 
@@ -135,7 +169,11 @@ def start_model(parser, args, run_dir, dataset):
     run, else the run's own config and tokenizer (the weights then come from its checkpoint)."""
     if args.resume:
         config, _ = read_config(run_dir)
-        transformer, tokenizer, note = GPT(config), load_tokenizer(os.path.join(run_dir, "tokenizer")), "resumed"
+        transformer, tokenizer, note = (
+            GPT(config),
+            load_tokenizer(os.path.join(run_dir, "tokenizer")),
+            "resumed",
+        )
     else:
         try:
             transformer, tokenizer = load_pretrained(args.init_from, args.tokenizer, args.gpt1_tokenizer)
@@ -160,8 +198,10 @@ def build_task(parser, args, run_dir, labels, device, group):
     head.to(device).train()
     group.broadcast_parameters(head.parameters())
     cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
-    print(f"{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples (cut to fit n_ctx={n_ctx}: "
-          f"{cut}); {note}")
+    print(
+        f"{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples (cut to fit n_ctx={n_ctx}: "
+        f"{cut}); {note}"
+    )
     return datasets, encoded, head, tokenizer
 
 
@@ -170,7 +210,7 @@ def batch_of(step, steps_per_epoch, n_examples, args, group):
     epoch may be short, and a rank's slice empty."""
     epoch, position = divmod(step, steps_per_epoch)
     order = epoch_order(args.seed, epoch, n_examples)
-    batch = order[position * args.batch_size:(position + 1) * args.batch_size]
+    batch = order[position * args.batch_size : (position + 1) * args.batch_size]
     return batch, np.array_split(batch, group.size)[group.rank]
 
 
@@ -184,20 +224,26 @@ def forward_backward(head, train, mine, lm_coef):
     return [float(loss.item()) if loss is not None else 0.0 for loss in (task_loss, objective, lm_loss)]
 
 
-def log_step(run, step, losses, weight, progress, with_lm_loss, **fields):
+def log_step(run, args, step, losses, weight, lr, examples_per_s, progress):
     """Sum the ranks' weighted losses into the whole batch's, stop on a NaN or inf, and log them
-    with `fields` to metrics.jsonl and the progress bar; returns whether any rank saw a Ctrl-C."""
-    task_loss, objective, lm_loss, interrupted = run.group.sum([weight * loss for loss in losses]
-                                                               + [run.interrupt.requested])
+    to metrics.jsonl and the progress bar; returns whether any rank saw a Ctrl-C."""
+    sums = run.group.sum([weight * loss for loss in losses] + [run.interrupt.requested])
+    task_loss, objective, lm_loss, interrupted = (float(total) for total in sums)
     run.stop_if_diverged(objective, step)
     # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
-    record = {"step": step, "loss": float(task_loss), "objective": float(objective), **fields,
-              "elapsed": round(run.elapsed, 3)}
-    if with_lm_loss:
-        record["lm_loss"] = float(lm_loss)
+    record = {
+        "step": step,
+        "loss": task_loss,
+        "objective": objective,
+        "lr": lr,
+        "examples_per_s": examples_per_s,
+    }
+    record["elapsed"] = round(run.elapsed, 3)
+    if args.lm_coef != 0:
+        record["lm_loss"] = lm_loss
     if run.group.main:
         append_metrics(run.dir, record)
-    progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{fields['lr']:.2e}")
+    progress.set_postfix(loss=f"{task_loss:.3f}", lr=f"{lr:.2e}")
     return bool(interrupted)
 
 
@@ -213,8 +259,9 @@ def measure_dev(run, dev, names, results, step, epoch, batch_size):
         save_best(run.dir, run.model)
     results["best"] = max(results["epochs"], key=lambda e: e[main])  # the first of equals: the one saved
     write_results(run.dir, results)
-    return (f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, "
-            + ", ".join(f"{name} {figures[name]:.4f}" for name in names))
+    return f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, " + ", ".join(
+        f"{name} {figures[name]:.4f}" for name in names
+    )
 
 
 def save_best(run_dir, head):
@@ -245,7 +292,7 @@ def fine_tune(parser, args, group):
         args, run_dir, _ = loop.resumed_args(parser, args)
         labels = saved_labels(parser, args, run_dir)
     else:
-        run_dir, labels = args.out or os.path.join("runs", f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"), None
+        run_dir, labels = args.out or new_run_folder(args.task), None
     device = loop.start_job(parser, args, group)
 
     # data: the task's examples through the paper's input transformations; the head around the GPT
@@ -253,14 +300,16 @@ def fine_tune(parser, args, group):
     train = encoded["train"]
 
     # Adam, and its state from the checkpoint when resuming, else a new run folder
-    run = loop.Run(run_dir, group, head, Adam(head.parameters(), lr=args.lr, l2=args.l2), args.keep_checkpoints,
-                   "train.finetune")
-    start = run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets["train"])
-    print(f"run folder: {run_dir}\nmodel: {head.num_parameters():,} parameters on {device}{loop.ranks_note(group)}")
+    optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
+    run = loop.Run(run_dir, group, head, optimizer, args.keep_checkpoints, "train.finetune")
+    start = (
+        run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets["train"])
+    )
+    run.announce(head.transformer.config, device)
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    results = results_so_far(run_dir, args.task, datasets, encoded)
+    results, metric_names = results_so_far(run_dir, args.task, datasets, encoded), datasets["dev"].metrics
     with loop.progress_bar(total, start, f"finetune {args.task}", group) as progress:
         for step in range(start, total):
             began = time.perf_counter()
@@ -278,16 +327,17 @@ def fine_tune(parser, args, group):
             progress.update(1)
 
             done = step + 1
-            epoch_ends = done % steps_per_epoch == 0
+            epoch, steps_into_epoch = divmod(done, steps_per_epoch)
             # log every step: the whole batch's losses, summed over the ranks
-            interrupted = log_step(run, done, losses, weight, progress, with_lm_loss=args.lm_coef != 0, lr=lr,
-                                   examples_per_s=round(len(batch) / (time.perf_counter() - began), 1))
+            speed = round(len(batch) / (time.perf_counter() - began), 1)
+            interrupted = log_step(run, args, done, losses, weight, lr, speed, progress)
             # measure the dev set at the end of each epoch, keeping the best epoch's weights
-            if epoch_ends and group.main:
-                progress.write(measure_dev(run, encoded["dev"], datasets["dev"].metrics, results, done,
-                                           done // steps_per_epoch, args.batch_size))
+            if steps_into_epoch == 0 and group.main:
+                progress.write(
+                    measure_dev(run, encoded["dev"], metric_names, results, done, epoch, args.batch_size)
+                )
             # checkpoint at each epoch's end and every --save-every steps, and stop after one on Ctrl-C
-            if epoch_ends or (args.save_every and done % args.save_every == 0) or interrupted:
+            if steps_into_epoch == 0 or (args.save_every and done % args.save_every == 0) or interrupted:
                 checkpoint = run.save(done)
             if interrupted:
                 run.stop_interrupted(done, checkpoint, progress)
@@ -298,7 +348,7 @@ def fine_tune(parser, args, group):
 def begin(run, args, tokenizer, train_set):
     """Write a new fine-tune's folder: tokenizer, config.json and the label names. Returns 0."""
     has_labels = train_set.labels is not None
-    run.begin(run.model.transformer.config, tokenizer, {**loop.settings_of(args), "has_labels": has_labels})
+    run.begin(run.model.transformer.config, tokenizer, args, has_labels=has_labels)
     if has_labels and run.group.main:
         glue.save_labels(train_set.labels, os.path.join(run.dir, "labels.json"))
     return 0
@@ -310,17 +360,23 @@ def results_so_far(run_dir, task, datasets, encoded):
     dev_set = datasets["dev"]
     main = main_metric(dev_set)
     epochs = [m for m in read_metrics(run_dir) if "epoch" in m]
-    return {"task": task, "main_metric": main, "epochs": epochs,
-            "best": max(epochs, key=lambda e: e[main]) if epochs else None,
-            "n_cut": {split: data.n_cut for split, data in encoded.items()},
-            "skipped": {split: d.skipped for split, d in datasets.items()}}
+    return {
+        "task": task,
+        "main_metric": main,
+        "epochs": epochs,
+        "best": max(epochs, key=lambda e: e[main]) if epochs else None,
+        "n_cut": {split: data.n_cut for split, data in encoded.items()},
+        "skipped": {split: d.skipped for split, d in datasets.items()},
+    }
 
 
 def finish(run, args, datasets, encoded, results):
     """After the last step: the test set's figures (with the best epoch's weights), and the report."""
     names = datasets["dev"].metrics
     if "test" in encoded:
-        results["test"] = predict_test(run.dir, run.model, datasets["test"], encoded["test"], names, args.batch_size)
+        results["test"] = predict_test(
+            run.dir, run.model, datasets["test"], encoded["test"], names, args.batch_size
+        )
         write_results(run.dir, results)
     report(run.dir, results, names, run.elapsed)
 
@@ -335,21 +391,30 @@ def predict_test(run_dir, head, dataset, data, metric_names, batch_size):
 
 def report(run_dir, results, metric_names, elapsed):
     """The closing lines: dev figures per epoch, the best, cut and skipped examples, test, files."""
+
     def figures(record):
         return ", ".join(f"{name} {record[name]:.4f}" for name in metric_names)
 
     print(f"\nfine-tuned {results['task']} in {elapsed / 60:.1f} min of compute")
     for record in results["epochs"]:
         print(f"  epoch {record['epoch']}: dev {figures(record)}")
-    print(f"best dev (epoch {results['best']['epoch']}, by {results['main_metric']}): {figures(results['best'])}")
+    best = results["best"]
+    print(f"best dev (epoch {best['epoch']}, by {results['main_metric']}): {figures(best)}")
     print("examples cut to fit n_ctx: " + ", ".join(f"{split} {n}" for split, n in results["n_cut"].items()))
     skipped = {split: counts for split, counts in results["skipped"].items() if counts}
     if skipped:
-        print("rows left out: " + "; ".join(f"{split}: " + ", ".join(f"{n} {why}" for why, n in counts.items())
-                                           for split, counts in skipped.items()))
+        print(
+            "rows left out: "
+            + "; ".join(
+                f"{split}: " + ", ".join(f"{n} {why}" for why, n in counts.items())
+                for split, counts in skipped.items()
+            )
+        )
     if "test" in results:
-        print(f"test (best epoch's weights): {figures(results['test'])}; "
-              f"predictions in {os.path.join(run_dir, 'predictions.tsv')}")
+        print(
+            f"test (best epoch's weights): {figures(results['test'])}; "
+            f"predictions in {os.path.join(run_dir, 'predictions.tsv')}"
+        )
     plot = plot_metrics(run_dir)
     print(f"run folder: {run_dir}" + (f" (loss curve: {plot})" if plot else ""))
 

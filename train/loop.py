@@ -4,6 +4,7 @@ checkpoint, and stop on Ctrl-C or on a loss that is no longer a number.
 Each module writes its own loop from these, nanoGPT-style: its batches, its losses, its log
 lines and its evaluation stay in the module; what a run does the same way in both lives here.
 """
+
 import argparse
 import json
 import math
@@ -44,17 +45,25 @@ def resumed_args(parser, args, keep=("device",)):
     except (ValueError, OSError) as error:
         parser.error(f"--resume: {error}")
     given_now = {name: getattr(args, name) for name in keep if getattr(args, name) is not None}
-    return argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint}), run_dir, config
+    return (
+        argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint}),
+        run_dir,
+        config,
+    )
 
 
 def start_job(parser, args, group, parts_per_rank=1):
     """This rank's device, once the ranks agree on the command line and the global batch splits
     into parts_per_rank equal parts on every rank; a problem is a usage error."""
-    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())  # else a rank could hang
+    group.check_same(
+        "command line", json.dumps(vars(args), sort_keys=True).encode()
+    )  # else a rank could hang
     if args.batch_size % (group.size * parts_per_rank):
         parts = f" x --grad-accum {parts_per_rank}" if parts_per_rank > 1 else ""
-        parser.error(f"--batch-size {args.batch_size} (the global batch) does not split evenly over "
-                     f"{group.size} ranks{parts}")
+        parser.error(
+            f"--batch-size {args.batch_size} (the global batch) does not split evenly over "
+            f"{group.size} ranks{parts}"
+        )
     try:
         return group.device(args.device)
     except (ValueError, RuntimeError) as error:
@@ -66,15 +75,11 @@ def settings_of(args):
     return {name: value for name, value in vars(args).items() if name not in NOT_SETTINGS}
 
 
-def ranks_note(group):
-    """", one of N ranks" in a job of several ranks, else nothing: for a run's opening line."""
-    return f", one of {group.size} ranks" if group.size > 1 else ""
-
-
 def progress_bar(total, start, description, group):
     """The run's progress in steps, drawn by rank 0 alone."""
-    return tqdm(total=total, initial=start, desc=description, unit="step", dynamic_ncols=True,
-                disable=not group.main)
+    return tqdm(
+        total=total, initial=start, desc=description, unit="step", dynamic_ncols=True, disable=not group.main
+    )
 
 
 # ----- the run ------------------------------------------------------------------------------------
@@ -96,22 +101,31 @@ class Run:
         except (ValueError, OSError) as error:
             parser.error(f"--resume: {error}")
         if state.get("world_size", self.group.size) != self.group.size:
-            parser.error(f"--resume: {checkpoint} was written by {state['world_size']} ranks; resume it with "
-                         f"as many (this job has {self.group.size})")
+            parser.error(
+                f"--resume: {checkpoint} was written by {state['world_size']} ranks; resume it with "
+                f"as many (this job has {self.group.size})"
+            )
         self.elapsed = state["elapsed"]
         if self.group.main:
             rewrite_metrics(self.dir, [m for m in read_metrics(self.dir) if m["step"] <= state["step"]])
         print(f"resuming {self.dir} at step {state['step']}")
         return state["step"]
 
-    def begin(self, config, tokenizer, settings):
-        """Write a new run's folder: its tokenizer, and config.json with the model config and the
-        settings (rank 0 writes). Returns 0, the step where the loop starts."""
+    def begin(self, config, tokenizer, args, **settings):
+        """Write a new run's folder: its tokenizer, and config.json with the model config, the
+        run's flags and `settings` (rank 0 writes). Returns 0, the step where the loop starts."""
         if self.group.main:
             os.makedirs(self.dir, exist_ok=True)
             save_tokenizer(tokenizer, self.dir)
-            write_config(self.dir, config, settings)
+            write_config(self.dir, config, {**settings_of(args), **settings})
         return 0
+
+    def announce(self, config, device):
+        """Print the run folder and the model it trains."""
+        ranks = f", one of {self.group.size} ranks" if self.group.size > 1 else ""
+        shape = f"{config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, n_ctx {config.n_ctx}"
+        size = f"vocab {config.vocab_size}: {self.model.num_parameters():,} parameters"
+        print(f"run folder: {self.dir}\nmodel: {shape}, {size} on {device}{ranks}")
 
     def optimizer_step(self, lr, weight, grad_clip):
         """Sum the ranks' gradients, each rank's times `weight`; clip their global norm to
@@ -129,9 +143,13 @@ class Run:
             return None
         state = {"elapsed": self.elapsed, "world_size": self.group.size}
         try:
-            return save_checkpoint(self.dir, step, self.model, self.optimizer, state, keep=self.keep_checkpoints)
+            return save_checkpoint(
+                self.dir, step, self.model, self.optimizer, state, keep=self.keep_checkpoints
+            )
         except OSError as error:
-            sys.exit(f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept")
+            sys.exit(
+                f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept"
+            )
 
     def stop_if_diverged(self, loss, step):
         """End the job, naming the step and the last good checkpoint, when `loss` is NaN or inf."""
@@ -139,12 +157,16 @@ class Run:
             return
         steps = checkpoint_steps(self.dir)
         good = os.path.join(self.dir, "checkpoints", str(steps[-1])) if steps else "none yet"
-        self.group.exit_together(f"the loss became {loss} at step {step}: stopping; last good checkpoint: {good}")
+        self.group.exit_together(
+            f"the loss became {loss} at step {step}: stopping; last good checkpoint: {good}"
+        )
 
     def stop_interrupted(self, step, checkpoint, progress):
         """After a Ctrl-C (which every rank has agreed on) and the checkpoint saved for it: say how
         to resume, and end the job with status 130."""
         progress.close()
-        print(f"\ninterrupted after step {step}; checkpoint {checkpoint}\n"
-              f"resume with: {self.group.command(self.module)} --resume {self.dir}")
+        print(
+            f"\ninterrupted after step {step}; checkpoint {checkpoint}\n"
+            f"resume with: {self.group.command(self.module)} --resume {self.dir}"
+        )
         self.group.exit_together(130)

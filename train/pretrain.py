@@ -3,7 +3,7 @@
 With no arguments it trains the `tiny` preset on text that ships with Python, with a byte-level
 BPE trained on the same text, in a few minutes on a CPU. See --help for the rest.
 """
-import argparse
+
 import math
 import os
 import time
@@ -19,63 +19,94 @@ from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import data, distributed, loop
 from .checkpoint import find_checkpoint
-from .cli import Help
-from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
+from .cli import grouped_parser, positive_int
+from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_metrics, run_folder_of
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m train.pretrain", description=__doc__,
-                                formatter_class=Help)
-    p.add_argument("--data", nargs="+", help="text files, folders of *.txt or globs (default: Python's pydoc topics)")
-    p.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: train one on the data)")
-    p.add_argument("--gpt1-tokenizer", help="folder with GPT-1's encoder_bpe_40000.json and vocab_40000.bpe")
-    p.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of a tokenizer trained here")
-    p.add_argument("--normalize", choices=["gpt1"],
-                   help="a tokenizer trained here first prepares text as GPT-1 did: lower case, words split "
-                        "like spaCy (fits GLUE's lower-cased, tokenized sentences)")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "mini", "gpt1"])
-    p.add_argument("--n-ctx", type=int, help="context length (default: the preset's)")
-    p.add_argument("--n-layer", type=int)
-    p.add_argument("--n-embd", type=int)
-    p.add_argument("--n-head", type=int)
-    p.add_argument("--dropout", type=float, help="embedding, attention and residual dropout (default: the preset's)")
-    p.add_argument("--batch-size", type=int, default=16, help="windows per optimizer step (the global batch)")
-    p.add_argument("--grad-accum", type=int, default=1, help="split each batch into this many backward passes")
-    p.add_argument("--steps", type=int, help="optimizer steps (default: --epochs, else 600)")
-    p.add_argument("--epochs", type=float, help="passes over the training windows, if --steps is not given")
-    p.add_argument("--lr", type=float, default=5e-4,
-                   help="peak learning rate (the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN "
-                        "presets stall at the unigram loss)")
-    p.add_argument("--warmup", type=int, default=2000, help="warmup steps (the paper: 2000), capped at a tenth of the run")
-    p.add_argument("--l2", type=float, default=0.01)
-    p.add_argument("--l2-mode", default="decoupled", choices=["decoupled", "coupled"])
-    p.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-fraction", type=float, default=0.05, help="share of the tokens held out for validation")
-    p.add_argument("--eval-every", type=int, default=200, help="steps between validation passes")
-    p.add_argument("--eval-windows", type=int, default=200, help="validation windows per pass")
-    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--out", help="run folder (default: runs/<preset>-<date>-<time>)")
-    p.add_argument("--resume", metavar="PATH", help="continue a run (its folder, or one checkpoint in it)")
-    p.add_argument("--init-from", metavar="DIR", help="start from these weights: a run, a checkpoint, or an openai-gpt folder")
-    p.add_argument("--sample-tokens", type=int, default=60, help="length of the sample printed at the end")
-    p.add_argument("--distributed", action="store_true",
-                   help="one rank of a data-parallel job started by mpirun (see the README)")
-    args = p.parse_args(argv)
-    for name in ("batch_size", "grad_accum", "eval_every", "log_every", "save_every", "vocab_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    groups = {
+        "data and tokenizer": add_data_arguments,
+        "model": add_model_arguments,
+        "optimization": add_optimizer_arguments,
+        "the run": add_run_arguments,
+    }
+    parser = grouped_parser("python -m train.pretrain", __doc__, groups)
+    args = parser.parse_args(argv)
     if args.batch_size % args.grad_accum:
-        p.error(f"--batch-size {args.batch_size} is not a multiple of --grad-accum {args.grad_accum}")
+        parser.error(f"--batch-size {args.batch_size} is not a multiple of --grad-accum {args.grad_accum}")
     if args.tokenizer and args.gpt1_tokenizer:
-        p.error("give --tokenizer or --gpt1-tokenizer, not both")
+        parser.error("give --tokenizer or --gpt1-tokenizer, not both")
     if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
-        p.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
-    return p, args
+        parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    return parser, args
+
+
+def add_data_arguments(group):
+    group.add_argument(
+        "--data", nargs="+", help="text files, folders of *.txt or globs (default: pydoc's topics)"
+    )
+    group.add_argument("--val-fraction", type=float, default=0.05, help="share of the tokens held out")
+    group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: train one on the data)")
+    group.add_argument(
+        "--gpt1-tokenizer", help="a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
+    )
+    group.add_argument("--vocab-size", type=positive_int, default=2048, help="of a tokenizer trained here")
+    normalize = (
+        "a tokenizer trained here first prepares text as GPT-1 did: lower case, words split like spaCy"
+    )
+    group.add_argument("--normalize", choices=["gpt1"], help=f"{normalize} (fits GLUE's sentences)")
+
+
+def add_model_arguments(group):
+    group.add_argument("--preset", default="tiny", choices=["tiny", "mini", "gpt1"])
+    group.add_argument("--n-ctx", type=int, help="context length (default: the preset's)")
+    group.add_argument("--n-layer", type=int)
+    group.add_argument("--n-embd", type=int)
+    group.add_argument("--n-head", type=int)
+    group.add_argument(
+        "--dropout", type=float, help="embedding, attention and residual (default: the preset's)"
+    )
+    group.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    group.add_argument(
+        "--init-from", metavar="DIR", help="weights: a run, a checkpoint or an openai-gpt folder"
+    )
+
+
+def add_optimizer_arguments(group):
+    group.add_argument(
+        "--batch-size", type=positive_int, default=16, help="windows per step (the global batch)"
+    )
+    group.add_argument("--grad-accum", type=positive_int, default=1, help="backward passes per batch")
+    group.add_argument("--steps", type=int, help="optimizer steps (default: --epochs, else 600)")
+    group.add_argument("--epochs", type=float, help="passes over the training windows, if no --steps")
+    stall = (
+        "the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN presets stall at the unigram loss"
+    )
+    group.add_argument("--lr", type=float, default=5e-4, help=f"peak learning rate ({stall})")
+    group.add_argument(
+        "--warmup", type=int, default=2000, help="steps (the paper's), at most a tenth of the run"
+    )
+    group.add_argument("--l2", type=float, default=0.01)
+    group.add_argument("--l2-mode", default="decoupled", choices=["decoupled", "coupled"])
+    group.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0: none")
+
+
+def add_run_arguments(group):
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--eval-every", type=positive_int, default=200, help="steps between validation passes")
+    group.add_argument("--eval-windows", type=int, default=200, help="validation windows per pass")
+    group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
+    group.add_argument("--save-every", type=positive_int, default=500, help="steps between checkpoints")
+    group.add_argument("--keep-checkpoints", type=int, default=3)
+    group.add_argument("--out", help="run folder (default: runs/<preset>-<date>-<time>)")
+    group.add_argument(
+        "--resume", metavar="PATH", help="continue a run (its folder, or one checkpoint in it)"
+    )
+    group.add_argument(
+        "--sample-tokens", type=int, default=60, help="length of the sample printed at the end"
+    )
+    group.add_argument("--distributed", action="store_true", help="a rank of an mpirun job (see the README)")
 
 
 def build_tokenizer(args, texts):
@@ -92,8 +123,11 @@ def build_tokenizer(args, texts):
 
 
 def model_config(args, vocab_size):
-    overrides = {name: getattr(args, name) for name in ("n_ctx", "n_layer", "n_embd", "n_head")
-                 if getattr(args, name) is not None}
+    overrides = {
+        name: getattr(args, name)
+        for name in ("n_ctx", "n_layer", "n_embd", "n_head")
+        if getattr(args, name) is not None
+    }
     if args.dropout is not None:
         overrides.update(embd_pdrop=args.dropout, attn_pdrop=args.dropout, resid_pdrop=args.dropout)
     return GPTConfig.preset(args.preset, vocab_size=vocab_size, **overrides)
@@ -105,8 +139,12 @@ def read_tokens(parser, args, run_dir, group):
         texts = data.read_corpus(args.data) if args.data else data.default_corpus()
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer")) if args.resume else build_tokenizer(args, texts)
-    ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)  # on every rank: the same text, the same ids
+    tokenizer = (
+        load_tokenizer(os.path.join(run_dir, "tokenizer")) if args.resume else build_tokenizer(args, texts)
+    )
+    ids, cache_path, reused = data.tokenize_corpus(
+        texts, tokenizer
+    )  # on every rank: the same text, the same ids
     group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
     print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
     return tokenizer, ids
@@ -116,12 +154,17 @@ def cut_windows(parser, args, ids, n_ctx):
     """(training windows, validation windows): the corpus's last --val-fraction is held out."""
     try:
         train_ids, val_ids = data.split(ids, args.val_fraction, n_ctx)
-        train, val = data.Windows(train_ids, n_ctx, "training data"), data.Windows(val_ids, n_ctx, "validation data")
+        train, val = (
+            data.Windows(train_ids, n_ctx, "training data"),
+            data.Windows(val_ids, n_ctx, "validation data"),
+        )
     except ValueError as error:
         parser.error(str(error))
     if train.count < args.batch_size:
-        parser.error(f"the training data makes {train.count} windows of {n_ctx + 1} tokens, "
-                     f"fewer than --batch-size {args.batch_size}")
+        parser.error(
+            f"the training data makes {train.count} windows of {n_ctx + 1} tokens, "
+            f"fewer than --batch-size {args.batch_size}"
+        )
     return train, val
 
 
@@ -132,7 +175,9 @@ def build_model(parser, args, config, device, group):
     if args.init_from and not args.resume:
         is_run = os.path.isdir(os.path.join(args.init_from, "checkpoints"))
         try:
-            model.load_state_dict(GPT.read_weights(find_checkpoint(args.init_from) if is_run else args.init_from))
+            model.load_state_dict(
+                GPT.read_weights(find_checkpoint(args.init_from) if is_run else args.init_from)
+            )
         except (ValueError, OSError) as error:
             parser.error(f"--init-from: {error}")
     for p in model.parameters():
@@ -148,7 +193,7 @@ def forward_backward(model, batch, grad_accum):
     part_size = len(batch) // grad_accum
     total = 0.0
     for start in range(0, len(batch), part_size):
-        part = batch[start:start + part_size]
+        part = batch[start : start + part_size]
         loss = F.cross_entropy(model(part[:, :-1]), part[:, 1:]) / grad_accum
         loss.backward()
         total = total + loss.data
@@ -173,15 +218,25 @@ class LossLog:
             return
         steps, losses, rates, elapsed = zip(*self.pending)
         group, xp = self.run.group, backend.get_array_module(*losses)
-        losses = group.sum(backend.to_numpy(xp.stack(losses))) / group.size  # every rank's share: as many tokens
+        losses = (
+            group.sum(backend.to_numpy(xp.stack(losses))) / group.size
+        )  # every rank's share: as many tokens
         for step, loss in zip(steps, losses):
             self.run.stop_if_diverged(loss, step)
         now = time.perf_counter()
         tokens_per_s = len(steps) * self.tokens_per_step / (now - self.since)
         for step, loss, lr, step_elapsed in zip(steps, losses, rates, elapsed):
             if group.main:
-                append_metrics(self.run.dir, {"step": step, "loss": float(loss), "lr": lr,
-                                              "tokens_per_s": round(tokens_per_s), "elapsed": round(step_elapsed, 3)})
+                append_metrics(
+                    self.run.dir,
+                    {
+                        "step": step,
+                        "loss": float(loss),
+                        "lr": lr,
+                        "tokens_per_s": round(tokens_per_s),
+                        "elapsed": round(step_elapsed, 3),
+                    },
+                )
         progress.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{rates[-1]:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         self.pending, self.since = [], now
 
@@ -206,8 +261,15 @@ def validate(run, val, args, step, progress):
     """Measure the loss on the validation windows; log and print it."""
     loss = evaluate(run.model, val, args.batch_size, args.eval_windows, run.group)
     if run.group.main:
-        append_metrics(run.dir, {"step": step, "val_loss": loss, "val_perplexity": math.exp(loss),
-                                 "elapsed": round(run.elapsed, 2)})
+        append_metrics(
+            run.dir,
+            {
+                "step": step,
+                "val_loss": loss,
+                "val_perplexity": math.exp(loss),
+                "elapsed": round(run.elapsed, 2),
+            },
+        )
     progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {math.exp(loss):.1f}")
 
 
@@ -223,7 +285,7 @@ def train_model(parser, args, group):
     if args.resume:
         args, run_dir, config = loop.resumed_args(parser, args, keep=("device", "steps"))
     else:
-        run_dir, config = args.out or os.path.join("runs", f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"), None
+        run_dir, config = args.out or new_run_folder(args.preset), None
     device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
 
     # data: the corpus in tokens, cut into windows of n_ctx + 1
@@ -234,12 +296,10 @@ def train_model(parser, args, group):
         args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 600
 
     # the model and Adam: from the checkpoint when resuming, else a new run folder
-    run = loop.Run(run_dir, group, *build_model(parser, args, config, device, group), args.keep_checkpoints,
-                   "train.pretrain")
-    start = run.restore(parser, args.resume) if args.resume else run.begin(config, tokenizer, loop.settings_of(args))
-    print(f"run folder: {run_dir}\nmodel: {config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, "
-          f"n_ctx {config.n_ctx}, vocab {config.vocab_size}: {run.model.num_parameters():,} parameters on "
-          f"{device}{loop.ranks_note(group)}")
+    model, optimizer = build_model(parser, args, config, device, group)
+    run = loop.Run(run_dir, group, model, optimizer, args.keep_checkpoints, "train.pretrain")
+    start = run.restore(parser, args.resume) if args.resume else run.begin(config, tokenizer, args)
+    run.announce(config, device)
 
     warmup = min(args.warmup, args.steps // 10)
     log = LossLog(run, args.batch_size * config.n_ctx)

@@ -1,13 +1,16 @@
 """The run folder every training module writes, and reading one back.
 
+A run folder holds:
     config.json      the model config and the settings the run was started with
     tokenizer/       the tokenizer's files (byte-level BPE, or GPT-1's original two files)
     checkpoints/     see train/checkpoint.py
     metrics.jsonl    one JSON object per line: {"step", "loss", ...} or {"step", "val_loss", ...}
     loss.png         the loss curve, when matplotlib is installed
 """
+
 import json
 import os
+import time
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
@@ -24,8 +27,10 @@ def load_tokenizer(directory):
     if os.path.isfile(os.path.join(directory, GPT1Tokenizer.FILES[0])):
         return GPT1Tokenizer.from_folder(directory)
     if not os.path.isfile(os.path.join(directory, "vocab.json")):
-        raise FileNotFoundError(f"{directory}: no tokenizer here (expected vocab.json + merges.txt, "
-                                f"or {' + '.join(GPT1Tokenizer.FILES)})")
+        raise FileNotFoundError(
+            f"{directory}: no tokenizer here (expected vocab.json + merges.txt, "
+            f"or {' + '.join(GPT1Tokenizer.FILES)})"
+        )
     return BPETokenizer.load(directory)
 
 
@@ -43,6 +48,11 @@ def read_config(run_dir):
         return GPTConfig(**config["model"]), config["settings"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
+
+
+def new_run_folder(name):
+    """runs/<name>-<date>-<time>: where a new run goes unless --out says otherwise."""
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def run_folder_of(path):
