@@ -1,4 +1,5 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
+
 from . import functional, ops
 from .backend import cuda_available, manual_seed
 from .kernels import use_reference
@@ -24,5 +25,18 @@ def where(condition, a, b):
     return ops.Where.apply(condition, like._operand(a), like._operand(b))
 
 
-__all__ = ["Function", "Tensor", "tensor", "no_grad", "is_grad_enabled", "concat", "stack", "where",
-           "functional", "ops", "manual_seed", "cuda_available", "use_reference"]
+__all__ = [
+    "Function",
+    "Tensor",
+    "tensor",
+    "no_grad",
+    "is_grad_enabled",
+    "concat",
+    "stack",
+    "where",
+    "functional",
+    "ops",
+    "manual_seed",
+    "cuda_available",
+    "use_reference",
+]

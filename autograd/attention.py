@@ -3,6 +3,7 @@ self-attention of GPT's blocks, which takes q, k and v packed in one array as on
 makes them. Both rest on one reference formula, `_attend`, and its backward. Import them from
 autograd.functional.
 """
+
 import math
 
 import numpy as np
@@ -70,8 +71,10 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def backward(ctx, grad):
         grads = _attend_backward(ctx, grad)
-        return tuple(unbroadcast(g, shape) if need else None  # back to each input's own heads
-                     for g, shape, need in zip(grads, ctx.shapes, ctx.needs_input_grad))
+        return tuple(
+            unbroadcast(g, shape) if need else None  # back to each input's own heads
+            for g, shape, need in zip(grads, ctx.shapes, ctx.needs_input_grad)
+        )
 
 
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=None):

@@ -3,6 +3,7 @@
 Everything else writes `xp = get_array_module(array)` and calls `xp.exp`, `xp.matmul`, ...
 so one piece of code runs on the CPU (NumPy) and on an NVIDIA GPU (CuPy).
 """
+
 import math
 
 import numpy as np
@@ -46,6 +47,7 @@ def nccl():
     if cupy is None:
         raise ImportError(f"CuPy is not installed: {CUDA_INSTALL_HINT}")
     from cupy.cuda import nccl as bindings
+
     return bindings
 
 
@@ -67,13 +69,15 @@ def parse_device(device):
         return "cuda:0" if cuda_available() else "cpu"
     if not isinstance(device, str) or not (device == "cuda" or device.startswith("cuda:")):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
-    index = 0 if device == "cuda" else device[len("cuda:"):]
+    index = 0 if device == "cuda" else device[len("cuda:") :]
     if not str(index).isdigit():
         raise ValueError(f"device {device!r}: the GPU index after 'cuda:' must be a number")
     _require_cuda()
     index = int(index)
     if index >= cupy.cuda.runtime.getDeviceCount():
-        raise ValueError(f"device {device!r}: only {cupy.cuda.runtime.getDeviceCount()} CUDA device(s) present")
+        raise ValueError(
+            f"device {device!r}: only {cupy.cuda.runtime.getDeviceCount()} CUDA device(s) present"
+        )
     return f"cuda:{index}"
 
 

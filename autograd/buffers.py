@@ -8,6 +8,7 @@ hands out arrays of at least MIN_BYTES from buffers kept here, each reused once 
 to it any more. CPython counts references exactly, and every view of an array refers to the
 buffer it lives in, so a buffer that only this module refers to is free.
 """
+
 import sys
 import threading
 

@@ -5,6 +5,7 @@ also be plain integer arrays. Each Function's forward and backward are its refer
 as whole-array formulas under the math they compute; the heavy ones name their fast paths
 (autograd/kernels) beside them.
 """
+
 import math
 
 import numpy as np
@@ -38,8 +39,9 @@ def _indices(ids, like):
 
 # ----------------------------------------------------------------------------------------------
 class Linear(Function):
-    """y = x W + b over the last axis of x, with W shaped (in, out). Over the rows of x and dy:
+    """y = x W + b over the last axis of x, with W shaped (in, out).
 
+    Over the rows of x and dy:
         dx = dy W^T,   dW = x^T dy,   db = the sum of dy's rows
     """
 
@@ -59,9 +61,11 @@ class Linear(Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         x2 = ctx.x.reshape(-1, ctx.x.shape[-1])  # (rows, in)
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
-        return (grad @ ctx.weight.T if need_x else None,
-                x2.T @ grad2 if need_w else None,
-                grad2.sum(axis=0) if need_b else None)
+        return (
+            grad @ ctx.weight.T if need_x else None,
+            x2.T @ grad2 if need_w else None,
+            grad2.sum(axis=0) if need_b else None,
+        )
 
 
 def linear(x, weight, bias=None):
@@ -72,7 +76,9 @@ def linear(x, weight, bias=None):
     if x.shape[-1] != n_in:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {weight.shape} expects {n_in}")
     if bias is not None and bias.shape != (n_out,):
-        raise ValueError(f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}")
+        raise ValueError(
+            f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}"
+        )
     return Linear.apply(x, weight, bias)
 
 
@@ -197,10 +203,14 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     targets = _indices(targets, logits)
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}")
+        raise ValueError(
+            f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}"
+        )
     n_classes = logits.shape[-1]
     if bool((((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any()):
-        raise IndexError(f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}")
+        raise IndexError(
+            f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}"
+        )
     losses = CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
     if reduction == "none":
         return losses
@@ -215,9 +225,10 @@ SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
 class GELU(Function):
-    """GPT-1's GELU, the tanh approximation of x Phi(x):
+    """GPT-1's GELU, the tanh approximation of x Phi(x).
 
-        y = 0.5 x (1 + t),   t = tanh(sqrt(2/pi) (x + 0.044715 x^3))
+    With t = tanh(sqrt(2/pi) (x + 0.044715 x^3)):
+        y = 0.5 x (1 + t)
         dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
     """
 
@@ -237,8 +248,9 @@ class GELU(Function):
 
 
 class ExactGELU(Function):
-    """The exact GELU, with the normal distribution's cdf Phi and density phi:
+    """The exact GELU, x Phi(x).
 
+    With the normal distribution's cdf Phi and density phi:
         y = x Phi(x),   Phi(x) = 0.5 (1 + erf(x / sqrt(2)))
         dy/dx = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
     """
@@ -298,8 +310,11 @@ class LayerNorm(Function):
             row_mean = g.mean(axis=-1, keepdims=True)
             grad_x = (g - row_mean - normed * (g * normed).mean(axis=-1, keepdims=True)) * ctx.rstd
         grad2, normed2 = grad.reshape(-1, width), normed.reshape(-1, width)  # (rows, D)
-        return (grad_x, (grad2 * normed2).sum(axis=0) if need_w else None,
-                grad2.sum(axis=0) if need_b else None)
+        return (
+            grad_x,
+            (grad2 * normed2).sum(axis=0) if need_w else None,
+            grad2.sum(axis=0) if need_b else None,
+        )
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
@@ -333,4 +348,3 @@ def dropout(x, p=0.5, training=True, generator=None):
     if not training or p == 0:
         return x
     return Dropout.apply(x, p=p, generator=generator or backend.default_generator(x.device))
-

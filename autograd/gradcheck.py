@@ -4,6 +4,7 @@
 `jacobian_check` compares every entry of the Jacobian, so it says exactly where two disagree;
 it costs two forward passes per input entry and one backward per output entry, so keep it small.
 """
+
 import numpy as np
 
 from .backend import to_device, to_numpy
@@ -77,9 +78,11 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
             x.data = original
         numeric = (plus - minus) / (2 * eps)
         if not _close(analytic, numeric, atol, rtol):
-            failures.append(f"input {i} of shape {x.shape}: backward gives {analytic:.10g} along a "
-                            f"random direction, finite differences {numeric:.10g} "
-                            f"(difference {abs(analytic - numeric):.3g})")
+            failures.append(
+                f"input {i} of shape {x.shape}: backward gives {analytic:.10g} along a "
+                f"random direction, finite differences {numeric:.10g} "
+                f"(difference {abs(analytic - numeric):.3g})"
+            )
     if failures:
         raise GradcheckError("gradients disagree with finite differences:\n  " + "\n  ".join(failures))
 
@@ -125,9 +128,14 @@ def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10):
             for j in range(out_size):
                 a, n = analytic[i][(j,) + index], numeric[j]
                 if not _close(a, n, atol, rtol):
-                    bad.append(f"input {i}{list(index)} -> output {[int(k) for k in np.unravel_index(j, out_shape)]}: "
-                               f"backward {a:.10g}, finite differences {n:.10g}")
+                    output = [int(k) for k in np.unravel_index(j, out_shape)]
+                    bad.append(
+                        f"input {i}{list(index)} -> output {output}: "
+                        f"backward {a:.10g}, finite differences {n:.10g}"
+                    )
     if bad:
         shown = "\n  ".join(bad[:max_entries])
         more = f"\n  ... and {len(bad) - max_entries} more" if len(bad) > max_entries else ""
-        raise GradcheckError(f"{len(bad)} Jacobian entries disagree with finite differences:\n  {shown}{more}")
+        raise GradcheckError(
+            f"{len(bad)} Jacobian entries disagree with finite differences:\n  {shown}{more}"
+        )

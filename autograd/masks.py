@@ -4,6 +4,7 @@ Inverted dropout keeps each entry with probability 1 - p and scales it by 1 / (1
 expected value is unchanged and evaluation needs no rescaling. Dropout on activations
 (functional.dropout) and on attention weights (attention.py) both draw their masks here.
 """
+
 import numpy as np
 
 

@@ -4,6 +4,7 @@ A Module finds its parameters by looking at its attributes: a Parameter, a Modul
 Modules, in the order they were assigned. Their dotted paths ("h.0.attn.c_attn.weight") are the
 names used by `state_dict` and `load_state_dict`.
 """
+
 import numpy as np
 
 from . import backend
@@ -95,13 +96,24 @@ class Module:
         params = dict(self.named_parameters())
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
-        misshaped = [f"{k}: checkpoint {tuple(state[k].shape)}, model {p.shape}"
-                     for k, p in params.items() if k in state and tuple(state[k].shape) != p.shape]
-        problems = [(what, keys) for what, keys in
-                    (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped))
-                    if keys and (strict or what == "mis-shaped keys")]
+        misshaped = [
+            f"{k}: checkpoint {tuple(state[k].shape)}, model {p.shape}"
+            for k, p in params.items()
+            if k in state and tuple(state[k].shape) != p.shape
+        ]
+        problems = [
+            (what, keys)
+            for what, keys in (
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+                ("mis-shaped keys", misshaped),
+            )
+            if keys and (strict or what == "mis-shaped keys")
+        ]
         if problems:
-            raise ValueError("load_state_dict: " + "; ".join(f"{what}: {', '.join(keys)}" for what, keys in problems))
+            raise ValueError(
+                "load_state_dict: " + "; ".join(f"{what}: {', '.join(keys)}" for what, keys in problems)
+            )
         for name, p in params.items():
             if name in state:
                 array = backend.to_device(state[name], p.device, p.dtype)

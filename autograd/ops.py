@@ -3,6 +3,7 @@
 Every op works on raw numpy or cupy arrays (`xp` is whichever module the data belongs to).
 Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input's shape.
 """
+
 from itertools import accumulate
 
 from .backend import get_array_module
@@ -32,8 +33,10 @@ class Add(Function):
     @staticmethod
     def backward(ctx, grad):
         need_a, need_b = ctx.needs_input_grad
-        return (unbroadcast(grad, ctx.shapes[0]) if need_a else None,
-                unbroadcast(grad, ctx.shapes[1]) if need_b else None)
+        return (
+            unbroadcast(grad, ctx.shapes[0]) if need_a else None,
+            unbroadcast(grad, ctx.shapes[1]) if need_b else None,
+        )
 
 
 class Sub(Function):
@@ -45,8 +48,10 @@ class Sub(Function):
     @staticmethod
     def backward(ctx, grad):
         need_a, need_b = ctx.needs_input_grad
-        return (unbroadcast(grad, ctx.shapes[0]) if need_a else None,
-                unbroadcast(-grad, ctx.shapes[1]) if need_b else None)
+        return (
+            unbroadcast(grad, ctx.shapes[0]) if need_a else None,
+            unbroadcast(-grad, ctx.shapes[1]) if need_b else None,
+        )
 
 
 class Mul(Function):
@@ -59,8 +64,10 @@ class Mul(Function):
     def backward(ctx, grad):
         a, b = ctx.a, ctx.b
         need_a, need_b = ctx.needs_input_grad
-        return (unbroadcast(grad * b, _shape(a)) if need_a else None,
-                unbroadcast(grad * a, _shape(b)) if need_b else None)
+        return (
+            unbroadcast(grad * b, _shape(a)) if need_a else None,
+            unbroadcast(grad * a, _shape(b)) if need_b else None,
+        )
 
 
 class Div(Function):
@@ -74,8 +81,10 @@ class Div(Function):
         a, b = ctx.a, ctx.b
         need_a, need_b = ctx.needs_input_grad
         grad_over_b = grad / b
-        return (unbroadcast(grad_over_b, _shape(a)) if need_a else None,
-                unbroadcast(-grad_over_b * a / b, _shape(b)) if need_b else None)
+        return (
+            unbroadcast(grad_over_b, _shape(a)) if need_a else None,
+            unbroadcast(-grad_over_b * a / b, _shape(b)) if need_b else None,
+        )
 
 
 class Pow(Function):
@@ -83,7 +92,7 @@ class Pow(Function):
 
     @staticmethod
     def forward(ctx, a, b):
-        out = a ** b
+        out = a**b
         ctx.a, ctx.b, ctx.out = a, b, out
         return out
 
@@ -266,7 +275,9 @@ class Transpose(Function):
     @staticmethod
     def forward(ctx, a, axes=None):
         axes = tuple(reversed(range(a.ndim))) if axes is None else axes
-        if not all(-a.ndim <= ax < a.ndim for ax in axes) or sorted(ax % a.ndim for ax in axes) != list(range(a.ndim)):
+        if not all(-a.ndim <= ax < a.ndim for ax in axes) or sorted(ax % a.ndim for ax in axes) != list(
+            range(a.ndim)
+        ):
             raise ValueError(f"transpose axes {axes} are not a permutation of {a.ndim} axes")
         axes = tuple(ax % a.ndim for ax in axes)
         ctx.inverse = tuple(sorted(range(a.ndim), key=axes.__getitem__))
@@ -342,6 +353,8 @@ class Where(Function):
         xp = get_array_module(grad)
         _, need_a, need_b = ctx.needs_input_grad
         zero = xp.zeros((), dtype=grad.dtype)
-        return (None,
-                unbroadcast(xp.where(ctx.condition, grad, zero), ctx.shapes[0]) if need_a else None,
-                unbroadcast(xp.where(ctx.condition, zero, grad), ctx.shapes[1]) if need_b else None)
+        return (
+            None,
+            unbroadcast(xp.where(ctx.condition, grad, zero), ctx.shapes[0]) if need_a else None,
+            unbroadcast(xp.where(ctx.condition, zero, grad), ctx.shapes[1]) if need_b else None,
+        )

@@ -1,5 +1,6 @@
 """Adam with L2 regularisation (GPT-1's decoupled rule, or classic L2), gradient clipping, and
 the learning-rate schedules of GPT-1's original code."""
+
 import math
 
 import numpy as np
@@ -17,15 +18,23 @@ class Adam:
         lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)
         p -= lr_t (m / (sqrt(v) + eps) + l2 p)
     where the l2 term applies only to tensors of two or more dimensions (vectors too with
-    vector_l2); t is one count for all parameters, as in GPT-1's code. l2_mode="coupled" is classic L2, g += l2 p before the moments, then the usual
-    Adam step: the numbers of torch.optim.Adam(weight_decay=l2), on every parameter.
+    vector_l2); t is one count for all parameters, as in GPT-1's code. l2_mode="coupled" is
+    classic L2, g += l2 p before the moments, then the usual Adam step: the numbers of
+    torch.optim.Adam(weight_decay=l2), on every parameter.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, l2=0.0, l2_mode="decoupled",
-                 vector_l2=False):
+    def __init__(
+        self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, l2=0.0, l2_mode="decoupled", vector_l2=False
+    ):
         if l2_mode not in ("decoupled", "coupled"):
             raise ValueError(f"Adam: l2_mode must be 'decoupled' or 'coupled', got {l2_mode!r}")
-        for name, value in (("lr", lr), ("eps", eps), ("l2", l2), ("betas[0]", betas[0]), ("betas[1]", betas[1])):
+        for name, value in (
+            ("lr", lr),
+            ("eps", eps),
+            ("l2", l2),
+            ("betas[0]", betas[0]),
+            ("betas[1]", betas[1]),
+        ):
             if not value >= 0 or (name.startswith("betas") and value >= 1):  # `not >=` refuses NaN too
                 raise ValueError(f"Adam: {name}={value} is out of range")
         self.params = list(params)
@@ -54,7 +63,9 @@ class Adam:
             if p.grad is None:
                 continue
             if get_array_module(p.data) is np and p.data.flags.c_contiguous:
-                flat = [a.reshape(-1) for a in (p.data, p.grad, m, v)]  # views (a copy only of a strided gradient)
+                flat = [
+                    a.reshape(-1) for a in (p.data, p.grad, m, v)
+                ]  # views (a copy only of a strided gradient)
                 blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
             else:
                 self._update(p.ndim, p.data, p.grad, m, v)
@@ -73,27 +84,38 @@ class Adam:
             update = m / (xp.sqrt(v) + self.eps)
             if self.l2 and (ndim > 1 or self.vector_l2):
                 update += self.l2 * p
-            update *= self.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            update *= self.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
         else:
-            update = m / (xp.sqrt(v) / math.sqrt(1 - b2 ** t) + self.eps)
-            update *= self.lr / (1 - b1 ** t)
+            update = m / (xp.sqrt(v) / math.sqrt(1 - b2**t) + self.eps)
+            update *= self.lr / (1 - b1**t)
         p -= update
 
     def state_dict(self):
         """The optimizer's state: step count, hyper-parameters and the moment arrays m and v
         (the live arrays, not copies: save them before the next step)."""
-        return {"step": self.step_count, "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
-                "l2": self.l2, "l2_mode": self.l2_mode, "vector_l2": self.vector_l2,
-                "m": list(self.m), "v": list(self.v)}
+        return {
+            "step": self.step_count,
+            "lr": self.lr,
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "l2": self.l2,
+            "l2_mode": self.l2_mode,
+            "vector_l2": self.vector_l2,
+            "m": list(self.m),
+            "v": list(self.v),
+        }
 
     def load_state_dict(self, state):
         """Restore a state_dict() onto an optimizer made over parameters of the same shapes."""
         for key in ("m", "v"):
             if len(state[key]) != len(self.params):
-                raise ValueError(f"Adam.load_state_dict: {len(state[key])} {key} arrays for {len(self.params)} parameters")
+                raise ValueError(
+                    f"Adam.load_state_dict: {len(state[key])} {key} arrays for {len(self.params)} parameters"
+                )
             for i, (array, p) in enumerate(zip(state[key], self.params)):
                 if tuple(array.shape) != p.shape:
-                    raise ValueError(f"Adam.load_state_dict: {key}[{i}] has shape {tuple(array.shape)}, parameter {p.shape}")
+                    shapes = f"{key}[{i}] has shape {tuple(array.shape)}, parameter {p.shape}"
+                    raise ValueError(f"Adam.load_state_dict: {shapes}")
         self.step_count = int(state["step"])
         self.lr, self.betas, self.eps, self.l2 = state["lr"], tuple(state["betas"]), state["eps"], state["l2"]
         self.l2_mode, self.vector_l2 = state["l2_mode"], state["vector_l2"]

@@ -12,6 +12,7 @@ set, pieces that multiply run one after another, with BLAS as it is.
 The number of threads is set_num_threads(n); by default OMP_NUM_THREADS or OPENBLAS_NUM_THREADS
 where set, else the number of cores.
 """
+
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor

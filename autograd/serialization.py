@@ -5,6 +5,7 @@ maps each name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets into
 the header), plus an optional "__metadata__" of strings. Reading checks every field before it
 touches the data, and any fault is a SafetensorsError that names the file.
 """
+
 import json
 import os
 import struct
@@ -14,8 +15,21 @@ import numpy as np
 from .backend import to_numpy
 
 # safetensors dtype name -> numpy dtype of the stored bytes (little-endian)
-DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
-          "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
+}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -36,10 +50,15 @@ def save_file(tensors, path, metadata=None):
         if not array.flags.c_contiguous:
             array = array.copy()
         if array.dtype.newbyteorder("<") not in NAMES:
-            raise TypeError(f"save_file: tensor {name!r} has dtype {array.dtype}, which safetensors cannot hold")
+            raise TypeError(
+                f"save_file: tensor {name!r} has dtype {array.dtype}, which safetensors cannot hold"
+            )
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
-        header[name] = {"dtype": NAMES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {
+            "dtype": NAMES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         arrays.append(array)
         offset += array.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -67,6 +86,7 @@ def load_file(path):
 
 def load_file_with_metadata(path):
     """({name: numpy array}, {metadata key: value}) from a safetensors file."""
+
     def fail(why):
         raise SafetensorsError(f"{path}: not a valid safetensors file: {why}")
 
@@ -95,7 +115,9 @@ def load_file_with_metadata(path):
                 array = np.frombuffer(f.read(end - begin), dtype=DTYPES[dtype]).reshape(shape)
             except ValueError as error:  # an empty shape numpy cannot hold, such as [0, 2**70]
                 fail(f"tensor {name!r}: shape {list(shape)} ({error})")
-            tensors[name] = _bf16_to_float32(array) if dtype == "BF16" else array.astype(array.dtype.newbyteorder("="))
+            tensors[name] = (
+                _bf16_to_float32(array) if dtype == "BF16" else array.astype(array.dtype.newbyteorder("="))
+            )
     return {name: tensors[name] for name in header}, metadata
 
 
@@ -127,15 +149,21 @@ def _check_entry(name, entry, data_len, fail):
         fail(f"tensor {name!r} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         fail(f"tensor {name!r} has a bad shape {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_len):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(n) is int for n in offsets)
+        or not 0 <= offsets[0] <= offsets[1] <= data_len
+    ):
         fail(f"tensor {name!r} has data_offsets {offsets!r} outside the {data_len} data bytes")
     count = 1
     for n in shape:
         count *= n
     if count * np.dtype(DTYPES[dtype]).itemsize != offsets[1] - offsets[0]:
-        fail(f"tensor {name!r}: {dtype} {shape} needs {count * np.dtype(DTYPES[dtype]).itemsize} bytes, "
-             f"data_offsets give {offsets[1] - offsets[0]}")
+        fail(
+            f"tensor {name!r}: {dtype} {shape} needs {count * np.dtype(DTYPES[dtype]).itemsize} bytes, "
+            f"data_offsets give {offsets[1] - offsets[0]}"
+        )
     return offsets[0], offsets[1], dtype, tuple(shape)
 
 

@@ -5,6 +5,7 @@ arrays. `Function.apply` runs the forward and, when gradients are wanted, record
 (the op, its saved context, its input tensors) on the output. `Tensor.backward` walks those
 nodes from the output back to the leaves, adding each input's gradient as it goes.
 """
+
 import functools
 
 import numpy as np
@@ -82,8 +83,10 @@ class Function:
         out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
-            raise TypeError(f"{cls.__name__}: {float_dtype} inputs gave a {out.dtype} output"
-                            + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else ""))
+            raise TypeError(
+                f"{cls.__name__}: {float_dtype} inputs gave a {out.dtype} output"
+                + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else "")
+            )
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         result = Tensor(out, requires_grad=requires_grad)
         if requires_grad:
@@ -109,8 +112,10 @@ class Node:
             if inp is None or g is None or not inp.requires_grad:
                 continue
             if g.shape != inp.shape or g.dtype != inp.dtype:
-                raise RuntimeError(f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient "
-                                   f"for a {inp.dtype} {inp.shape} input")
+                raise RuntimeError(
+                    f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient "
+                    f"for a {inp.dtype} {inp.shape} input"
+                )
             yield inp, g
 
     def gives_own_arrays(self, grad_is_own):

@@ -11,6 +11,7 @@ command of each is printed before it starts. Finished runs are kept and a half-d
 so the script can be stopped and started again. The table at the end gives each run's dev metric
 after the last epoch (no choice of epoch on the dev set).
 """
+
 import argparse
 import json
 import os
@@ -27,11 +28,15 @@ METRIC = {"sst2": "accuracy", "cola": "matthews", "rte": "accuracy", "stsb": "pe
 
 def variants(n_layer):
     """(name, description, extra finetune arguments) of every configuration, in table order."""
-    rows = [("full", f"pre-trained, aux LM (lambda 0.5), all {n_layer} blocks", []),
-            ("no-aux", "pre-trained, no aux LM (lambda 0)", ["--lm-coef", "0"]),
-            ("scratch", "no pre-training", ["--from-scratch"])]
-    rows += [(f"transfer{k}", f"embeddings + {k} of {n_layer} blocks transferred", ["--transfer-layers", str(k)])
-             for k in range(n_layer)]
+    rows = [
+        ("full", f"pre-trained, aux LM (lambda 0.5), all {n_layer} blocks", []),
+        ("no-aux", "pre-trained, no aux LM (lambda 0)", ["--lm-coef", "0"]),
+        ("scratch", "no pre-training", ["--from-scratch"]),
+    ]
+    rows += [
+        (f"transfer{k}", f"embeddings + {k} of {n_layer} blocks transferred", ["--transfer-layers", str(k)])
+        for k in range(n_layer)
+    ]
     return rows
 
 
@@ -46,10 +51,31 @@ def command(args, task, run_dir, extra):
         return [sys.executable, "-m", "train.finetune", "--resume", str(run_dir), "--device", args.device]
     data = Path(args.glue) / task
     limit = ["--limit-train", str(args.limit_train[task])] if task in args.limit_train else []
-    return [sys.executable, "-m", "train.finetune", "--init-from", args.pretrained, "--task", task,
-            "--train", str(data / "train.tsv"), "--dev", str(data / "dev.tsv"), "--out", str(run_dir),
-            "--lr", str(args.lr), "--epochs", str(args.epochs), "--seed", str(args.seed),
-            "--device", args.device, *limit, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "train.finetune",
+        "--init-from",
+        args.pretrained,
+        "--task",
+        task,
+        "--train",
+        str(data / "train.tsv"),
+        "--dev",
+        str(data / "dev.tsv"),
+        "--out",
+        str(run_dir),
+        "--lr",
+        str(args.lr),
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+        *limit,
+        *extra,
+    ]
 
 
 def run(args, task, name, extra):
@@ -93,10 +119,19 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--limit-train", nargs="*", default=["sst2=10000"], metavar="TASK=N",
-                   help="train on N examples of TASK")
-    p.add_argument("--variants", nargs="+", metavar="NAME",
-                   help="run only these configurations: full, no-aux, scratch, transfer0, transfer1, ...")
+    p.add_argument(
+        "--limit-train",
+        nargs="*",
+        default=["sst2=10000"],
+        metavar="TASK=N",
+        help="train on N examples of TASK",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME",
+        help="run only these configurations: full, no-aux, scratch, transfer0, transfer1, ...",
+    )
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args()
     try:
@@ -111,11 +146,15 @@ def main():
     rows = variants(n_layer)
     unknown = set(args.variants or []) - {name for name, _, _ in rows}
     if unknown:
-        p.error(f"--variants: no configuration named {sorted(unknown)}; there are {[name for name, _, _ in rows]}")
+        p.error(
+            f"--variants: no configuration named {sorted(unknown)}; there are {[name for name, _, _ in rows]}"
+        )
     rows = [row for row in rows if not args.variants or row[0] in args.variants]
     os.makedirs(args.out, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
-        for future in [pool.submit(run, args, task, name, extra) for task in args.tasks for name, _, extra in rows]:
+        for future in [
+            pool.submit(run, args, task, name, extra) for task in args.tasks for name, _, extra in rows
+        ]:
             future.result()
     text, figures = table(args, rows)
     print(text)

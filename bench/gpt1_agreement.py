@@ -9,6 +9,7 @@ the Latin-1 books are decoded as Latin-1) and from WikiText-2 valid (one paragra
 Prints, per source, the share of paragraphs whose ids are identical beside the 99% target,
 examples of disagreements, and encoding speed. Needs `pip install spacy ftfy`.
 """
+
 import argparse
 import difflib
 import json
@@ -50,9 +51,11 @@ def first_difference(ours, reference, text, context=4):
     matcher = difflib.SequenceMatcher(a=reference_words, b=ours_words, autojunk=False)
     for tag, ref_start, ref_end, our_start, our_end in matcher.get_opcodes():
         if tag != "equal":
-            before = reference_words[max(0, ref_start - context):ref_start]
-            return (f"...{' '.join(before)!r} then spaCy {reference_words[ref_start:ref_end + 1]} "
-                    f"vs ours {ours_words[our_start:our_end + 1]}")
+            before = reference_words[max(0, ref_start - context) : ref_start]
+            return (
+                f"...{' '.join(before)!r} then spaCy {reference_words[ref_start : ref_end + 1]} "
+                f"vs ours {ours_words[our_start : our_end + 1]}"
+            )
     return "same words, different ids"  # cannot happen: the same words give the same ids
 
 
@@ -90,7 +93,7 @@ def main():
     try:
         GPT1Tokenizer.from_files(*files, pretokenizer="spacy")
     except ImportError as error:
-        raise SystemExit(f"{error} (the benchmark compares against them)")
+        raise SystemExit(f"{error} (the benchmark compares against them)") from None
 
     sources = {
         "gutenberg": gutenberg_paragraphs(args.data / "pretrain" / "gutenberg"),
@@ -102,10 +105,12 @@ def main():
         reference = GPT1Tokenizer.from_files(*files, pretokenizer="spacy")
         result = results[name] = compare(ours, reference, paragraphs, args.examples)
         verdict = "ok" if result["percent_identical"] >= TARGET_PERCENT else "BELOW TARGET"
-        print(f"{name}: {result['identical']:,} of {result['paragraphs']:,} paragraphs identical = "
-              f"{result['percent_identical']:.2f}% (target {TARGET_PERCENT:.0f}%: {verdict}); "
-              f"encode {result['builtin_mb_per_s']:.2f} MB/s built-in, "
-              f"{result['spacy_mb_per_s']:.2f} MB/s ftfy+spaCy ({result['megabytes']:.2f} MB)")
+        print(
+            f"{name}: {result['identical']:,} of {result['paragraphs']:,} paragraphs identical = "
+            f"{result['percent_identical']:.2f}% (target {TARGET_PERCENT:.0f}%: {verdict}); "
+            f"encode {result['builtin_mb_per_s']:.2f} MB/s built-in, "
+            f"{result['spacy_mb_per_s']:.2f} MB/s ftfy+spaCy ({result['megabytes']:.2f} MB)"
+        )
         for example in result["examples"]:
             print(f"  {example}")
     if args.json:

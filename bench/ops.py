@@ -8,6 +8,7 @@ as the fastest plain-NumPy code of the same math written out by hand, with no gr
 ratio shows what the engine costs on top of the arithmetic, and the times show where a training
 step goes. Adam is one update of all 116M parameters of GPT-1. Medians of --repeat runs.
 """
+
 import argparse
 import json
 import math
@@ -125,7 +126,7 @@ def numpy_cross_entropy(logits, targets):
 
 
 def numpy_adam(params, grads, ms, vs, lr=2.5e-4, b1=0.9, b2=0.999, eps=1e-8, l2=0.01, t=1):
-    lr_t = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    lr_t = lr * math.sqrt(1 - b2**t) / (1 - b1**t)
     for p, g, m, v in zip(params, grads, ms, vs):
         m *= b1
         m += (1 - b1) * g
@@ -149,24 +150,48 @@ def cases():
     scores, h = normal(H, T, T), normal(T, 4 * D)
     logits, targets = normal(T, V), rng.integers(0, V, T)
     generator = ag.backend.new_generator(0)
-    yield ("embedding", f"{T} ids of {V}x{D}", tinygpt_case(lambda t: F.embedding(ids, t), table),
-           lambda: numpy_embedding(ids, table, g))
-    yield ("linear", f"{T}x{D} @ {D}x{4 * D}", tinygpt_case(F.linear, x, w, b),
-           lambda: numpy_linear(x, w, b, h))
-    yield ("attention", f"{H} heads, {T}x{T}, causal, dropout {P}",
-           tinygpt_case(lambda *a: F.scaled_dot_product_attention(*a, dropout_p=P, generator=generator), q, k, v),
-           lambda: numpy_attention(q, k, v, q, generator))
+    yield (
+        "embedding",
+        f"{T} ids of {V}x{D}",
+        tinygpt_case(lambda t: F.embedding(ids, t), table),
+        lambda: numpy_embedding(ids, table, g),
+    )
+    yield (
+        "linear",
+        f"{T}x{D} @ {D}x{4 * D}",
+        tinygpt_case(F.linear, x, w, b),
+        lambda: numpy_linear(x, w, b, h),
+    )
+    yield (
+        "attention",
+        f"{H} heads, {T}x{T}, causal, dropout {P}",
+        tinygpt_case(
+            lambda *a: F.scaled_dot_product_attention(*a, dropout_p=P, generator=generator), q, k, v
+        ),
+        lambda: numpy_attention(q, k, v, q, generator),
+    )
     if hasattr(F, "multi_head_attention"):  # the fused op GPT's blocks use (not in older tinygpt)
         qkv = np.concatenate([a.transpose(0, 2, 1, 3).reshape(1, T, D) for a in (q, k, v)], axis=-1)
-        yield ("multi-head attn", f"qkv 1x{T}x{3 * D}, {H} heads, dropout {P}",
-               tinygpt_case(lambda x: F.multi_head_attention(x, H, dropout_p=P, generator=generator), qkv),
-               lambda: numpy_attention(q, k, v, q, generator))
+        yield (
+            "multi-head attn",
+            f"qkv 1x{T}x{3 * D}, {H} heads, dropout {P}",
+            tinygpt_case(lambda x: F.multi_head_attention(x, H, dropout_p=P, generator=generator), qkv),
+            lambda: numpy_attention(q, k, v, q, generator),
+        )
     yield ("softmax", f"{H}x{T}x{T}", tinygpt_case(F.softmax, scores), lambda: numpy_softmax(scores, scores))
-    yield ("layer norm", f"{T}x{D}", tinygpt_case(F.layer_norm, x, normal(D), normal(D)),
-           lambda: numpy_layer_norm(x, b[:D], b[D:2 * D], g))
+    yield (
+        "layer norm",
+        f"{T}x{D}",
+        tinygpt_case(F.layer_norm, x, normal(D), normal(D)),
+        lambda: numpy_layer_norm(x, b[:D], b[D : 2 * D], g),
+    )
     yield ("gelu", f"{T}x{4 * D}", tinygpt_case(F.gelu, h), lambda: numpy_gelu(h, h))
-    yield ("cross-entropy", f"{T}x{V}", tinygpt_case(lambda z: F.cross_entropy(z, targets), logits),
-           lambda: numpy_cross_entropy(logits, targets))
+    yield (
+        "cross-entropy",
+        f"{T}x{V}",
+        tinygpt_case(lambda z: F.cross_entropy(z, targets), logits),
+        lambda: numpy_cross_entropy(logits, targets),
+    )
     yield adam_case()
 
 
@@ -181,7 +206,12 @@ def adam_case():
     grads = [p.grad for p in params]
     moments = [np.zeros_like(a) for a in arrays], [np.zeros_like(a) for a in arrays]
     count = sum(p.size for p in params)
-    return "adam", f"{count / 1e6:.1f}M parameters", optimizer.step, lambda: numpy_adam(arrays, grads, *moments)
+    return (
+        "adam",
+        f"{count / 1e6:.1f}M parameters",
+        optimizer.step,
+        lambda: numpy_adam(arrays, grads, *moments),
+    )
 
 
 def median_ms(run, repeat):
@@ -200,7 +230,9 @@ def main(args):
     print(f"{'op':14s} {'shape':34s} {'tinygpt ms':>11s} {'numpy ms':>9s} {'ratio':>6s}")
     for name, shape, ours, plain in cases():
         ours_ms, plain_ms = median_ms(ours, args.repeat), median_ms(plain, args.repeat)
-        rows.append({"op": name, "shape": shape, "tinygpt_ms": round(ours_ms, 2), "numpy_ms": round(plain_ms, 2)})
+        rows.append(
+            {"op": name, "shape": shape, "tinygpt_ms": round(ours_ms, 2), "numpy_ms": round(plain_ms, 2)}
+        )
         print(f"{name:14s} {shape:34s} {ours_ms:11.2f} {plain_ms:9.2f} {ours_ms / plain_ms:6.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -6,6 +6,7 @@ Prints training time beside the 60 s target and encoding speed beside the 1 MB/s
 aimed for). Files that are not valid UTF-8 (two of the books are Latin-1) are skipped and listed,
 as the tokenizer's reading policy is strict UTF-8.
 """
+
 import argparse
 import json
 import platform
@@ -80,7 +81,8 @@ def main():
     print(f"{'train ' + str(tokenizer.vocab_size) + ' tokens (s)':28}{train_s:12.1f}{'<= 60':>12}")
     print(f"{'encode, cold cache (MB/s)':28}{results['encode_cold_mb_s']:12.2f}{'>= 1':>12}")
     print(f"{'encode, warm cache (MB/s)':28}{results['encode_warm_mb_s']:12.2f}{'>= 1':>12}")
-    print(f"{tokens:,} tokens, {results['bytes_per_token']} bytes per token; decode(encode(book)) == book: {round_trip}")
+    print(f"{tokens:,} tokens, {results['bytes_per_token']} bytes per token")
+    print(f"decode(encode(book)) == book: {round_trip}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")

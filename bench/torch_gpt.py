@@ -8,6 +8,7 @@ head tied to the token embedding. Weights are (in, out) like GPT-1's Conv1D.
 Needs PyTorch, which tinygpt itself does not: for the CPU build,
     pip install torch --index-url https://download.pytorch.org/whl/cpu
 """
+
 import math
 
 try:
@@ -17,8 +18,10 @@ try:
 except ImportError:
     torch = None
 
-INSTALL_HINT = ("PyTorch is not installed; for the CPU build: "
-                "pip install torch --index-url https://download.pytorch.org/whl/cpu (or run with --no-torch)")
+INSTALL_HINT = (
+    "PyTorch is not installed; for the CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu (or run with --no-torch)"
+)
 
 
 def require_torch():
@@ -47,7 +50,9 @@ if torch is not None:
             self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd, config.initializer_range)
             self.c_proj = Conv1D(config.n_embd, config.n_embd, config.initializer_range)
             self.resid_dropout = nn.Dropout(config.resid_pdrop)
-            self.register_buffer("causal", torch.tril(torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool)))
+            self.register_buffer(
+                "causal", torch.tril(torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool))
+            )
 
         def forward(self, x):
             batch, time, width = x.shape

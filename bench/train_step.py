@@ -15,6 +15,7 @@ With --apart each side is also timed alone, in processes of its own taking turns
 neither finds the other's memory or threads in its way. PyTorch is optional (bench/torch_gpt.py
 says how to install it); --no-torch times tinygpt alone.
 """
+
 import argparse
 import json
 import os
@@ -33,23 +34,30 @@ CONFIGS = {  # name: (preset, overrides, batch)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", choices=CONFIGS, help="one of the benchmark's configurations")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
     parser.add_argument("--n-layer", type=int, default=None, help="override the preset's number of layers")
-    parser.add_argument("--batch", type=int, default=None, help="sequences per step (default 8, or the config's)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="sequences per step (default 8, or the config's)"
+    )
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: n_ctx)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both libraries")
     parser.add_argument("--steps", type=int, default=7, help="timed rounds (one step of each side per round)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each side first")
     parser.add_argument("--no-torch", dest="torch", action="store_false", help="time tinygpt alone")
-    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory children")
+    parser.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the peak-memory children"
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--label", help="a note on what was timed, kept in the JSON")
-    parser.add_argument("--apart", action="store_true",
-                        help="also time each side alone, in processes of its own taking turns")
+    parser.add_argument(
+        "--apart", action="store_true", help="also time each side alone, in processes of its own taking turns"
+    )
     parser.add_argument("--child", choices=("tinygpt", "torch"), help=argparse.SUPPRESS)  # one side alone:
     parser.add_argument("--child-times", action="store_true", help=argparse.SUPPRESS)  # its times, not memory
     args = parser.parse_args(argv)
@@ -69,6 +77,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt  # noqa: E402
+
 import autograd as ag  # noqa: E402
 from autograd import backend  # noqa: E402
 from autograd import functional as F  # noqa: E402
@@ -102,8 +111,13 @@ def torch_step(config, ids, threads):
     torch.manual_seed(0)
     model = torch_gpt.GPT(config).train()
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.ndim > 1], "weight_decay": L2},
-                                   {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}], lr=LR)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim > 1], "weight_decay": L2},
+            {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+        ],
+        lr=LR,
+    )
     ids = torch.from_numpy(ids)
 
     def step():
@@ -133,7 +147,11 @@ def peak_memory(side, args, config, ids):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # restart the high-water mark from the present resident size
     before = memory_kib("VmRSS")
-    step = tinygpt_step(config, ids, args.device)[0] if side == "tinygpt" else torch_step(config, ids, args.threads)
+    step = (
+        tinygpt_step(config, ids, args.device)[0]
+        if side == "tinygpt"
+        else torch_step(config, ids, args.threads)
+    )
     for _ in range(3):
         step()
     print(json.dumps({"peak_mib": round((memory_kib("VmHWM") - before) / 1024, 1)}))
@@ -141,12 +159,25 @@ def peak_memory(side, args, config, ids):
 
 def run_child(side, args, *flags):
     """Run this script as a --child for one side; what it prints (JSON) as a dict."""
-    argv = ["--preset", args.preset, "--batch", str(args.batch), "--threads", str(args.threads),
-            "--device", args.device, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    argv = [
+        "--preset",
+        args.preset,
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+        "--device",
+        args.device,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
     argv += [f"--{key.replace('_', '-')}={value}" for key, value in args.overrides.items()]
     argv += [f"--seq={args.seq}"] if args.seq else []
-    out = subprocess.run([sys.executable, __file__, *argv, "--child", side, *flags],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, *argv, "--child", side, *flags], check=True, capture_output=True, text=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -185,7 +216,9 @@ def machine():
     model = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model
+            )
     return f"{model}, {os.cpu_count()} cores"
 
 
@@ -203,7 +236,11 @@ def main(args):
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (args.batch, seq + 1))
     if args.child and args.child_times:
         side = args.child
-        step = tinygpt_step(config, ids, device)[0] if side == "tinygpt" else torch_step(config, ids, args.threads)
+        step = (
+            tinygpt_step(config, ids, device)[0]
+            if side == "tinygpt"
+            else torch_step(config, ids, args.threads)
+        )
         times = time_rounds({side: step}, args.steps, args.warmup, all_times=True)[side]
         return print(json.dumps({"times": times}))
     if args.child:
@@ -221,18 +258,30 @@ def main(args):
     load["after"] = [round(x, 2) for x in os.getloadavg()]
     tokens = args.batch * seq
     name = args.config or args.preset
-    result = {"config": name, "label": args.label, "preset": args.preset, "overrides": args.overrides,
-              "parameters": model.num_parameters(), "batch": args.batch, "seq": seq,
-              "device": device if device == "cpu" else f"{device} ({platform.node()})", "threads": args.threads,
-              "rounds": args.steps, "load_average": load,
-              "machine": machine(), "versions": versions(),
-              "date": date.today().isoformat()}
+    result = {
+        "config": name,
+        "label": args.label,
+        "preset": args.preset,
+        "overrides": args.overrides,
+        "parameters": model.num_parameters(),
+        "batch": args.batch,
+        "seq": seq,
+        "device": device if device == "cpu" else f"{device} ({platform.node()})",
+        "threads": args.threads,
+        "rounds": args.steps,
+        "load_average": load,
+        "machine": machine(),
+        "versions": versions(),
+        "date": date.today().isoformat(),
+    }
     for side, median in medians.items():
         result[side] = {"step_s": round(median, 4), "tok_s": round(tokens / median, 1)}
     if with_torch:
         result["ratio"] = round(medians["torch"] / medians["tinygpt"], 3)  # tinygpt tokens/s over torch's
-    print(f"{name} ({result['parameters']:,} parameters), batch {args.batch} x {seq} on {device}, "
-          f"{args.threads} threads, median of {args.steps} rounds:")
+    print(
+        f"{name} ({result['parameters']:,} parameters), batch {args.batch} x {seq} on {device}, "
+        f"{args.threads} threads, median of {args.steps} rounds:"
+    )
     for side, median in medians.items():
         print(f"  {side:8s} {median:7.3f} s per step  {tokens / median:9,.0f} tokens/s")
     if with_torch:
@@ -241,14 +290,16 @@ def main(args):
         apart = time_apart(list(steps), args)
         for side, median in apart.items():
             result[side]["apart"] = {"step_s": round(median, 4), "tok_s": round(tokens / median, 1)}
-            print(f"  {side:8s} {median:7.3f} s per step  {tokens / median:9,.0f} tokens/s alone, in its own processes")
+            rate = f"{tokens / median:9,.0f} tokens/s alone, in its own processes"
+            print(f"  {side:8s} {median:7.3f} s per step  {rate}")
         if with_torch:
             result["ratio_apart"] = round(apart["torch"] / apart["tinygpt"], 3)
             print(f"  tinygpt / torch tokens/s, each alone: {result['ratio_apart']:.2f}")
     if args.memory and device == "cpu":
         for side in steps:
             result[side]["peak_mib"] = run_child(side, args)["peak_mib"]
-            print(f"  {side:8s} peak memory {result[side]['peak_mib']:,.0f} MiB (growth of peak RSS over the imports)")
+            peak = f"{result[side]['peak_mib']:,.0f} MiB (growth of peak RSS over the imports)"
+            print(f"  {side:8s} peak memory {peak}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -1,5 +1,6 @@
 """Hypothesis profiles, the `device` parameter that runs a test on numpy and on cupy, and the
 `each_path` fixture that runs a test on the ops' fast paths and on their reference paths."""
+
 import os
 
 import pytest
@@ -25,7 +26,9 @@ def pytest_generate_tests(metafunc):
 def pytest_collection_modifyitems(config, items):
     if cuda_available():
         return
-    skip = pytest.mark.skip(reason="no CUDA device with CuPy here (pip install 'tinygpt[cuda12]' on a GPU machine)")
+    skip = pytest.mark.skip(
+        reason="no CUDA device with CuPy here (pip install 'tinygpt[cuda12]' on a GPU machine)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

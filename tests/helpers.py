@@ -1,4 +1,5 @@
 """What the tests share: strategies for shapes and values, tensor builders, the gradient registry."""
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -29,7 +30,9 @@ def away_from_zero(shape, low=0.5, high=3.0):
     """Arrays whose entries have magnitude in [low, high], either sign (safe denominators)."""
     if isinstance(shape, st.SearchStrategy):
         return shape.flatmap(lambda s: away_from_zero(s, low, high))
-    return st.tuples(arrays(shape, low, high), hnp.arrays(np.bool_, shape)).map(lambda p: np.where(p[1], p[0], -p[0]))
+    return st.tuples(arrays(shape, low, high), hnp.arrays(np.bool_, shape)).map(
+        lambda p: np.where(p[1], p[0], -p[0])
+    )
 
 
 def leaf(array, device, requires_grad=True):

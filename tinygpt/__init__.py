@@ -1,4 +1,5 @@
 """GPT-1 built from the autograd engine."""
+
 from .config import GPTConfig
 from .model import GPT
 

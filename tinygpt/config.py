@@ -1,4 +1,5 @@
 """GPTConfig: the sizes and rates of a GPT-1 model, with named presets."""
+
 from dataclasses import asdict, dataclass, fields
 
 ACTIVATIONS = {"gelu": "tanh", "gelu_new": "tanh", "gelu_exact": "none"}  # afn -> F.gelu's approximate
@@ -63,8 +64,12 @@ class GPTConfig:
     # The config.json of the openai-gpt checkpoints calls n_ctx "n_positions".
     def to_hf_dict(self):
         config = {k: v for k, v in asdict(self).items() if k != "n_ctx"}
-        return {"architectures": ["OpenAIGPTLMHeadModel"], "model_type": "openai-gpt",
-                "n_positions": self.n_ctx, **config}
+        return {
+            "architectures": ["OpenAIGPTLMHeadModel"],
+            "model_type": "openai-gpt",
+            "n_positions": self.n_ctx,
+            **config,
+        }
 
     @classmethod
     def from_hf_dict(cls, config):

@@ -14,6 +14,7 @@ to fixed positions, and in a sliding window every token moves one position left 
 The model runs on its own device; one row of logits per sequence comes to the host each step, and
 the sampling runs there with NumPy, so a seed gives the same tokens on the CPU and on a GPU.
 """
+
 import numpy as np
 
 from autograd import backend
@@ -25,7 +26,9 @@ def check_sampling(temperature=1.0, top_k=None, top_p=None):
     """Raise a ValueError naming the setting that is out of range."""
     if not (temperature >= 0 and np.isfinite(temperature)):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1
+    ):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
@@ -56,8 +59,9 @@ def sample_next(logits, rng, temperature=1.0, top_k=None, top_p=None):
     return int(order[rng.choice(len(order), p=probs)])
 
 
-def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
-             use_cache=True):
+def generate(
+    model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, use_cache=True
+):
     """The ids of max_new_tokens tokens that continue the list `prompt_ids`.
 
     seed fixes the sampling (None draws fresh randomness); use_cache=False recomputes the whole
@@ -66,8 +70,9 @@ def generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=None, top
     return generate_batch(model, [prompt_ids], max_new_tokens, temperature, top_k, top_p, seed, use_cache)[0]
 
 
-def generate_batch(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None,
-                   use_cache=True):
+def generate_batch(
+    model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, seed=None, use_cache=True
+):
     """Continue several prompts of the same length at once: a list with one list of new ids each.
 
     The model has no padding mask, so prompts of different lengths must go one by one (or through
@@ -75,7 +80,11 @@ def generate_batch(model, prompts, max_new_tokens, temperature=1.0, top_k=None, 
     on the seed and on its place in the batch.
     """
     check_sampling(temperature, top_k, top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, (int, np.integer))
+        or max_new_tokens < 0
+    ):
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if len({len(prompt) for prompt in prompts}) != 1 or not len(prompts[0]):
         raise ValueError("prompts must be non-empty lists of token ids, all of the same length")
@@ -99,4 +108,4 @@ def generate_batch(model, prompts, max_new_tokens, temperature=1.0, top_k=None, 
                 ids = np.concatenate([ids, pending], axis=1)
     finally:
         model.train(was_training)
-    return ids[:, ids.shape[1] - max_new_tokens:].tolist()
+    return ids[:, ids.shape[1] - max_new_tokens :].tolist()

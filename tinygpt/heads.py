@@ -10,6 +10,7 @@ to h_l^m and then `head` (an nn.Linear), so a state dict reads `transformer.toke
 A head takes the arrays of a tinygpt.tasks.Batch: ids (N, S, T) and clf_positions (N, S), with
 S sequences per example (1; 2 for similarity; one per answer for multiple choice).
 """
+
 import numpy as np
 
 import autograd as ag

@@ -6,6 +6,7 @@
 
 Parameter names are those of the openai-gpt checkpoints, so state dicts move both ways.
 """
+
 import dataclasses
 import json
 import os
@@ -25,7 +26,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         std = config.initializer_range
-        self.attn = nn.CausalSelfAttention(config.n_embd, config.n_head, config.attn_pdrop, config.resid_pdrop, std)
+        self.attn = nn.CausalSelfAttention(
+            config.n_embd, config.n_head, config.attn_pdrop, config.resid_pdrop, std
+        )
         self.ln_1 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
         self.mlp = nn.MLP(config.n_embd, config.n_inner, config.resid_pdrop, ACTIVATIONS[config.afn], std)
         self.ln_2 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
@@ -73,10 +76,13 @@ class GPT(nn.Module):
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
         if start + ids.shape[1] > self.config.n_ctx:
-            raise ValueError(f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}")
+            raise ValueError(
+                f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}"
+            )
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
-                             f"got {int(ids.min())}..{int(ids.max())}")
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
+            )
         return ids
 
     def resize_token_embeddings(self, n):
@@ -84,7 +90,9 @@ class GPT(nn.Module):
         new rows are drawn like the rest, old rows stay as they are."""
         old = self.tokens_embed.weight
         if n < old.shape[0]:
-            raise ValueError(f"resize_token_embeddings: {n} is fewer than the {old.shape[0]} tokens there are")
+            raise ValueError(
+                f"resize_token_embeddings: {n} is fewer than the {old.shape[0]} tokens there are"
+            )
         new_rows = nn.normal((n - old.shape[0], old.shape[1]), self.config.initializer_range).data
         grown = old.xp.concatenate([old.data, backend.to_device(new_rows, old.device, old.dtype)])
         self.tokens_embed.weight = nn.Parameter(grown)
@@ -137,20 +145,43 @@ class GPT(nn.Module):
         flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
         sizes = [int(np.prod(shape)) for shape in shapes]
         if sum(sizes) != flat.size:
-            raise ValueError(f"{directory}: the shapes need {sum(sizes)} numbers, the params_*.npy files hold {flat.size}")
+            raise ValueError(
+                f"{directory}: the shapes need {sum(sizes)} numbers, the params_*.npy files hold {flat.size}"
+            )
         arrays = [piece.reshape(shape) for piece, shape in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
         n_layer = (len(arrays) - 2) // 12
-        config = config or GPTConfig(vocab_size=arrays[1].shape[0], n_ctx=arrays[0].shape[0],
-                                     n_embd=arrays[0].shape[1], n_layer=n_layer)
+        config = config or GPTConfig(
+            vocab_size=arrays[1].shape[0],
+            n_ctx=arrays[0].shape[0],
+            n_embd=arrays[0].shape[1],
+            n_layer=n_layer,
+        )
         names = ["positions_embed.weight", "tokens_embed.weight"]
         for layer in range(n_layer):
-            names += [f"h.{layer}.{name}" for name in (
-                "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-                "ln_1.weight", "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias")]
+            names += [
+                f"h.{layer}.{name}"
+                for name in (
+                    "attn.c_attn.weight",
+                    "attn.c_attn.bias",
+                    "attn.c_proj.weight",
+                    "attn.c_proj.bias",
+                    "ln_1.weight",
+                    "ln_1.bias",
+                    "mlp.c_fc.weight",
+                    "mlp.c_fc.bias",
+                    "mlp.c_proj.weight",
+                    "mlp.c_proj.bias",
+                    "ln_2.weight",
+                    "ln_2.bias",
+                )
+            ]
         if len(names) != len(arrays):
-            raise ValueError(f"{directory}: {len(arrays)} tensors do not make whole blocks of 12 after the embeddings")
-        state = {name: a[0] if name.endswith("weight") and a.ndim == 3 else a for name, a in zip(names, arrays)}
+            raise ValueError(
+                f"{directory}: {len(arrays)} tensors do not make whole blocks of 12 after the embeddings"
+            )
+        state = {
+            name: a[0] if name.endswith("weight") and a.ndim == 3 else a for name, a in zip(names, arrays)
+        }
         model = cls(config)
         model.load_state_dict(state)
         return model

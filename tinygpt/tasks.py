@@ -14,6 +14,7 @@ class id (for multiple choice, the index of the right answer) and "score" a numb
 Long inputs are cut as the original code did: a single text to n_ctx - 2 tokens, each segment
 of a pair to n_ctx // 2 - 2, so that every sequence fits in n_ctx positions.
 """
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,7 @@ def kind_of(example):
 @dataclass(frozen=True)
 class SpecialTokens:
     """The ids of _start_, _delimiter_ and _classify_."""
+
     start: int
     delimiter: int
     classify: int
@@ -51,14 +53,16 @@ class SpecialTokens:
         ids = tokenizer.special_tokens
         missing = [name for name in SPECIAL_TOKENS if name not in ids]
         if missing:
-            raise ValueError(f"the tokenizer has no special tokens {missing}; fine-tuning needs {list(SPECIAL_TOKENS)}")
+            raise ValueError(
+                f"the tokenizer has no special tokens {missing}; fine-tuning needs {list(SPECIAL_TOKENS)}"
+            )
         return cls(*(ids[name] for name in SPECIAL_TOKENS))
 
 
 # ----- one example -> its token-id sequences ---------------------------------------------------
 def single(text, special, n_ctx):
     """[start] text [classify], the text cut to n_ctx - 2 tokens -> (ids, whether it was cut)."""
-    kept = text[:n_ctx - 2]
+    kept = text[: n_ctx - 2]
     return [special.start, *kept, special.classify], len(kept) < len(text)
 
 
@@ -67,7 +71,9 @@ def pair(first, second, special, n_ctx):
     -> (ids, whether either was cut)."""
     limit = n_ctx // 2 - 2
     a, b = first[:limit], second[:limit]
-    return [special.start, *a, special.delimiter, *b, special.classify], len(a) + len(b) < len(first) + len(second)
+    return [special.start, *a, special.delimiter, *b, special.classify], len(a) + len(b) < len(first) + len(
+        second
+    )
 
 
 def transform(example, kind, encode, special, n_ctx):
@@ -98,6 +104,7 @@ class Batch:
     clf_positions (N, S), where each sequence's _classify_ token is; labels (N,), class ids
     (int64) or scores (float32).
     """
+
     ids: np.ndarray
     mask: np.ndarray
     clf_positions: np.ndarray
@@ -116,15 +123,17 @@ def collate(sequences, labels):
     """Pad the examples' sequences (a list of N lists of S token-id lists) into a Batch."""
     counts = sorted({len(seqs) for seqs in sequences})
     if len(counts) > 1:
-        raise ValueError(f"examples in one batch must have the same number of sequences (answers), got {counts}")
+        raise ValueError(
+            f"examples in one batch must have the same number of sequences (answers), got {counts}"
+        )
     n, s = len(sequences), counts[0] if counts else 1
     length = max((len(ids) for seqs in sequences for ids in seqs), default=1)
     ids = np.zeros((n, s, length), dtype=np.int64)
     mask = np.zeros((n, s, length), dtype=bool)
     for i, seqs in enumerate(sequences):
         for j, seq in enumerate(seqs):
-            ids[i, j, :len(seq)] = seq
-            mask[i, j, :len(seq)] = True
+            ids[i, j, : len(seq)] = seq
+            mask[i, j, : len(seq)] = True
     return Batch(ids, mask, mask.sum(axis=-1) - 1, np.asarray(labels))
 
 
@@ -132,6 +141,7 @@ def collate(sequences, labels):
 class TaskData:
     """A task's examples as token ids, to be cut into batches. n_cut: how many examples had a
     segment cut to fit n_ctx."""
+
     kind: str
     sequences: list  # per example, its list of token-id sequences
     labels: np.ndarray  # class ids (int64) or scores (float32)
@@ -147,7 +157,7 @@ class TaskData:
         """Batches of up to batch_size examples, in order, or shuffled by a numpy Generator."""
         order = rng.permutation(len(self)) if rng is not None else np.arange(len(self))
         for start in range(0, len(self), batch_size):
-            yield self.batch(order[start:start + batch_size])
+            yield self.batch(order[start : start + batch_size])
 
 
 def encode_examples(examples, kind, tokenizer, n_ctx):
@@ -162,6 +172,8 @@ def encode_examples(examples, kind, tokenizer, n_ctx):
         sequences.append(seqs)
         n_cut += cut
     scores = bool(examples) and "score" in examples[0]
-    labels = np.array([example["score" if scores else "label"] for example in examples],
-                      dtype=np.float32 if scores else np.int64)
+    labels = np.array(
+        [example["score" if scores else "label"] for example in examples],
+        dtype=np.float32 if scores else np.int64,
+    )
     return TaskData(kind, sequences, labels, n_cut)

@@ -11,6 +11,7 @@
 A checkpoint is written to a temporary folder and renamed into place, so `checkpoints/` only ever
 holds whole checkpoints; the oldest beyond `keep` are then removed.
 """
+
 import json
 import os
 import shutil
@@ -37,8 +38,10 @@ def read_weights(folder, model):
     weights = GPT.read_weights(folder)
     if getattr(model, "transformer", model) is model:
         return weights
-    return {**{f"transformer.{name}": array for name, array in weights.items()},
-            **load_file(os.path.join(folder, HEAD_FILE))}
+    return {
+        **{f"transformer.{name}": array for name, array in weights.items()},
+        **load_file(os.path.join(folder, HEAD_FILE)),
+    }
 
 
 def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
@@ -71,8 +74,11 @@ def checkpoint_steps(run_dir):
     folder = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(folder):
         return []
-    return sorted(int(name) for name in os.listdir(folder)
-                  if name.isdigit() and os.path.isfile(os.path.join(folder, name, STATE_FILE)))
+    return sorted(
+        int(name)
+        for name in os.listdir(folder)
+        if name.isdigit() and os.path.isfile(os.path.join(folder, name, STATE_FILE))
+    )
 
 
 def find_checkpoint(path):
@@ -83,7 +89,9 @@ def find_checkpoint(path):
         raise FileNotFoundError(f"{path}: no such run or checkpoint folder")
     steps = checkpoint_steps(path)
     if not steps:
-        raise FileNotFoundError(f"{path}: holds no checkpoint (looked in {os.path.join(path, 'checkpoints')})")
+        raise FileNotFoundError(
+            f"{path}: holds no checkpoint (looked in {os.path.join(path, 'checkpoints')})"
+        )
     return os.path.join(path, "checkpoints", str(steps[-1]))
 
 
@@ -108,6 +116,11 @@ def load_checkpoint(path, model, optimizer=None):
         missing = [n for n in names if f"m.{n}" not in moments or f"v.{n}" not in moments]
         if missing:
             raise SafetensorsError(f"{folder}/optimizer.safetensors: no moments for {', '.join(missing)}")
-        optimizer.load_state_dict({**state["optimizer"], "m": [moments[f"m.{n}"] for n in names],
-                                   "v": [moments[f"v.{n}"] for n in names]})
+        optimizer.load_state_dict(
+            {
+                **state["optimizer"],
+                "m": [moments[f"m.{n}"] for n in names],
+                "v": [moments[f"v.{n}"] for n in names],
+            }
+        )
     return state

@@ -6,6 +6,7 @@ work. As in the paper, the model trains on contiguous windows of n_ctx + 1 token
 next-token targets). The order of the windows is a function of (seed, epoch) alone, so the
 batch of any step can be rebuilt, which is what makes resuming exact.
 """
+
 import hashlib
 import os
 
@@ -77,11 +78,13 @@ class Windows:
         self.ids, self.n_ctx = ids, n_ctx
         self.count = (len(ids) - 1) // n_ctx
         if self.count < 1:
-            raise ValueError(f"{name}: {len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}")
+            raise ValueError(
+                f"{name}: {len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}"
+            )
 
     def window(self, index):
         start = index * self.n_ctx
-        return self.ids[start:start + self.n_ctx + 1]
+        return self.ids[start : start + self.n_ctx + 1]
 
     def batch(self, indices):
         return np.stack([self.window(i) for i in indices]).astype(np.int64)
@@ -102,7 +105,7 @@ class Windows:
         epoch, index = divmod(step, per_epoch)
         share = batch_size // ranks
         start = index * batch_size + rank * share
-        return self.batch(self.order(seed, epoch)[start:start + share])
+        return self.batch(self.order(seed, epoch)[start : start + share])
 
     def in_order(self, batch_size, limit=None):
         """Batches of windows in order (for evaluation), at most `limit` windows in all."""
@@ -116,8 +119,10 @@ def split(ids, val_fraction, n_ctx):
     one window of them."""
     held_out = max(int(len(ids) * val_fraction), n_ctx + 1)
     if held_out >= len(ids) - n_ctx:
-        raise ValueError(f"the corpus has {len(ids)} tokens: too few for a training and a validation "
-                         f"window of n_ctx + 1 = {n_ctx + 1} tokens each")
+        raise ValueError(
+            f"the corpus has {len(ids)} tokens: too few for a training and a validation "
+            f"window of n_ctx + 1 = {n_ctx + 1} tokens each"
+        )
     return ids[:-held_out], ids[-held_out:]
 
 
@@ -140,6 +145,6 @@ def next_token_batch(rows):
     targets = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)
     for row, (ids, n) in enumerate(rows):
         if n > 0:
-            inputs[row, :len(ids) - 1] = ids[:-1]
-            targets[row, len(ids) - 1 - n:len(ids) - 1] = ids[-n:]
+            inputs[row, : len(ids) - 1] = ids[:-1]
+            targets[row, len(ids) - 1 - n : len(ids) - 1] = ids[-n:]
     return inputs, targets

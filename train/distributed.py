@@ -9,6 +9,7 @@ buffer-based calls are used: nothing is pickled.
 A run without --distributed gets a Group of one process, whose collectives return at once, so
 the training loops have a single code path, and mpi4py is never imported.
 """
+
 import contextlib
 import hashlib
 import os
@@ -37,7 +38,7 @@ def pack(arrays, out=None):
         out = xp.empty(size, dtype=arrays[0].dtype)
     offset = 0
     for a in arrays:
-        out[offset:offset + a.size] = a.reshape(-1)
+        out[offset : offset + a.size] = a.reshape(-1)
         offset += a.size
     return out
 
@@ -48,7 +49,7 @@ def unpack(flat, shapes):
     if sum(sizes) != flat.size:
         raise ValueError(f"unpack: {flat.size} numbers do not make the shapes {list(shapes)} ({sum(sizes)})")
     ends = np.cumsum(sizes)
-    return [flat[end - size:end].reshape(shape) for size, end, shape in zip(sizes, ends, shapes)]
+    return [flat[end - size : end].reshape(shape) for size, end, shape in zip(sizes, ends, shapes)]
 
 
 def dropout_seed(seed, step, rank):
@@ -128,9 +129,11 @@ class Group:
         try:
             nccl = backend.nccl()
         except ImportError:
-            raise RuntimeError("--distributed on GPUs needs NCCL, which CuPy did not find: install it where "
-                               "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
-                               "--device cpu") from None
+            raise RuntimeError(
+                "--distributed on GPUs needs NCCL, which CuPy did not find: install it where "
+                "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
+                "--device cpu"
+            ) from None
         backend.use_device(index)
         unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
         if self.main:
@@ -147,7 +150,9 @@ class Group:
             return
         flat = pack([p.data for p in params])
         if self.nccl is not None:
-            self.nccl.bcast(flat.data.ptr, flat.size, self._nccl_types[flat.dtype], 0, backend.current_stream())
+            self.nccl.bcast(
+                flat.data.ptr, flat.size, self._nccl_types[flat.dtype], 0, backend.current_stream()
+            )
         else:
             self.comm.Bcast(flat, root=0)
         for p, values in zip(params, unpack(flat, [p.shape for p in params])):
@@ -164,8 +169,14 @@ class Group:
         flat = self._buffer = pack(grads, self._buffer)
         flat *= weight
         if self.nccl is not None:
-            self.nccl.allReduce(flat.data.ptr, flat.data.ptr, flat.size, self._nccl_types[flat.dtype],
-                                self._nccl_sum, backend.current_stream())
+            self.nccl.allReduce(
+                flat.data.ptr,
+                flat.data.ptr,
+                flat.size,
+                self._nccl_types[flat.dtype],
+                self._nccl_sum,
+                backend.current_stream(),
+            )
         else:
             self.comm.Allreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)
         for p, grad in zip(params, unpack(flat, [p.shape for p in params])):
@@ -195,8 +206,10 @@ class Group:
         first = digest.copy()
         self.comm.Bcast(first, root=0)
         if not np.array_equal(first, digest):
-            raise ValueError(f"rank {self.rank} has another {what} than rank 0: every rank must be "
-                             f"started with the same files and settings")
+            raise ValueError(
+                f"rank {self.rank} has another {what} than rank 0: every rank must be "
+                f"started with the same files and settings"
+            )
 
     # ----- ending ----------------------------------------------------------------------------------
     def exit_together(self, status):

@@ -9,6 +9,7 @@ Each command is an argparse subparser made by train.cli.add_command, which start
 and registers its handler (see add_perplexity_command); a new one is a function like it, called in
 build_parser.
 """
+
 import argparse
 import math
 import sys
@@ -19,8 +20,8 @@ from autograd.tensor import no_grad
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
-from .inspection import add_attention_command, add_summary_command
 from .data import next_token_batch
+from .inspection import add_attention_command, add_summary_command
 from .zeroshot import add_zeroshot_command
 
 
@@ -36,7 +37,7 @@ def read_tokens(paths, tokenizer, max_tokens=None):
         text = read_text_file(path)
         file_ids = tokenizer.encode(text)
         if max_tokens is not None and len(ids) + len(file_ids) > max_tokens:
-            file_ids = file_ids[:max_tokens - len(ids)]
+            file_ids = file_ids[: max_tokens - len(ids)]
             text = tokenizer.decode(file_ids)
         ids += file_ids
         n_bytes += len(text.encode("utf-8"))
@@ -52,7 +53,7 @@ def windows(ids, n_ctx):
     windows share one token at each seam, so their targets do not overlap and every token but the
     very first is predicted exactly once, the last partial window included.
     """
-    return [ids[start:start + n_ctx + 1] for start in range(0, len(ids) - 1, n_ctx)]
+    return [ids[start : start + n_ctx + 1] for start in range(0, len(ids) - 1, n_ctx)]
 
 
 def negative_log_likelihood(model, ids, batch_size, progress=False):
@@ -66,7 +67,7 @@ def negative_log_likelihood(model, ids, batch_size, progress=False):
     total = 0.0
     with no_grad():
         for start in range(0, len(chunks), batch_size):
-            batch = chunks[start:start + batch_size]
+            batch = chunks[start : start + batch_size]
             inputs, targets = next_token_batch([(chunk, len(chunk) - 1) for chunk in batch])  # every target
             loss = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="sum")
             total += float(loss.item())
@@ -89,8 +90,13 @@ def perplexity_command(parser, args):
         parser.error(f"--data: the text holds {len(ids)} token(s); at least 2 are needed to predict one")
     nll = negative_log_likelihood(model, ids, args.batch_size, progress=sys.stderr.isatty())
     tokens = len(ids) - 1
-    results = {"perplexity": math.exp(nll / tokens), "bits_per_byte": nll / math.log(2) / n_bytes,
-               "loss": nll / tokens, "tokens": tokens, "bytes": n_bytes}
+    results = {
+        "perplexity": math.exp(nll / tokens),
+        "bits_per_byte": nll / math.log(2) / n_bytes,
+        "loss": nll / tokens,
+        "tokens": tokens,
+        "bytes": n_bytes,
+    }
     print(f"perplexity     {results['perplexity']:.4f}  (mean loss {results['loss']:.4f} nats per token)")
     print(f"bits per byte  {results['bits_per_byte']:.4f}")
     print(f"tokens         {tokens}  (predicted, of {len(ids)})")
@@ -101,14 +107,24 @@ def perplexity_command(parser, args):
 
 def add_perplexity_command(commands):
     parser = add_command(
-        commands, "perplexity", perplexity_command, help="token perplexity and bits per byte on text files",
+        commands,
+        "perplexity",
+        perplexity_command,
+        help="token perplexity and bits per byte on text files",
         description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first "
-                    "predicted once), and bits per byte (the negative log-likelihood in bits over the UTF-8 "
-                    "bytes of the text), which compares models with different tokenizers.")
-    parser.add_argument("--data", required=True, nargs="+", metavar="FILE",
-                        help="text files (UTF-8), folders of *.txt, or glob patterns")
-    parser.add_argument("--max-tokens", type=positive_int,
-                        help="evaluate only the first N tokens (for speed)")
+        "predicted once), and bits per byte (the negative log-likelihood in bits over the UTF-8 "
+        "bytes of the text), which compares models with different tokenizers.",
+    )
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="text files (UTF-8), folders of *.txt, or glob patterns",
+    )
+    parser.add_argument(
+        "--max-tokens", type=positive_int, help="evaluate only the first N tokens (for speed)"
+    )
     add_figure_arguments(parser, batch_size=8, batched="windows")
 
 

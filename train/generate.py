@@ -4,30 +4,48 @@ Prints the prompt followed by the generated continuation. --run takes a run fold
 checkpoint is used) or one checkpoint folder inside a run. See tinygpt/generation.py for how
 temperature, top-k, top-p, the key/value cache and the sliding window beyond n_ctx work.
 """
+
 import argparse
 
 from tinygpt.generation import generate
 
-from .cli import (add_device_argument, add_run_argument, non_negative_int, open_run, positive_int,
-                  probability, temperature)
+from .cli import (
+    add_device_argument,
+    add_run_argument,
+    non_negative_int,
+    open_run,
+    positive_int,
+    probability,
+    temperature,
+)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m train.generate", description=__doc__.split("\n")[0])
     add_run_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    parser.add_argument("--max-new-tokens", type=non_negative_int, default=100,
-                        help="tokens to generate (100)")
-    parser.add_argument("--temperature", type=temperature, default=1.0,
-                        help="divides the logits; 0 always takes the most likely token (1.0)")
+    parser.add_argument(
+        "--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate (100)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=temperature,
+        default=1.0,
+        help="divides the logits; 0 always takes the most likely token (1.0)",
+    )
     parser.add_argument("--top-k", type=positive_int, help="sample only among the k most likely tokens")
-    parser.add_argument("--top-p", type=probability,
-                        help="sample only among the smallest set of most likely tokens whose probability "
-                             "reaches p")
+    parser.add_argument(
+        "--top-p",
+        type=probability,
+        help="sample only among the smallest set of most likely tokens whose probability reaches p",
+    )
     parser.add_argument("--seed", type=int, help="fixes the sampling, so the same seed gives the same text")
     add_device_argument(parser)
-    parser.add_argument("--no-cache", action="store_true",
-                        help="recompute the whole sequence for every token (slower; the same tokens)")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole sequence for every token (slower; the same tokens)",
+    )
     return parser
 
 
@@ -36,7 +54,7 @@ def continuation(tokenizer, prompt_ids, new_ids):
     decoding the new ids alone would lose the space GPT-1's tokenizer puts between words. Both
     tokenizers decode a prompt to a prefix of what they decode the prompt and continuation to."""
     whole, head = tokenizer.decode(prompt_ids + new_ids), tokenizer.decode(prompt_ids)
-    return whole[len(head):]
+    return whole[len(head) :]
 
 
 def main(argv=None):
@@ -46,8 +64,16 @@ def main(argv=None):
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         parser.error(f"--prompt: {args.prompt!r} is empty after tokenization; give some text to continue")
-    new_ids = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+    new_ids = generate(
+        model,
+        prompt_ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        use_cache=not args.no_cache,
+    )
     print(args.prompt + continuation(tokenizer, prompt_ids, new_ids))
 
 

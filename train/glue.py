@@ -15,6 +15,7 @@ A row with the wrong number of columns or fields, or an unknown label, stops rea
 ValueError naming the file and line; with skip_bad_rows=True it is left out and counted. Rows the
 dataset itself marks unusable (SNLI's gold_label "-") are always left out and counted.
 """
+
 import csv
 import json
 from collections import Counter
@@ -28,6 +29,7 @@ from tinygpt.tasks import KINDS, kind_of
 class Tsv(NamedTuple):
     """A TSV layout: {example field: column name in the header}, the label names in id order
     (None for a score), and for a file without a header its width (columns are then positions)."""
+
     columns: dict
     labels: tuple
     width: int = None
@@ -45,8 +47,16 @@ TSV = {
     "stsb": Tsv({"text_a": "sentence1", "text_b": "sentence2", "score": "score"}, None),
     "mrpc": Tsv({"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}, BINARY),
 }
-STORY_COLUMNS = ("InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
-                 "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding")
+STORY_COLUMNS = (
+    "InputStoryid",
+    "InputSentence1",
+    "InputSentence2",
+    "InputSentence3",
+    "InputSentence4",
+    "RandomFifthSentenceQuiz1",
+    "RandomFifthSentenceQuiz2",
+    "AnswerRightEnding",
+)
 TASKS = (*TSV, "snli", "rocstories", "jsonl")
 METRICS = {"cola": ("mcc",), "stsb": ("pearson", "spearman"), "mrpc": ("accuracy", "f1")}
 NO_GOLD_LABEL = "no gold label ('-')"
@@ -57,6 +67,7 @@ class Dataset:
     """A task's examples. labels: the label names, a class's id being its index (None for scores
     and multiple choice); skipped: {why: rows left out}; bad_rows: "file: line n: why" of each bad
     row skipped."""
+
     task: str
     kind: str
     examples: list
@@ -117,8 +128,14 @@ def read(task, path, labels=None, skip_bad_rows=False):
         labels = list(labels if labels is not None else documented or _sorted({e["label"] for _, e in rows}))
         ids = {label: i for i, label in enumerate(labels)}
         rows = reading.keep(_converted(rows, lambda example: _with_label_id(example, ids)))
-    return Dataset(task, kind, [example for _, example in rows], labels if has_classes else None,
-                   dict(reading.skipped), reading.bad_rows)
+    return Dataset(
+        task,
+        kind,
+        [example for _, example in rows],
+        labels if has_classes else None,
+        dict(reading.skipped),
+        reading.bad_rows,
+    )
 
 
 def save_labels(labels, path):
@@ -193,7 +210,10 @@ def _tsv_rows(path, layout):
             missing = [name for name in layout.columns.values() if name not in header]
             if missing:
                 raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
-            width, positions = len(header), {field: header.index(name) for field, name in layout.columns.items()}
+            width, positions = (
+                len(header),
+                {field: header.index(name) for field, name in layout.columns.items()},
+            )
         rows = ((reader.line_num, cells) for cells in reader)
         yield from _converted(rows, lambda cells: _tsv_example(cells, width, positions))
 
@@ -294,8 +314,10 @@ def _jsonl_example(text):
 
 def _same_layout(example, first):
     """The example, if its fields (and number of choices) are those of the file's first row."""
+
     def layout(e):
         return ", ".join(sorted(e)) + (f" with {len(e['choices'])} choices" if "choices" in e else "")
+
     if layout(example) != layout(first):
         raise BadRow(f"fields {layout(example)} differ from the first row's {layout(first)}")
     return example

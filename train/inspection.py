@@ -1,9 +1,11 @@
 """A look inside a model: python -m train.evaluate attention | summary.
 
+The two commands:
     attention   the attention weights of every head of one layer, drawn as heatmaps over the
                 tokens of a text (needs matplotlib: pip install 'tinygpt[plot]')
     summary     parameters and forward FLOPs per token, layer by layer
 """
+
 import math
 
 import numpy as np
@@ -96,10 +98,13 @@ def attention_command(parser, args):
 
 def add_attention_command(commands):
     parser = add_command(
-        commands, "attention", attention_command,
+        commands,
+        "attention",
+        attention_command,
         help="heatmaps of the attention weights of every head of a layer",
         description="Draw the attention weights of every head of one layer over the tokens of a text "
-                    "(rows attend to columns; the causal mask leaves the upper triangle empty).")
+        "(rows attend to columns; the causal mask leaves the upper triangle empty).",
+    )
     parser.add_argument("--text", required=True, help="the text to run through the model")
     parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
     parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
@@ -133,22 +138,34 @@ def summary_command(parser, args):
     context = args.context or config.n_ctx
     rows = layer_summary(model, context)
     total = ("total", *(sum(row[i] for row in rows) for i in (1, 2, 3)))
-    print(f"{config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, n_ctx {config.n_ctx}, "
-          f"vocab {config.vocab_size}")
+    print(
+        f"{config.n_layer} layers, {config.n_embd} wide, {config.n_head} heads, n_ctx {config.n_ctx}, "
+        f"vocab {config.vocab_size}"
+    )
     print(f"{'layer':32}{'parameters':>14}{'matmul FLOPs':>16}{'attention FLOPs':>17}{'FLOPs/token':>16}")
     for name, params, matmul, attention in [*rows, total]:
         print(f"{name:32}{params:>14,}{matmul:>16,}{attention:>17,}{matmul + attention:>16,}")
-    print(f"FLOPs of one forward pass per token, attention at a context of T = {context} tokens"
-          f"{' (n_ctx)' if context == config.n_ctx else ''}: each token attends to T positions, an upper "
-          f"bound; under the causal mask a token at position t attends to t + 1, about T/2 on average. "
-          f"A training step costs about 3 times the forward pass.")
+    print(
+        f"FLOPs of one forward pass per token, attention at a context of T = {context} tokens"
+        f"{' (n_ctx)' if context == config.n_ctx else ''}: each token attends to T positions, an upper "
+        f"bound; under the causal mask a token at position t attends to t + 1, about T/2 on average. "
+        f"A training step costs about 3 times the forward pass."
+    )
     return {"rows": rows, "total": total, "context": context}
 
 
 def add_summary_command(commands):
     parser = add_command(
-        commands, "summary", summary_command, help="parameters and FLOPs per token, layer by layer",
+        commands,
+        "summary",
+        summary_command,
+        help="parameters and FLOPs per token, layer by layer",
         description="A table of each layer's parameters and forward FLOPs per token: 2 per weight of each "
-                    "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.")
-    parser.add_argument("--context", type=positive_int, metavar="T",
-                        help="the context length at which attention is counted (default: n_ctx)")
+        "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.",
+    )
+    parser.add_argument(
+        "--context",
+        type=positive_int,
+        metavar="T",
+        help="the context length at which attention is counted (default: n_ctx)",
+    )

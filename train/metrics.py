@@ -5,14 +5,16 @@ order-preserving sequences of equal length, and returns a float.
 Where a measure is undefined (a constant input to a correlation, no positives at all for F1)
 it is 0.0, as scikit-learn reports it.
 """
+
 import numpy as np
 
 
 def _pair(predictions, labels):
     predictions, labels = np.asarray(predictions), np.asarray(labels)
     if predictions.shape != labels.shape or predictions.ndim != 1:
-        raise ValueError(f"predictions {predictions.shape} and labels {labels.shape} "
-                         "must be two vectors of one length")
+        raise ValueError(
+            f"predictions {predictions.shape} and labels {labels.shape} must be two vectors of one length"
+        )
     if not len(labels):
         raise ValueError("no examples to measure")
     return predictions, labels

@@ -1,4 +1,5 @@
 """A task head on a dataset: its predictions, the task's metrics, and predictions.tsv."""
+
 import numpy as np
 
 import autograd as ag
@@ -38,6 +39,7 @@ def write_predictions(path, predictions, dataset):
     """predictions.tsv: `index<TAB>prediction` per example, the prediction written as the dataset
     writes its labels: a label name, a score, or the chosen answer (for rocstories numbered from 1,
     as its AnswerRightEnding column; for jsonl the index into choices)."""
+
     def label(value):
         if dataset.labels is not None:
             return dataset.labels[int(value)]

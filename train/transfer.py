@@ -7,6 +7,7 @@ task tokens added to the vocabulary, and the ablations that undo some of the pre
     an openai-gpt folder             config.json + model.safetensors (the Hugging Face layout);
                                      the tokenizer is given apart, as GPT-1's files or a BPE folder
 """
+
 import os
 
 import autograd as ag
@@ -21,27 +22,37 @@ from .run import load_tokenizer, run_folder_of
 def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
     """(GPT, tokenizer) from a run, a checkpoint or an openai-gpt folder (see the top of this file);
     the tokenizer folders are for the last. Errors name the folder that is wrong."""
-    is_run = os.path.isdir(os.path.join(path, "checkpoints")) or os.path.isfile(os.path.join(path, STATE_FILE))
+    is_run = os.path.isdir(os.path.join(path, "checkpoints")) or os.path.isfile(
+        os.path.join(path, STATE_FILE)
+    )
     if is_run:
         checkpoint = find_checkpoint(path)
         model = GPT.from_pretrained(checkpoint)
         own_tokenizer = os.path.join(run_folder_of(checkpoint), "tokenizer")
-    elif os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+    elif os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(
+        os.path.join(path, "model.safetensors")
+    ):
         model, own_tokenizer = GPT.from_pretrained(path), None
     else:
-        raise FileNotFoundError(f"{path}: neither a run (checkpoints/), a checkpoint ({STATE_FILE}) "
-                                f"nor an openai-gpt folder (config.json + model.safetensors)")
+        raise FileNotFoundError(
+            f"{path}: neither a run (checkpoints/), a checkpoint ({STATE_FILE}) "
+            f"nor an openai-gpt folder (config.json + model.safetensors)"
+        )
     if own_tokenizer:
         if tokenizer_dir or gpt1_tokenizer_dir:
-            raise ValueError(f"{path} is a run, whose tokenizer comes along: --tokenizer and --gpt1-tokenizer "
-                             f"are for an openai-gpt folder")
+            raise ValueError(
+                f"{path} is a run, whose tokenizer comes along: --tokenizer and --gpt1-tokenizer "
+                f"are for an openai-gpt folder"
+            )
         return model, load_tokenizer(own_tokenizer)
     if gpt1_tokenizer_dir:
         return model, GPT1Tokenizer.from_folder(gpt1_tokenizer_dir)
     if tokenizer_dir:
         return model, load_tokenizer(tokenizer_dir)
-    raise ValueError(f"{path} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "
-                     f"(GPT-1's {' + '.join(GPT1Tokenizer.FILES)}) or --tokenizer DIR")
+    raise ValueError(
+        f"{path} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "
+        f"(GPT-1's {' + '.join(GPT1Tokenizer.FILES)}) or --tokenizer DIR"
+    )
 
 
 def prepare(model, tokenizer, seed, from_scratch=False, transfer_layers=None):
@@ -54,21 +65,31 @@ def prepare(model, tokenizer, seed, from_scratch=False, transfer_layers=None):
     """
     n_layer = model.config.n_layer
     if transfer_layers is not None and not 0 <= transfer_layers <= n_layer:
-        raise ValueError(f"--transfer-layers {transfer_layers}: the model has {n_layer} blocks, "
-                         f"so K must lie in 0..{n_layer}")
+        raise ValueError(
+            f"--transfer-layers {transfer_layers}: the model has {n_layer} blocks, "
+            f"so K must lie in 0..{n_layer}"
+        )
     ag.manual_seed(seed)
     added = resize(model, tokenizer)
-    notes = [f"added {added} task tokens to the vocabulary" if added else
-             "the vocabulary already holds the task tokens"]
+    notes = [
+        f"added {added} task tokens to the vocabulary"
+        if added
+        else "the vocabulary already holds the task tokens"
+    ]
     if from_scratch or (transfer_layers is not None and transfer_layers < n_layer):
         fresh = GPT(model.config)
         if from_scratch:
             model.load_state_dict(fresh.state_dict())
             notes.append("every weight re-initialised (--from-scratch)")
         else:
-            fresh_blocks = {name: array for name, array in fresh.state_dict().items()
-                            if name.startswith("h.") and int(name.split(".")[1]) >= transfer_layers}
+            fresh_blocks = {
+                name: array
+                for name, array in fresh.state_dict().items()
+                if name.startswith("h.") and int(name.split(".")[1]) >= transfer_layers
+            }
             model.load_state_dict(fresh_blocks, strict=False)
-            notes.append(f"kept the embeddings and {transfer_layers} of {n_layer} blocks, "
-                         f"re-initialised blocks {transfer_layers}..{n_layer - 1}")
+            notes.append(
+                f"kept the embeddings and {transfer_layers} of {n_layer} blocks, "
+                f"re-initialised blocks {transfer_layers}..{n_layer - 1}"
+            )
     return "; ".join(notes)

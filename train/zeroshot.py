@@ -11,6 +11,7 @@ A language model that was never fine-tuned answers a task through its next-token
 
 The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
 """
+
 import argparse
 
 import numpy as np
@@ -20,8 +21,8 @@ from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
 
 from . import glue, metrics
-from .data import next_token_batch
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
+from .data import next_token_batch
 
 TASKS = ("sst2", "cola", "rocstories", "jsonl")
 
@@ -35,13 +36,13 @@ def continuation_log_probs(model, pairs, batch_size=16):
     totals, counts = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=np.int64)
     for start in range(0, len(pairs), batch_size):
         rows = []  # (ids, how many of the last ones are scored)
-        for context, continuation in pairs[start:start + batch_size]:
-            ids = (context + continuation)[-(n_ctx + 1):]
+        for context, continuation in pairs[start : start + batch_size]:
+            ids = (context + continuation)[-(n_ctx + 1) :]
             rows.append((ids, max(min(len(continuation), len(ids) - 1), 0)))
         inputs, targets = next_token_batch(rows)
         nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="none").numpy()
-        totals[start:start + len(rows)] = -nll.sum(axis=-1)
-        counts[start:start + len(rows)] = [n for _, n in rows]
+        totals[start : start + len(rows)] = -nll.sum(axis=-1)
+        counts[start : start + len(rows)] = [n for _, n in rows]
     return totals, counts
 
 
@@ -49,8 +50,9 @@ def sst2_predictions(model, tokenizer, examples, batch_size):
     """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0."""
     words = [tokenizer.encode(" positive"), tokenizer.encode(" negative")]
     contexts = [tokenizer.encode(example["text"] + " very") for example in examples]
-    positive, negative = (continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0]
-                          for word in words)
+    positive, negative = (
+        continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0] for word in words
+    )
     return (positive > negative).astype(np.int64)
 
 
@@ -71,8 +73,11 @@ def best_threshold(scores, labels):
 
 def choice_predictions(model, tokenizer, examples, batch_size):
     """The index of the answer with the highest mean token log-probability given the context."""
-    pairs = [(tokenizer.encode(example["context"]), tokenizer.encode(" " + choice))
-             for example in examples for choice in example["choices"]]
+    pairs = [
+        (tokenizer.encode(example["context"]), tokenizer.encode(" " + choice))
+        for example in examples
+        for choice in example["choices"]
+    ]
     totals, counts = continuation_log_probs(model, pairs, batch_size)
     means = (totals / np.maximum(counts, 1)).reshape(len(examples), -1)
     return means.argmax(axis=1)
@@ -87,9 +92,11 @@ def zeroshot_command(parser, args):
     except (OSError, ValueError) as error:
         parser.error(f"--data: {error}")
     if args.task == "jsonl" and dataset.kind != "multiple_choice":
-        parser.error(f"--data: {args.data} holds {dataset.kind} examples; zero-shot on jsonl is for multiple "
-                     f"choice ({{\"context\", \"choices\", \"label\"}})")
-    examples = dataset.examples[:args.limit]
+        parser.error(
+            f"--data: {args.data} holds {dataset.kind} examples; zero-shot on jsonl is for multiple "
+            f'choice ({{"context", "choices", "label"}})'
+        )
+    examples = dataset.examples[: args.limit]
     if not examples:
         parser.error(f"--data: {args.data} holds no examples")
     model, tokenizer = open_run(parser, args.run, args.device)
@@ -103,8 +110,9 @@ def zeroshot_command(parser, args):
         chosen = args.threshold is None
         results["threshold"] = best_threshold(scores, labels) if chosen else args.threshold
         predictions = (scores > results["threshold"]).astype(np.int64)
-        how = (f"mean token log-probability above {results['threshold']:.4f}" +
-               (" (the threshold that fits this data best: an optimistic figure)" if chosen else ""))
+        how = f"mean token log-probability above {results['threshold']:.4f}" + (
+            " (the threshold that fits this data best: an optimistic figure)" if chosen else ""
+        )
     else:
         predictions = choice_predictions(model, tokenizer, examples, args.batch_size)
         how = "the answer with the highest mean token log-probability given the context"
@@ -117,15 +125,23 @@ def zeroshot_command(parser, args):
 
 
 def add_zeroshot_command(commands):
-    parser = add_command(commands, "zeroshot", zeroshot_command,
-                         help="the paper's zero-shot heuristics on a labelled file",
-                         description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True, choices=TASKS,
-                        help="the heuristic, and the layout of --data")
+    parser = add_command(
+        commands,
+        "zeroshot",
+        zeroshot_command,
+        help="the paper's zero-shot heuristics on a labelled file",
+        description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--task", required=True, choices=TASKS, help="the heuristic, and the layout of --data"
+    )
     parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
-    parser.add_argument("--threshold", type=float,
-                        help="cola: the mean log-probability above which a sentence is acceptable "
-                             "(default: the best for --data)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        help="cola: the mean log-probability above which a sentence is acceptable "
+        "(default: the best for --data)",
+    )
     parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N examples")
     add_figure_arguments(parser, batch_size=16, batched="sequences")

@@ -11,6 +11,7 @@ arguments and give the same numbers:
 reference. `use_reference(True)`, or the environment variable AUTOGRAD_REFERENCE=1, makes every
 op run its reference, to check a result or to read what runs.
 """
+
 import os
 
 _reference_only = os.environ.get("AUTOGRAD_REFERENCE", "0") not in ("", "0")

@@ -2,6 +2,7 @@
 arrays, go through a few heads at a time, so that each head's T x S scores stay in cache from the
 matrix product through the softmax to the next product, and the pieces run on all the cores.
 The scale goes on q (T x d) rather than on the scores (T x S)."""
+
 import math
 
 import numpy as np
@@ -47,8 +48,9 @@ def _attend_backward(ctx, grad, needs=(True, True, True)):
     """Gradients of q, k, v (None where not needed) for the output gradient `grad` (n, T, e).
     The probabilities kept by the forward are used up."""
     scaled_q, k, v, probs = ctx.scaled_q, ctx.k, ctx.v, ctx.probs
-    grad_q, grad_k, grad_v = (buffers.empty(a.shape, a.dtype) if need else None
-                              for a, need in zip((scaled_q, k, v), needs))
+    grad_q, grad_k, grad_v = (
+        buffers.empty(a.shape, a.dtype) if need else None for a, need in zip((scaled_q, k, v), needs)
+    )
 
     def backward(heads):
         p = probs[heads]
@@ -84,8 +86,10 @@ def scaled_dot_product_forward_cpu(ctx, q, k, v, causal, dropout_p, generator):
 
 def scaled_dot_product_backward_cpu(ctx, grad):
     grads = _attend_backward(ctx, grad.reshape(-1, *grad.shape[-2:]), ctx.needs_input_grad)
-    return tuple(None if g is None else unbroadcast(g.reshape(ctx.heads + shape[-2:]), shape)
-                 for g, shape in zip(grads, ctx.shapes))
+    return tuple(
+        None if g is None else unbroadcast(g.reshape(ctx.heads + shape[-2:]), shape)
+        for g, shape in zip(grads, ctx.shapes)
+    )
 
 
 def multi_head_forward_cpu(ctx, qkv, n_head, dropout_p, generator):
@@ -100,7 +104,9 @@ def multi_head_forward_cpu(ctx, qkv, n_head, dropout_p, generator):
 
 def multi_head_backward_cpu(ctx, grad):
     batch, time, _, n_head, head_width = ctx.heads_shape
-    grad = grad.reshape(batch, time, n_head, head_width).transpose(0, 2, 1, 3).reshape(batch * n_head, time, -1)
+    grad = (
+        grad.reshape(batch, time, n_head, head_width).transpose(0, 2, 1, 3).reshape(batch * n_head, time, -1)
+    )
     grad_qkv = buffers.empty(ctx.heads_shape, grad.dtype)
     for i, g in enumerate(_attend_backward(ctx, grad)):
         grad_qkv[:, :, i] = g.reshape(batch, n_head, time, head_width).transpose(0, 2, 1, 3)

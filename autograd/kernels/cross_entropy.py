@@ -1,6 +1,7 @@
 """Cross-entropy's CPU path. The forward goes through the logits in blocks of rows, so its exp
 lands in a small buffer, and keeps only each row's maximum and log-sum-exp; the backward writes
 softmax(logits) - onehot(target) straight into the one array it returns, block by block."""
+
 import numpy as np
 
 from .. import buffers, parallel

@@ -1,6 +1,7 @@
 """GELU's CPU path (the tanh form): the numbers go through in cache-sized blocks, on all cores,
 in place in the output; the backward computes the tanh again rather than keeping a second
 array that size."""
+
 import math
 
 import numpy as np

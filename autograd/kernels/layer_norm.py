@@ -1,5 +1,6 @@
 """Layer norm's CPU path: rows normalised in cache-sized blocks, on all cores, each block's
 passes made while it is in cache."""
+
 import numpy as np
 
 from .. import buffers, parallel
@@ -50,5 +51,8 @@ def backward_cpu(ctx, grad):
 
     if need_x:
         parallel.run(input_gradient, parallel.blocks(len(normed), width))
-    return (None if grad_x is None else grad_x.reshape(grad.shape), grad_weight,
-            grad2.sum(axis=0) if need_b else None)
+    return (
+        None if grad_x is None else grad_x.reshape(grad.shape),
+        grad_weight,
+        grad2.sum(axis=0) if need_b else None,
+    )

@@ -1,5 +1,6 @@
 """Linear's CPU path: the matrix products cut into one run of rows per core (parallel.matmul),
 the bias added while each run is still in cache."""
+
 from .. import parallel
 
 
@@ -18,9 +19,11 @@ def backward_cpu(ctx, grad):
     if need_w:  # in the weight's own memory order: a transposed table (the tied LM head) gets a
         # transposed gradient, so the table's own gradient comes out contiguous, not strided
         grad_weight = parallel.matmul(g2.T, x2).T if _is_transposed(weight) else parallel.matmul(x2.T, g2)
-    return (parallel.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
-            grad_weight,
-            g2.sum(axis=0) if need_b else None)
+    return (
+        parallel.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
+        grad_weight,
+        g2.sum(axis=0) if need_b else None,
+    )
 
 
 def _is_transposed(a):

@@ -1,4 +1,5 @@
 """Device names, the NumPy/CuPy switch, seeded generators, and the error when CUDA is missing."""
+
 import math
 
 import numpy as np

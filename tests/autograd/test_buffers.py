@@ -1,4 +1,5 @@
 """autograd.buffers: large arrays handed out again once nothing refers to them."""
+
 import numpy as np
 import pytest
 

@@ -4,16 +4,19 @@ Each functional is a single Function with a hand-written backward. For each one 
 check the forward value against its textbook formula, the gradient against finite differences
 (in float64), the numerical edge cases the fusion is there to handle, and the error messages.
 """
+
 import math
 import re
 
 import numpy as np
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
-from autograd import backend, functional as F
+from autograd import backend
+from autograd import functional as F
 from autograd.gradcheck import gradcheck, jacobian_check
 from tests.helpers import arrays, checks_gradient_of, leaf, shapes
 
@@ -56,7 +59,9 @@ def ref_cross_entropy(logits, targets, ignore_index, reduction):
     """-log_softmax(logits) at each target (0 where ignored); mean over the counted targets, sum, or none."""
     counted = targets != ignore_index
     safe_targets = np.where(counted, targets, 0)[..., None]
-    losses = np.where(counted, -np.take_along_axis(ref_log_softmax(logits), safe_targets, axis=-1)[..., 0], 0.0)
+    losses = np.where(
+        counted, -np.take_along_axis(ref_log_softmax(logits), safe_targets, axis=-1)[..., 0], 0.0
+    )
     if reduction == "none":
         return losses
     if reduction == "sum":
@@ -101,11 +106,14 @@ def ref_attention(q, k, v, causal):
 def huge_logits(dtype):
     """Logits (rows, C) up to 2e4 in size, far past where exp overflows (89 in float32, 710 in float64)."""
     values = arrays(shapes(min_dims=2, max_dims=2, max_side=5), -1e4, 1e4, dtype)
-    return st.tuples(values, st.sampled_from([-1e4, 0.0, 1e4])).map(lambda pair: (pair[0] + pair[1]).astype(dtype))
+    return st.tuples(values, st.sampled_from([-1e4, 0.0, 1e4])).map(
+        lambda pair: (pair[0] + pair[1]).astype(dtype)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # linear
+
 
 @st.composite
 def linear_inputs(draw):
@@ -146,12 +154,16 @@ def test_linear_gradient_through_a_transposed_weight(device, each_path, inputs):
         assert tensors[1].grad.flags.c_contiguous
 
 
-@pytest.mark.parametrize("weight_shape, bias_shape, message", [
-    ((4, 5), None, r"3 features.*\(4, 5\)"),  # weight rows do not match x's 3 features
-    ((3,), None, r"weight.*\(3,\)"),  # weight is not (in, out)
-    ((3, 4), (1,), r"bias.*\(1,\)"),  # bias is not (out,), even though it would broadcast
-    ((3, 4), (2, 4), r"bias.*\(2, 4\)"),
-], ids=["features", "weight_not_2d", "bias_broadcastable", "bias_2d"])
+@pytest.mark.parametrize(
+    "weight_shape, bias_shape, message",
+    [
+        ((4, 5), None, r"3 features.*\(4, 5\)"),  # weight rows do not match x's 3 features
+        ((3,), None, r"weight.*\(3,\)"),  # weight is not (in, out)
+        ((3, 4), (1,), r"bias.*\(1,\)"),  # bias is not (out,), even though it would broadcast
+        ((3, 4), (2, 4), r"bias.*\(2, 4\)"),
+    ],
+    ids=["features", "weight_not_2d", "bias_broadcastable", "bias_2d"],
+)
 def test_linear_names_a_mis_shaped_weight_or_bias(device, weight_shape, bias_shape, message):
     """linear refuses a weight or bias that does not fit x (2, 3) with a ValueError naming its shape,
     before any output is made (not later, in the backward)."""
@@ -163,6 +175,7 @@ def test_linear_names_a_mis_shaped_weight_or_bias(device, weight_shape, bias_sha
 
 # ----------------------------------------------------------------------------------------------
 # embedding
+
 
 @st.composite
 def ids_and_table(draw):
@@ -236,6 +249,7 @@ def test_float_ids_and_targets_are_refused(device):
 # ----------------------------------------------------------------------------------------------
 # softmax and log_softmax
 
+
 @st.composite
 def array_and_axis(draw):
     """An array with 1 to 3 axes and one of its axes, counted from either end."""
@@ -248,7 +262,9 @@ def test_softmax_is_normalised_exp(device, x_and_axis):
     """softmax(x, axis) = exp(x) / sum(exp(x)) along axis: entries in [0, 1] summing to 1."""
     x, axis = x_and_axis
     out = F.softmax(leaf(x, device), axis=axis).numpy()
-    np.testing.assert_allclose(out, np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(
+        out, np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True), **TOLERANCE[np.float64]
+    )
     np.testing.assert_allclose(out.sum(axis=axis), 1.0, rtol=1e-12)
     assert ((out >= 0) & (out <= 1)).all()
 
@@ -258,8 +274,12 @@ def test_log_softmax_is_log_of_softmax(device, x_and_axis):
     """log_softmax(x, axis) = log(softmax(x, axis)) = x - log(sum(exp(x))) along axis."""
     x, axis = x_and_axis
     out = F.log_softmax(leaf(x, device), axis=axis).numpy()
-    np.testing.assert_allclose(out, np.log(F.softmax(leaf(x, device), axis=axis).numpy()), **TOLERANCE[np.float64])
-    np.testing.assert_allclose(out, x - np.log(np.exp(x).sum(axis=axis, keepdims=True)), **TOLERANCE[np.float64])
+    np.testing.assert_allclose(
+        out, np.log(F.softmax(leaf(x, device), axis=axis).numpy()), **TOLERANCE[np.float64]
+    )
+    np.testing.assert_allclose(
+        out, x - np.log(np.exp(x).sum(axis=axis, keepdims=True)), **TOLERANCE[np.float64]
+    )
 
 
 @checks_gradient_of(F.Softmax, F.LogSoftmax)
@@ -283,10 +303,14 @@ def log_softmax_vjp(x, upstream):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("fn, ref_forward, ref_backward", [
-    (F.softmax, lambda x: np.exp(ref_log_softmax(x)), softmax_vjp),
-    (F.log_softmax, ref_log_softmax, log_softmax_vjp),
-], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize(
+    "fn, ref_forward, ref_backward",
+    [
+        (F.softmax, lambda x: np.exp(ref_log_softmax(x)), softmax_vjp),
+        (F.log_softmax, ref_log_softmax, log_softmax_vjp),
+    ],
+    ids=["softmax", "log_softmax"],
+)
 @given(st.data())
 def test_softmax_and_log_softmax_of_huge_logits(device, dtype, fn, ref_forward, ref_backward, data):
     """Logits of size 1e4 give finite values and gradients that match a float64 reference."""
@@ -328,8 +352,9 @@ def test_cross_entropy_is_negative_log_softmax_at_the_targets(device, reduction,
     """Each loss is -log_softmax(logits)[target]; "mean" averages over the targets not ignored,
     "sum" adds them, "none" keeps one loss per target (0 where ignored)."""
     logits, targets, ignore_index = case
-    loss = F.cross_entropy(leaf(logits, device), on_device(targets, device),
-                           ignore_index=ignore_index, reduction=reduction)
+    loss = F.cross_entropy(
+        leaf(logits, device), on_device(targets, device), ignore_index=ignore_index, reduction=reduction
+    )
     expected = ref_cross_entropy(logits, targets, ignore_index, reduction)
     assert loss.shape == np.shape(expected)
     np.testing.assert_allclose(loss.numpy(), expected, **TOLERANCE[np.float64])
@@ -355,8 +380,10 @@ def test_cross_entropy_gradient(device, reduction, case):
     """The logits' gradient matches finite differences for every reduction, with ignored targets."""
     logits, targets, ignore_index = case
     targets = on_device(targets, device)
-    check_gradients(lambda z: F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction),
-                    [leaf(logits, device)])
+    check_gradients(
+        lambda z: F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction),
+        [leaf(logits, device)],
+    )
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -382,10 +409,12 @@ def test_cross_entropy_of_huge_logits(device, dtype, reduction, data):
     grad = backend.to_numpy(z.grad)
     assert np.isfinite(loss.numpy()).all() and np.isfinite(grad).all()
     logits64 = logits.astype(np.float64)  # the reference sees exactly the values the engine saw
-    np.testing.assert_allclose(loss.numpy(), ref_cross_entropy(logits64, targets, ignore_index, reduction),
-                               **TOLERANCE[dtype])
-    np.testing.assert_allclose(grad, ref_cross_entropy_grad(logits64, targets, ignore_index, reduction),
-                               **TOLERANCE[dtype])
+    np.testing.assert_allclose(
+        loss.numpy(), ref_cross_entropy(logits64, targets, ignore_index, reduction), **TOLERANCE[dtype]
+    )
+    np.testing.assert_allclose(
+        grad, ref_cross_entropy_grad(logits64, targets, ignore_index, reduction), **TOLERANCE[dtype]
+    )
 
 
 @pytest.mark.parametrize("bad_target", [-1, 3])
@@ -410,11 +439,13 @@ def test_cross_entropy_names_mismatched_target_shape(device):
 # ----------------------------------------------------------------------------------------------
 # gelu
 
+
 @given(arrays(shapes(), -6.0, 6.0))
 def test_gelu_tanh_is_gpt1_formula(device, x):
     """gelu(x, "tanh") = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-1's approximation."""
-    np.testing.assert_allclose(F.gelu(leaf(x, device), approximate="tanh").numpy(), ref_gelu_tanh(x),
-                               **TOLERANCE[np.float64])
+    np.testing.assert_allclose(
+        F.gelu(leaf(x, device), approximate="tanh").numpy(), ref_gelu_tanh(x), **TOLERANCE[np.float64]
+    )
 
 
 @given(arrays(shapes(), -6.0, 6.0))
@@ -473,7 +504,9 @@ def test_layer_norm_gradient(device, affine, data):
     """Gradients of x and of the weight and bias that are given match finite differences."""
     x = data.draw(arrays(shapes(min_dims=1)))
     params = [leaf(data.draw(arrays(x.shape[-1:])), device) for _ in affine]
-    check_gradients(lambda x, *params: F.layer_norm(x, **dict(zip(affine, params))), [leaf(x, device), *params])
+    check_gradients(
+        lambda x, *params: F.layer_norm(x, **dict(zip(affine, params))), [leaf(x, device), *params]
+    )
 
 
 @given(st.data())
@@ -497,6 +530,7 @@ def test_layer_norm_names_a_mis_shaped_parameter(device, name):
 
 # ----------------------------------------------------------------------------------------------
 # dropout
+
 
 @given(st.floats(0.05, 0.95), SEEDS)
 def test_dropout_zeroes_a_fraction_p_and_keeps_the_mean(device, p, seed):
@@ -570,6 +604,7 @@ def test_dropout_rejects_p_outside_zero_one(device, p):
 # ----------------------------------------------------------------------------------------------
 # scaled_dot_product_attention
 
+
 @st.composite
 def attention_inputs(draw, causal=st.booleans()):
     """q (..., T, d), k (..., S, d), v (..., S, e), causal: 0 to 2 leading head axes, each of
@@ -605,14 +640,15 @@ def test_causal_attention_does_not_look_ahead(device, inputs, data):
     changed = []
     for a in (q, k, v):
         a = a.copy()
-        a[..., t + 1:, :] = data.draw(arrays(a[..., t + 1:, :].shape))
+        a[..., t + 1 :, :] = data.draw(arrays(a[..., t + 1 :, :].shape))
         changed.append(a)
 
     def attend(q, k, v):
         return F.scaled_dot_product_attention(*(leaf(a, device) for a in (q, k, v)), causal=True).numpy()
 
-    np.testing.assert_allclose(attend(*changed)[..., :t + 1, :], attend(q, k, v)[..., :t + 1, :],
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        attend(*changed)[..., : t + 1, :], attend(q, k, v)[..., : t + 1, :], rtol=1e-12, atol=1e-12
+    )
 
 
 @checks_gradient_of(F.ScaledDotProductAttention)
@@ -623,8 +659,9 @@ def test_attention_gradient(device, inputs, dropout_p, seed):
     q, k, v, causal = inputs
 
     def attend(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=dropout_p,
-                                              generator=fresh_generator(seed, q))
+        return F.scaled_dot_product_attention(
+            q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_generator(seed, q)
+        )
 
     check_gradients(attend, [leaf(q, device), leaf(k, device), leaf(v, device)])
 
@@ -638,8 +675,9 @@ def test_attention_dropout_drops_attention_weights(device, p, seed):
     q, k = leaf(rng.standard_normal((heads, n, 8)), device), leaf(rng.standard_normal((heads, n, 8)), device)
     identity = leaf(np.eye(n), device)
     weights = F.scaled_dot_product_attention(q, k, identity, causal=False).numpy()
-    dropped = F.scaled_dot_product_attention(q, k, identity, causal=False, dropout_p=p,
-                                             generator=fresh_generator(seed, q)).numpy()
+    dropped = F.scaled_dot_product_attention(
+        q, k, identity, causal=False, dropout_p=p, generator=fresh_generator(seed, q)
+    ).numpy()
     zeroed = dropped == 0  # softmax weights are positive, so only dropout makes zeros
     np.testing.assert_allclose(dropped[~zeroed], weights[~zeroed] / (1 - p), rtol=1e-12)
     assert abs(zeroed.mean() - p) <= 6 * math.sqrt(p * (1 - p) / zeroed.size)
@@ -693,11 +731,15 @@ def test_multi_head_attention_names_a_width_not_made_of_heads(device):
         F.multi_head_attention(leaf(np.ones((1, 2, 8)), device), 2)
 
 
-@pytest.mark.parametrize("k_shape, v_shape", [
-    ((2, 5, 3), (2, 5, 6)),  # k's feature size is not q's
-    ((2, 5, 4), (2, 4, 6)),  # v has a different number of positions from k
-    ((3, 5, 4), (3, 5, 6)),  # k and v have 3 heads, q has 2
-], ids=["features", "positions", "heads"])
+@pytest.mark.parametrize(
+    "k_shape, v_shape",
+    [
+        ((2, 5, 3), (2, 5, 6)),  # k's feature size is not q's
+        ((2, 5, 4), (2, 4, 6)),  # v has a different number of positions from k
+        ((3, 5, 4), (3, 5, 6)),  # k and v have 3 heads, q has 2
+    ],
+    ids=["features", "positions", "heads"],
+)
 def test_attention_names_shapes_that_do_not_fit(device, k_shape, v_shape):
     """q, k and v that do not fit together are refused with a ValueError giving all three shapes."""
     q_shape = (2, 3, 4)
@@ -708,6 +750,7 @@ def test_attention_names_shapes_that_do_not_fit(device, k_shape, v_shape):
 
 # ----------------------------------------------------------------------------------------------
 # every functional: float32, and numpy against cupy
+
 
 def _functional_cases():
     """Every functional as pytest.param(fn of float tensors, float64 input arrays), with fixed
@@ -722,25 +765,43 @@ def _functional_cases():
 
     return [
         pytest.param(F.linear, [normal(2, 3, 4), normal(4, 5), normal(5)], id="linear"),
-        pytest.param(lambda table: F.embedding([[0, 2, 2], [5, 0, 1]], table), [normal(6, 3)], id="embedding"),
+        pytest.param(
+            lambda table: F.embedding([[0, 2, 2], [5, 0, 1]], table), [normal(6, 3)], id="embedding"
+        ),
         pytest.param(lambda x: F.softmax(x, axis=0), [normal(3, 4)], id="softmax"),
         pytest.param(lambda x: F.log_softmax(x, axis=1), [normal(3, 4)], id="log_softmax"),
-        pytest.param(lambda z: F.cross_entropy(z, [[1, -100, 3], [0, 2, 2]]), [normal(2, 3, 4)],
-                     id="cross_entropy_mean"),
-        pytest.param(lambda z: F.cross_entropy(z, [1, -100, 3], reduction="none"), [normal(3, 4)],
-                     id="cross_entropy_none"),
+        pytest.param(
+            lambda z: F.cross_entropy(z, [[1, -100, 3], [0, 2, 2]]),
+            [normal(2, 3, 4)],
+            id="cross_entropy_mean",
+        ),
+        pytest.param(
+            lambda z: F.cross_entropy(z, [1, -100, 3], reduction="none"),
+            [normal(3, 4)],
+            id="cross_entropy_none",
+        ),
         pytest.param(lambda x: F.gelu(x, approximate="tanh"), [normal(3, 4)], id="gelu_tanh"),
         pytest.param(lambda x: F.gelu(x, approximate="none"), [normal(3, 4)], id="gelu_exact"),
         pytest.param(F.layer_norm, [normal(3, 4), normal(4), normal(4)], id="layer_norm"),
-        pytest.param(lambda x: F.dropout(x, 0.3, generator=fresh_generator(0, x)), [normal(3, 4)], id="dropout"),
-        pytest.param(attention(causal=True), [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)],
-                     id="attention_causal"),
-        pytest.param(attention(causal=False), [normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2)],
-                     id="attention_cross"),
-        pytest.param(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
-                                                                    generator=fresh_generator(0, q)),
-                     [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)], id="attention_dropout"),
-        pytest.param(lambda qkv: F.multi_head_attention(qkv, 2), [normal(2, 3, 12)], id="multi_head_attention"),
+        pytest.param(
+            lambda x: F.dropout(x, 0.3, generator=fresh_generator(0, x)), [normal(3, 4)], id="dropout"
+        ),
+        pytest.param(
+            attention(causal=True), [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)], id="attention_causal"
+        ),
+        pytest.param(
+            attention(causal=False), [normal(2, 3, 4), normal(2, 5, 4), normal(2, 5, 2)], id="attention_cross"
+        ),
+        pytest.param(
+            lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, dropout_p=0.3, generator=fresh_generator(0, q)
+            ),
+            [normal(2, 3, 4), normal(2, 3, 4), normal(2, 3, 5)],
+            id="attention_dropout",
+        ),
+        pytest.param(
+            lambda qkv: F.multi_head_attention(qkv, 2), [normal(2, 3, 12)], id="multi_head_attention"
+        ),
     ]
 
 

@@ -1,7 +1,9 @@
 """The gradient checkers catch wrong backward passes and say where they are wrong."""
+
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import autograd as ag
 from autograd import Function

@@ -1,17 +1,26 @@
 """The fast paths of autograd/kernels give the numbers of their ops' reference paths, and the
 rule that picks a path does what it says."""
+
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, functional as F, kernels
-from tests.autograd.test_functional import (SEEDS, attention_inputs, fresh_generator, linear_inputs,
-                                            logits_and_targets, packed_heads)
+from autograd import backend, kernels
+from autograd import functional as F
+from tests.autograd.test_functional import (
+    SEEDS,
+    attention_inputs,
+    fresh_generator,
+    linear_inputs,
+    logits_and_targets,
+    packed_heads,
+)
 from tests.autograd.test_registry import _import_all, _subclasses
 from tests.helpers import arrays, shapes
 
@@ -38,7 +47,9 @@ def forward_and_backward(fn, inputs, device, dtype, reference):
 def assert_fast_equals_reference(fn, inputs, device, dtype):
     fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
     reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
-    for name, a, b in zip(["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference):
+    for name, a, b in zip(
+        ["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference
+    ):
         assert a.dtype == b.dtype == dtype, name
         np.testing.assert_allclose(a, b, err_msg=name, **TOLERANCE[dtype])
 
@@ -87,21 +98,27 @@ def test_gelu(device, dtype, x):
 def test_layer_norm(device, dtype, affine, data):
     x = data.draw(arrays(shapes(min_dims=1)))
     params = [data.draw(arrays(x.shape[-1:])) for _ in affine]
-    assert_fast_equals_reference(lambda x, *p: F.layer_norm(x, **dict(zip(affine, p))), [x, *params], device, dtype)
+    assert_fast_equals_reference(
+        lambda x, *p: F.layer_norm(x, **dict(zip(affine, p))), [x, *params], device, dtype
+    )
 
 
 @compares_fast_path_of(F.ScaledDotProductAttention)
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(attention_inputs(), st.sampled_from([0.0, 0.3]), SEEDS)
-@example(case=(*np.random.default_rng(0).standard_normal((2, 1, 3, 4)), np.arange(24.0).reshape(2, 3, 4), True),
-         dropout_p=0.3, seed=0)  # v's heads beyond those of q k^T share their dropout mask
+@example(
+    case=(*np.random.default_rng(0).standard_normal((2, 1, 3, 4)), np.arange(24.0).reshape(2, 3, 4), True),
+    dropout_p=0.3,
+    seed=0,
+)  # v's heads beyond those of q k^T share their dropout mask
 def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
     """Shared (broadcast) heads, T != S, causal or not, and dropout: the same mask from one seed."""
     q, k, v, causal = case
 
     def attend(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=dropout_p,
-                                              generator=fresh_generator(seed, q))
+        return F.scaled_dot_product_attention(
+            q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_generator(seed, q)
+        )
 
     assert_fast_equals_reference(attend, [q, k, v], device, dtype)
 
@@ -128,6 +145,7 @@ def test_every_fast_path_is_compared_with_its_reference():
 
 
 # ----- the rule that picks the path
+
 
 def test_choose_gives_the_fast_pair_on_the_cpu_and_the_reference_when_asked():
     assert kernels.choose(F.GELU, on_gpu=False) == (F.GELU.forward_cpu, F.GELU.backward_cpu)
@@ -158,6 +176,7 @@ def test_use_reference_as_a_call_holds_until_switched_back():
 
 def test_the_fast_path_runs_unless_the_reference_is_asked_for(monkeypatch):
     """A broken fast path fails a call on the fast path only."""
+
     def broken(ctx, x):
         raise RuntimeError("the fast path ran")
 
@@ -172,6 +191,7 @@ def test_the_fast_path_runs_unless_the_reference_is_asked_for(monkeypatch):
 
 def test_a_graph_built_on_one_path_goes_back_on_the_same_path(monkeypatch):
     """Forward and backward are chosen together: a backward reads what its own forward saved."""
+
     def wrong_backward(ctx, grad):
         raise RuntimeError("the reference backward ran after the fast forward")
 

@@ -2,11 +2,13 @@
 mode, and each layer checked against a direct NumPy computation and, in float64, against finite
 differences with respect to its input and every one of its parameters.
 """
+
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
@@ -63,6 +65,7 @@ def check_layer_gradients(module, x, seed=0):
 
 # NumPy references -------------------------------------------------------------------------------
 
+
 def ref_layer_norm(x, weight, bias, eps):
     return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * weight + bias
 
@@ -91,6 +94,7 @@ def ref_mlp(x, p):
 
 
 # A model to exercise registration -----------------------------------------------------------------
+
 
 class Block(nn.Module):
     """LayerNorm then Linear, with dropout after."""
@@ -123,11 +127,14 @@ class Net(nn.Module):
 
 def net_names(n_blocks):
     """Net's parameter names in assignment order, written out."""
-    blocks = [f"h.{i}.{name}" for i in range(n_blocks) for name in ("ln.weight", "ln.bias", "fc.weight", "fc.bias")]
+    blocks = [
+        f"h.{i}.{name}" for i in range(n_blocks) for name in ("ln.weight", "ln.bias", "fc.weight", "fc.bias")
+    ]
     return ["embed.weight", *blocks, "head.weight"]
 
 
 # Registration --------------------------------------------------------------------------------------
+
 
 @given(st.integers(0, 3), st.integers(1, 4), st.integers(1, 4))
 def test_named_parameters_are_dotted_paths_in_assignment_order(n_blocks, vocab, d):
@@ -166,12 +173,21 @@ def test_layers_name_their_parameters_like_the_gpt_checkpoints():
     assert shapes_of(nn.LayerNorm(6)) == [("weight", (6,)), ("bias", (6,))]
     assert shapes_of(nn.Dropout(0.1)) == []
     assert shapes_of(nn.CausalSelfAttention(6, 2)) == [
-        ("c_attn.weight", (6, 18)), ("c_attn.bias", (18,)), ("c_proj.weight", (6, 6)), ("c_proj.bias", (6,))]
+        ("c_attn.weight", (6, 18)),
+        ("c_attn.bias", (18,)),
+        ("c_proj.weight", (6, 6)),
+        ("c_proj.bias", (6,)),
+    ]
     assert shapes_of(nn.MLP(4, 10)) == [
-        ("c_fc.weight", (4, 10)), ("c_fc.bias", (10,)), ("c_proj.weight", (10, 4)), ("c_proj.bias", (4,))]
+        ("c_fc.weight", (4, 10)),
+        ("c_fc.bias", (10,)),
+        ("c_proj.weight", (10, 4)),
+        ("c_proj.bias", (4,)),
+    ]
 
 
 # state_dict / load_state_dict ------------------------------------------------------------------------
+
 
 def test_state_dict_round_trip_is_bitwise_and_copies(device):
     """Loading one model's state_dict into another gives bitwise the same parameters, as copies:
@@ -251,12 +267,16 @@ def test_non_strict_load_returns_missing_and_unexpected_but_refuses_mis_shaped(m
 
     state["head.weight"] = state["head.weight"].T.copy()
     result = net.load_state_dict(state, strict=False)
-    assert result == ([problems["missing"]] if missing else [], [problems["unexpected"]] if unexpected else [])
+    assert result == (
+        [problems["missing"]] if missing else [],
+        [problems["unexpected"]] if unexpected else [],
+    )
     for name, value in host(net).items():
         np.testing.assert_array_equal(value, state[name] if name in state else before[name])
 
 
 # Modes, devices, gradients --------------------------------------------------------------------------
+
 
 def test_train_and_eval_reach_every_submodule():
     """eval() and train() set the mode of the module and everything below it (list items too)
@@ -319,6 +339,7 @@ def test_zero_grad_clears_every_gradient(device):
 
 # Linear ------------------------------------------------------------------------------------------------
 
+
 def test_linear_init_is_normal_002_with_zero_bias():
     """weight is (n_in, n_out) float32 with mean 0 and std 0.02 (or the std asked), bias is zero."""
     ag.manual_seed(0)
@@ -353,10 +374,13 @@ def test_linear_is_x_times_weight_plus_bias(device, case):
 def test_linear_gradient(device, case):
     """Gradients of x, weight and bias match finite differences."""
     x, n_out, bias, seed = case
-    check_layer_gradients(with_values(nn.Linear(x.shape[-1], n_out, bias=bias), seed, device), leaf(x, device))
+    check_layer_gradients(
+        with_values(nn.Linear(x.shape[-1], n_out, bias=bias), seed, device), leaf(x, device)
+    )
 
 
 # Embedding ---------------------------------------------------------------------------------------------
+
 
 def test_embedding_init_is_normal_002():
     """The table is (n, d) float32 with mean 0 and std 0.02."""
@@ -392,6 +416,7 @@ def test_embedding_gradient(device, data):
 
 # LayerNorm ---------------------------------------------------------------------------------------------
 
+
 @given(arrays(shapes(min_dims=1, max_dims=3)))
 def test_layer_norm_starts_as_plain_normalisation(device, x):
     """At init the gain is 1 and the bias 0 (float32), so the output (here in float64) is
@@ -410,7 +435,9 @@ def test_layer_norm_applies_gain_bias_and_eps(device, x, eps, seed):
     """LayerNorm(x) = (x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
     layer = with_values(nn.LayerNorm(x.shape[-1], eps=eps), seed, device)
     p = host(layer)
-    np.testing.assert_allclose(layer(leaf(x, device)).numpy(), ref_layer_norm(x, p["weight"], p["bias"], eps), **EXACT)
+    np.testing.assert_allclose(
+        layer(leaf(x, device)).numpy(), ref_layer_norm(x, p["weight"], p["bias"], eps), **EXACT
+    )
 
 
 @given(arrays(shapes(min_dims=1, max_dims=3)), SEEDS)
@@ -420,6 +447,7 @@ def test_layer_norm_gradient(device, x, seed):
 
 
 # Dropout -----------------------------------------------------------------------------------------------
+
 
 @given(away_from_zero(shapes(min_dims=1, max_dims=3)), st.sampled_from([0.1, 0.5, 0.9]), SEEDS)
 def test_dropout_module_drops_in_training_and_not_in_eval(device, x, p, seed):
@@ -448,6 +476,7 @@ def test_dropout_module_gradient(device, x, p, seed):
 
 # CausalSelfAttention ------------------------------------------------------------------------------------
 
+
 @st.composite
 def attention_cases(draw, min_time=1):
     """(n_head, x of shape (batch, time, n_head * head width), seed for the parameters)."""
@@ -467,7 +496,9 @@ def test_attention_in_eval_equals_numpy_computation(device, case):
     """With dropout switched off by eval() (attn and resid p = 0.5), the output is, on every call,
     c_proj of the merged heads of causal softmax(q k^T / sqrt(head width)) v, computed directly."""
     n_head, x, seed = case
-    attn = with_values(nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.5, resid_pdrop=0.5), seed, device)
+    attn = with_values(
+        nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.5, resid_pdrop=0.5), seed, device
+    )
     attn.eval()
     expected = ref_causal_self_attention(x, host(attn), n_head)
     np.testing.assert_allclose(attn(leaf(x, device)).numpy(), expected, **EXACT)
@@ -478,7 +509,9 @@ def test_attention_in_eval_equals_numpy_computation(device, case):
 def test_attention_dropout_is_on_in_training(device, case, dropout_seed):
     """In training mode with p = 0.5 the output is not the dropout-free one."""
     n_head, x, seed = case
-    attn = with_values(nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.5, resid_pdrop=0.5), seed, device)
+    attn = with_values(
+        nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.5, resid_pdrop=0.5), seed, device
+    )
     ag.manual_seed(dropout_seed)
     out = attn(leaf(x, device)).numpy()
     assert not np.allclose(out, ref_causal_self_attention(x, host(attn), n_head))
@@ -492,9 +525,9 @@ def test_attention_is_causal(device, case, data):
     attn = with_values(nn.CausalSelfAttention(x.shape[-1], n_head), seed, device).eval()
     t = data.draw(st.integers(0, x.shape[1] - 2))
     changed = x.copy()
-    changed[:, t + 1:] += data.draw(away_from_zero(changed[:, t + 1:].shape))
+    changed[:, t + 1 :] += data.draw(away_from_zero(changed[:, t + 1 :].shape))
     before, after = attn(leaf(x, device)).numpy(), attn(leaf(changed, device)).numpy()
-    np.testing.assert_allclose(after[:, :t + 1], before[:, :t + 1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(after[:, : t + 1], before[:, : t + 1], rtol=1e-12, atol=1e-12)
     assert not np.allclose(after[:, t + 1], before[:, t + 1], rtol=1e-9, atol=1e-9)
 
 
@@ -504,11 +537,14 @@ def test_attention_gradient(device, training, case, dropout_seed):
     """Gradients of x and of c_attn's and c_proj's weight and bias match finite differences, with
     dropout off (eval) and on (training, masks fixed by the seed)."""
     n_head, x, seed = case
-    attn = with_values(nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.3, resid_pdrop=0.3), seed, device)
+    attn = with_values(
+        nn.CausalSelfAttention(x.shape[-1], n_head, attn_pdrop=0.3, resid_pdrop=0.3), seed, device
+    )
     check_layer_gradients(attn.train(training), leaf(x, device), dropout_seed)
 
 
 # MLP ---------------------------------------------------------------------------------------------------
+
 
 @st.composite
 def mlp_cases(draw):

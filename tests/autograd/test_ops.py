@@ -4,9 +4,11 @@ Each test draws shapes and values with hypothesis, runs the op on float64 tensor
 result with the same NumPy expression, then checks the backward pass with `gradcheck` (one random
 direction) and `jacobian_check` (every entry; the drawn sizes are small enough for that).
 """
+
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
@@ -34,7 +36,8 @@ def check_gradients(fn, *inputs):
 def broadcastable_arrays(count, elements=arrays):
     """`count` arrays whose shapes broadcast together (size-1 and missing axes included)."""
     return hnp.mutually_broadcastable_shapes(num_shapes=count, max_dims=3, max_side=3).flatmap(
-        lambda shapes_: st.tuples(*(elements(shape) for shape in shapes_.input_shapes)))
+        lambda shapes_: st.tuples(*(elements(shape) for shape in shapes_.input_shapes))
+    )
 
 
 def positive(shape):
@@ -120,8 +123,8 @@ def test_number_divided_by_tensor(device, a, c):
 def test_power_with_integer_exponent(device, a, exponent):
     """x ** k for a whole k works for negative x too, with gradient k * x**(k-1)."""
     x = leaf(a, device)
-    assert_tensor_equals(x ** exponent, a ** exponent)
-    check_gradients(lambda x: x ** exponent, x)
+    assert_tensor_equals(x**exponent, a**exponent)
+    check_gradients(lambda x: x**exponent, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -129,8 +132,8 @@ def test_power_with_integer_exponent(device, a, exponent):
 def test_power_with_real_exponent_of_positive_base(device, a, exponent):
     """x ** p for a real p (negative and fractional too) on positive x."""
     x = leaf(a, device)
-    assert_tensor_equals(x ** exponent, a ** exponent)
-    check_gradients(lambda x: x ** exponent, x)
+    assert_tensor_equals(x**exponent, a**exponent)
+    check_gradients(lambda x: x**exponent, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -138,8 +141,8 @@ def test_power_with_real_exponent_of_positive_base(device, a, exponent):
 def test_number_raised_to_tensor(device, a, base):
     """c ** x (Tensor.__rpow__) matches NumPy and has gradient log(c) * c**x."""
     x = leaf(a, device)
-    assert_tensor_equals(base ** x, base ** a)
-    check_gradients(lambda x: base ** x, x)
+    assert_tensor_equals(base**x, base**a)
+    check_gradients(lambda x: base**x, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -148,14 +151,14 @@ def test_tensor_raised_to_tensor(device, pair):
     """x ** y with both tensors (broadcasting); y's gradient log(x) * x**y needs x > 0."""
     a, b = pair
     x, y = leaf(a, device), leaf(b, device)
-    assert_tensor_equals(x ** y, a ** b)
-    check_gradients(lambda x, y: x ** y, x, y)
+    assert_tensor_equals(x**y, a**b)
+    check_gradients(lambda x, y: x**y, x, y)
 
 
 def test_power_zero_has_zero_gradient_even_at_zero(device):
     """x ** 0 is the constant 1, so its gradient is 0 everywhere, x = 0 included (not nan)."""
     x = leaf(np.array([0.0, 1.5, -2.0]), device)
-    (x ** 0).sum().backward()
+    (x**0).sum().backward()
     np.testing.assert_array_equal(to_numpy(x.grad), [0.0, 0.0, 0.0])
 
 
@@ -170,12 +173,14 @@ def test_negation(device, a):
 
 # ----- matrix product
 
+
 @st.composite
 def matmul_operands(draw, a_kind, b_kind):
     """Operands of a @ b, each a 'vector' (k,), a 'matrix' or 'batched' with broadcast batch axes."""
     n, k, m = (draw(st.integers(1, 3)) for _ in range(3))
-    batch_a, batch_b = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=2,
-                                                              max_side=3)).input_shapes
+    batch_a, batch_b = draw(
+        hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=2, max_side=3)
+    ).input_shapes
     a_shape = {"vector": (k,), "matrix": (n, k), "batched": batch_a + (n, k)}[a_kind]
     b_shape = {"vector": (k,), "matrix": (k, m), "batched": batch_b + (k, m)}[b_kind]
     return draw(arrays(a_shape)), draw(arrays(b_shape))
@@ -209,6 +214,7 @@ def test_matmul_with_a_numpy_operand(device, pair):
 
 
 # ----- reductions
+
 
 @checks_gradient_of(ops.Sum, ops.Mean)
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
@@ -298,6 +304,7 @@ def test_exp_log_tanh(device, name, data):
 
 # ----- shape ops
 
+
 @st.composite
 def shape_and_new_shape(draw):
     """A shape, and a new shape for it: its sides plus an extra 1, shuffled, one maybe written -1."""
@@ -345,6 +352,7 @@ def test_transpose_without_axes_and_T_reverse_the_axes(device, a):
 
 
 # ----- indexing
+
 
 @checks_gradient_of(ops.GetItem)
 @given(data=st.data())
@@ -403,6 +411,7 @@ def test_boolean_mask_indexing(device, mask_over, a, data):
 
 # ----- joining tensors
 
+
 @st.composite
 def concat_inputs(draw):
     """1 to 3 arrays that agree on every side but `axis` (drawn, maybe negative), and that axis."""
@@ -448,6 +457,7 @@ def test_stack(device, inputs):
 
 # ----- selecting
 
+
 @checks_gradient_of(ops.Where)
 @given(shapes_=hnp.mutually_broadcastable_shapes(num_shapes=3, max_dims=3, max_side=3), data=st.data())
 def test_where_broadcasts_condition_and_both_branches(device, shapes_, data):
@@ -476,6 +486,7 @@ def test_where_with_a_number_operand(device, number_side, a, number, data):
 
 
 # ----- gradients gathered in place
+
 
 @given(n_rows=st.integers(1, 5), width=st.integers(1, 4), n_ids=st.integers(1, 6), data=st.data())
 def test_a_tied_table_gathers_every_gradient(device, n_rows, width, n_ids, data):

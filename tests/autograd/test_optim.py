@@ -1,11 +1,13 @@
 """autograd.optim: Adam in both L2 modes against the update rules computed by hand, its state
 round trip, global-norm gradient clipping, and the learning-rate schedules of GPT-1's code.
 """
+
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autograd import backend
 from autograd.nn import Parameter
@@ -17,8 +19,11 @@ LRS = st.floats(1e-3, 0.1)
 L2S = st.floats(0.01, 0.5)
 BETAS = st.tuples(st.floats(0.0, 0.95), st.floats(0.5, 0.9999))
 MODES = st.sampled_from(["decoupled", "coupled"])
-OPTIONS = st.fixed_dictionaries(dict(lr=LRS, betas=BETAS, eps=st.sampled_from([1e-8, 1e-3]), l2=L2S, l2_mode=MODES,
-                                     vector_l2=st.booleans()))
+OPTIONS = st.fixed_dictionaries(
+    dict(
+        lr=LRS, betas=BETAS, eps=st.sampled_from([1e-8, 1e-3]), l2=L2S, l2_mode=MODES, vector_l2=st.booleans()
+    )
+)
 
 
 def on(device):
@@ -91,6 +96,7 @@ def assert_all_close(actual, expected, **tolerance):
 
 # Adam: the update rules ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("vector_l2", [False, True])
 @given(trajectories(), LRS, BETAS, L2S)
 def test_adam_decoupled_matches_gpt1_rule_by_hand(device, vector_l2, trajectory, lr, betas, l2):
@@ -121,13 +127,14 @@ def test_adam_coupled_matches_classic_l2_by_hand(device, trajectory, lr, betas, 
     assert_all_close(ours, coupled_by_hand(initial, grads, [lr] * len(grads), betas, 1e-8, l2), **HAND)
 
 
-@given(trajectories(n_steps=st.integers(3, 4)), st.lists(LRS | st.just(0.0), min_size=4, max_size=4),
-       MODES, L2S)
+@given(
+    trajectories(n_steps=st.integers(3, 4)), st.lists(LRS | st.just(0.0), min_size=4, max_size=4), MODES, L2S
+)
 def test_adam_uses_the_lr_set_before_each_step(device, trajectory, lrs, l2_mode, l2):
     """Changing opt.lr between steps (as a schedule does) changes the next step accordingly;
     lr = 0 leaves the parameters where they are."""
     initial, grads = trajectory
-    lrs = lrs[:len(grads)]
+    lrs = lrs[: len(grads)]
     ours, _ = run_adam(initial, grads, device, lrs=lrs, l2=l2, l2_mode=l2_mode)
     if l2_mode == "decoupled":
         expected = decoupled_by_hand(initial, grads, lrs, (0.9, 0.999), 1e-8, l2, vector_l2=False)
@@ -142,8 +149,15 @@ def test_adam_leaves_parameters_without_gradient_alone(device, trajectory, l2_mo
     others are updated as usual."""
     initial, grads = trajectory
     frozen = np.full((2, 2), 1.5)
-    ours, opt = run_adam([*initial, frozen], [[*g, None] for g in grads], device, lr=0.01, l2=l2,
-                         l2_mode=l2_mode, vector_l2=True)
+    ours, opt = run_adam(
+        [*initial, frozen],
+        [[*g, None] for g in grads],
+        device,
+        lr=0.01,
+        l2=l2,
+        l2_mode=l2_mode,
+        vector_l2=True,
+    )
     np.testing.assert_array_equal(ours[2], frozen)
     state = opt.state_dict()
     assert not backend.to_numpy(state["m"][2]).any() and not backend.to_numpy(state["v"][2]).any()
@@ -160,7 +174,10 @@ def test_adam_coupled_equals_torch(steps, lr, data):
     initial = [data.draw(arrays(shape, dtype=np.float32)) for shape in kinds]
     ours = [Parameter(a.copy()) for a in initial]
     theirs = [torch.tensor(a.copy(), requires_grad=True) for a in initial]
-    opt, reference = Adam(ours, lr=lr, l2=l2, l2_mode="coupled"), torch.optim.Adam(theirs, lr=lr, weight_decay=l2)
+    opt, reference = (
+        Adam(ours, lr=lr, l2=l2, l2_mode="coupled"),
+        torch.optim.Adam(theirs, lr=lr, weight_decay=l2),
+    )
     for _ in range(steps):
         for p, q, shape in zip(ours, theirs, kinds):
             g = data.draw(arrays(shape, dtype=np.float32))
@@ -173,10 +190,13 @@ def test_adam_coupled_equals_torch(steps, lr, data):
 
 # Adam: state and arguments ------------------------------------------------------------------------------
 
+
 def host_state(state):
     """A copy of an Adam state_dict with the moments on the host, as a checkpoint would keep it."""
-    return {key: [backend.to_numpy(a).copy() for a in value] if key in ("m", "v") else value
-            for key, value in state.items()}
+    return {
+        key: [backend.to_numpy(a).copy() for a in value] if key in ("m", "v") else value
+        for key, value in state.items()
+    }
 
 
 @given(trajectories(n_steps=st.integers(2, 5)), st.data())
@@ -214,15 +234,26 @@ def test_adam_load_state_dict_rejects_wrong_count_or_shape(device):
         assert target.step_count == 0 and all(not backend.to_numpy(m).any() for m in target.m)
 
 
-@pytest.mark.parametrize("options", [dict(l2_mode="l1"), dict(l2_mode="Decoupled"), dict(lr=-1e-3),
-                                     dict(lr=float("nan")), dict(betas=(1.0, 0.999)), dict(betas=(0.9, -0.1)),
-                                     dict(eps=-1.0), dict(l2=-0.1)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(l2_mode="l1"),
+        dict(l2_mode="Decoupled"),
+        dict(lr=-1e-3),
+        dict(lr=float("nan")),
+        dict(betas=(1.0, 0.999)),
+        dict(betas=(0.9, -0.1)),
+        dict(eps=-1.0),
+        dict(l2=-0.1),
+    ],
+)
 def test_adam_rejects_bad_arguments(options):
     with pytest.raises(ValueError):
         Adam([Parameter(np.zeros(2))], **options)
 
 
 # clip_grad_norm ---------------------------------------------------------------------------------------
+
 
 @st.composite
 def gradients(draw):
@@ -282,7 +313,11 @@ def test_clip_without_gradients_returns_zero(device):
 
 # Schedules -----------------------------------------------------------------------------------------------
 
-SCHEDULES = {"warmup_linear": warmup_linear, "warmup_cosine": warmup_cosine, "warmup_constant": warmup_constant}
+SCHEDULES = {
+    "warmup_linear": warmup_linear,
+    "warmup_cosine": warmup_cosine,
+    "warmup_constant": warmup_constant,
+}
 PROGRESS = st.floats(0.0, 1.0)
 WARMUPS = st.just(0.0) | st.floats(1e-4, 0.5)
 
@@ -302,7 +337,9 @@ def gpt1_schedule(name, x, warmup):
 @given(PROGRESS, WARMUPS)
 def test_schedules_follow_gpt1_code(name, x, warmup):
     """Each schedule equals the formula of GPT-1's opt.py at every x in [0, 1]."""
-    assert math.isclose(SCHEDULES[name](x, warmup), gpt1_schedule(name, x, warmup), rel_tol=1e-12, abs_tol=1e-15)
+    assert math.isclose(
+        SCHEDULES[name](x, warmup), gpt1_schedule(name, x, warmup), rel_tol=1e-12, abs_tol=1e-15
+    )
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -329,6 +366,10 @@ def test_warmup_linear_reaches_zero_at_the_end(warmup):
 def test_zero_warmup_means_no_warmup(name, x):
     """With warmup = 0 there is no division by zero and no ramp: at x = 0 every schedule is at 1."""
     value = SCHEDULES[name](x, 0.0)
-    after = {"warmup_linear": 1 - x, "warmup_cosine": 0.5 * (1 + math.cos(math.pi * x)), "warmup_constant": 1.0}[name]
+    after = {
+        "warmup_linear": 1 - x,
+        "warmup_cosine": 0.5 * (1 + math.cos(math.pi * x)),
+        "warmup_constant": 1.0,
+    }[name]
     assert math.isclose(value, after, rel_tol=1e-12, abs_tol=1e-15)
     assert SCHEDULES[name](0.0, 0.0) == 1.0

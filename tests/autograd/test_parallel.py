@@ -1,4 +1,5 @@
 """autograd.parallel: work cut into pieces and shared out among threads."""
+
 import numpy as np
 import pytest
 from hypothesis import given

@@ -1,4 +1,5 @@
 """Every differentiable op in autograd has a finite-difference gradient test."""
+
 import importlib
 import pkgutil
 

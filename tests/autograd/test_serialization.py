@@ -4,6 +4,7 @@ Round trips are checked bit for bit; the layout against the format's specificati
 JSON header padded to 8 bytes, contiguous data); and reading against damaged and hand-made files:
 any fault must be a SafetensorsError naming the file, never another exception or wrong arrays.
 """
+
 import json
 import os
 import re
@@ -13,15 +14,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from autograd import serialization
 from autograd.serialization import SafetensorsError, load_file, load_file_with_metadata, save_file
 
 # The safetensors dtype names this module reads and writes, and the little-endian bytes they mean.
-FORMAT = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-          "U8": "u1", "BOOL": "?"}
+FORMAT = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
 # Every dtype name the safetensors format defines (some are not read here, which is allowed).
 SAFETENSORS_DTYPES = set(FORMAT) | {"BF16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"}
 
@@ -30,9 +41,18 @@ reuses_tmp_path = settings(suppress_health_check=[HealthCheck.function_scoped_fi
 
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
 NAMES = st.text(max_size=12).filter(lambda name: name != "__metadata__")
-JSON_SCALARS = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=8)
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def stored_arrays(dtype=None):
@@ -62,8 +82,8 @@ def assert_agrees_with_file(path, tensors, metadata):
     """What was read is what the file's header says: names in order, dtype, shape and bytes."""
     raw = Path(path).read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    data = raw[8 + n:]
+    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
+    data = raw[8 + n :]
     assert metadata == header.pop("__metadata__", {})
     assert list(tensors) == list(header)
     for name, entry in header.items():
@@ -109,7 +129,11 @@ def test_round_trip_is_bitwise(tmp_path, tensors):
 
 
 @reuses_tmp_path
-@given(st.sampled_from([">f8", ">f4", ">f2", ">i8", ">i4", ">i2"]).flatmap(lambda d: hnp.arrays(np.dtype(d), SHAPES)))
+@given(
+    st.sampled_from([">f8", ">f4", ">f2", ">i8", ">i4", ">i2"]).flatmap(
+        lambda d: hnp.arrays(np.dtype(d), SHAPES)
+    )
+)
 def test_big_endian_arrays_come_back_with_the_same_values(tmp_path, array):
     """Big-endian input is stored little-endian and read back in native order, values unchanged."""
     path = tmp_path / "t.safetensors"
@@ -146,7 +170,9 @@ def test_bf16_is_read_as_exact_float32(tmp_path, values):
     bits = values.view(np.uint32) & np.uint32(0xFFFF0000)
     expected = bits.view(np.float32)
     stored = (bits >> 16).astype("<u2").tobytes()
-    header = json.dumps({"b": {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, len(stored)]}})
+    header = json.dumps(
+        {"b": {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, len(stored)]}}
+    )
     header = header.encode() + b" " * (-len(header) % 8)
     path = write_raw(tmp_path / "bf16.safetensors", header, stored)
     assert_same_bits(load_file(path)["b"], expected)
@@ -162,7 +188,7 @@ def test_layout_follows_the_format(tmp_path, tensors, metadata):
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     assert n % 8 == 0
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    header = json.loads(raw[8 : 8 + n].decode("utf-8"))
     assert header.pop("__metadata__", {}) == metadata
     position = 0
     for name, array in tensors.items():
@@ -181,9 +207,14 @@ def test_safetensors_package_reads_ours_and_we_read_its(tmp_path):
     from safetensors import safe_open
 
     rng = np.random.default_rng(0)
-    tensors = {"w": rng.standard_normal((3, 4)).astype(np.float32), "i": np.arange(5, dtype=np.int64),
-               "h": rng.standard_normal(7).astype(np.float16), "b": np.array([True, False]),
-               "s": np.array(2.5), "e": np.zeros((0, 3), np.int8)}
+    tensors = {
+        "w": rng.standard_normal((3, 4)).astype(np.float32),
+        "i": np.arange(5, dtype=np.int64),
+        "h": rng.standard_normal(7).astype(np.float16),
+        "b": np.array([True, False]),
+        "s": np.array(2.5),
+        "e": np.zeros((0, 3), np.int8),
+    }
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
     save_file(tensors, ours, metadata={"format": "pt"})
     for name, array in safetensors_numpy.load_file(str(ours)).items():
@@ -223,6 +254,7 @@ class FailingWrites:
 def fail_with(error):
     def fail(*args, **kwargs):
         raise error
+
     return fail
 
 
@@ -235,7 +267,9 @@ def test_failed_save_leaves_the_old_file_whole_and_no_temporary(tmp_path, monkey
     before = path.read_bytes()
     expected = OSError
     if failure == "write":
-        monkeypatch.setattr(serialization, "open", lambda *a, **k: FailingWrites(open(*a, **k)), raising=False)
+        monkeypatch.setattr(
+            serialization, "open", lambda *a, **k: FailingWrites(open(*a, **k)), raising=False
+        )
     elif failure == "fsync":
         monkeypatch.setattr(os, "fsync", fail_with(OSError("I/O error")))
     elif failure == "replace":
@@ -260,8 +294,10 @@ def test_successful_save_replaces_the_old_file_and_leaves_no_temporary(tmp_path)
 
 
 @reuses_tmp_path
-@given(st.sampled_from([np.complex64, np.complex128, object, "U3", "datetime64[s]", "V4"]),
-       st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=10))
+@given(
+    st.sampled_from([np.complex64, np.complex128, object, "U3", "datetime64[s]", "V4"]),
+    st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=10),
+)
 def test_unsupported_dtype_on_save_is_a_type_error_naming_the_tensor(tmp_path, dtype, name):
     """Saving a dtype safetensors cannot hold raises TypeError naming the tensor, and writes nothing."""
     with pytest.raises(TypeError, match=re.escape(name)):
@@ -293,8 +329,14 @@ def test_damaged_bytes_are_refused_or_read_as_the_header_says(tmp_path, tensors,
     """Overwriting or bit-flipping drawn bytes anywhere gives a SafetensorsError naming the file,
     or arrays that agree with the (damaged) header; never another exception."""
     raw = bytearray(saved_file_bytes(tmp_path, tensors, metadata))
-    edits = data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.booleans(), st.integers(0, 255)),
-                               min_size=1, max_size=4), label="edits (position, flip a bit?, value)")
+    edits = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, len(raw) - 1), st.booleans(), st.integers(0, 255)),
+            min_size=1,
+            max_size=4,
+        ),
+        label="edits (position, flip a bit?, value)",
+    )
     for position, flip, value in edits:
         raw[position] = raw[position] ^ (1 << (value % 8)) if flip else value
     path = tmp_path / "damaged.safetensors"
@@ -303,11 +345,21 @@ def test_damaged_bytes_are_refused_or_read_as_the_header_says(tmp_path, tensors,
 
 
 @reuses_tmp_path
-@given(st.dictionaries(NAMES, st.fixed_dictionaries({
-    "dtype": st.sampled_from(sorted(SAFETENSORS_DTYPES)) | JSON_VALUES,
-    "shape": st.lists(st.integers(-1, 4) | JSON_VALUES, max_size=3) | JSON_VALUES,
-    "data_offsets": st.lists(st.integers(-1, 40), min_size=2, max_size=2) | JSON_VALUES}), max_size=3)
-       | JSON_VALUES, st.binary(max_size=40))
+@given(
+    st.dictionaries(
+        NAMES,
+        st.fixed_dictionaries(
+            {
+                "dtype": st.sampled_from(sorted(SAFETENSORS_DTYPES)) | JSON_VALUES,
+                "shape": st.lists(st.integers(-1, 4) | JSON_VALUES, max_size=3) | JSON_VALUES,
+                "data_offsets": st.lists(st.integers(-1, 40), min_size=2, max_size=2) | JSON_VALUES,
+            }
+        ),
+        max_size=3,
+    )
+    | JSON_VALUES,
+    st.binary(max_size=40),
+)
 def test_arbitrary_headers_are_refused_or_read_as_they_say(tmp_path, header, data):
     """Headers drawn freely (right keys, any values; or any JSON at all) never cause another exception."""
     assert_read_or_refused(write_raw(tmp_path / "h.safetensors", header, data))
@@ -321,8 +373,11 @@ def valid_parts(draw, min_size=1):
     header, data = {}, b""
     for name, array in tensors.items():
         stored = array.astype(array.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": {np.dtype(v): k for k, v in FORMAT.items()}[array.dtype.newbyteorder("<")],
-                        "shape": list(array.shape), "data_offsets": [len(data), len(data) + len(stored)]}
+        header[name] = {
+            "dtype": {np.dtype(v): k for k, v in FORMAT.items()}[array.dtype.newbyteorder("<")],
+            "shape": list(array.shape),
+            "data_offsets": [len(data), len(data) + len(stored)],
+        }
         data += stored
     return header, data
 
@@ -353,7 +408,11 @@ def not_json(draw):
     header, data = draw(valid_parts(min_size=0))
     text = json.dumps(header).encode()
     cut_short = st.integers(0, len(text) - 1).map(lambda n: text[:n])
-    return draw(st.binary(max_size=30).filter(lambda raw: not parses_to_an_object(raw)) | cut_short), data, None
+    return (
+        draw(st.binary(max_size=30).filter(lambda raw: not parses_to_an_object(raw)) | cut_short),
+        data,
+        None,
+    )
 
 
 @st.composite
@@ -380,9 +439,19 @@ def unknown_dtype(draw):
 @st.composite
 def bad_shape(draw):
     header, data = draw(valid_parts())
-    bad_dim = st.integers(max_value=-1) | st.floats() | st.booleans() | st.none() | st.text(max_size=3) | st.lists(st.integers(0, 3), max_size=2)
+    bad_dim = (
+        st.integers(max_value=-1)
+        | st.floats()
+        | st.booleans()
+        | st.none()
+        | st.text(max_size=3)
+        | st.lists(st.integers(0, 3), max_size=2)
+    )
     shapes = st.lists(st.integers(0, 4), max_size=3).flatmap(
-        lambda good: st.tuples(st.integers(0, len(good)), bad_dim).map(lambda p: good[:p[0]] + [p[1]] + good[p[0]:]))
+        lambda good: st.tuples(st.integers(0, len(good)), bad_dim).map(
+            lambda p: good[: p[0]] + [p[1]] + good[p[0] :]
+        )
+    )
     not_a_list = JSON_VALUES.filter(lambda v: not isinstance(v, list))
     return spoil_one_entry(draw, header, "shape", shapes | not_a_list), data, None
 
@@ -391,12 +460,16 @@ def bad_shape(draw):
 def offsets_out_of_range(draw):
     header, data = draw(valid_parts())
     n = len(data)
-    bad = (st.tuples(st.integers(0, n), st.integers(n + 1, 2**70)).map(list)             # end past the data
-           | st.tuples(st.integers(1, n + 1), st.integers(0, n)).filter(lambda p: p[0] > p[1]).map(list)  # begin > end
-           | st.tuples(st.integers(max_value=-1), st.integers(0, n)).map(list)           # negative
-           | st.lists(st.integers(0, n), max_size=4).filter(lambda v: len(v) != 2)       # not a pair
-           | st.tuples(st.sampled_from([0.0, "0", None, False]), st.integers(0, n)).map(list)  # not integers
-           | JSON_VALUES.filter(lambda v: not isinstance(v, list)))
+    bad = (
+        st.tuples(st.integers(0, n), st.integers(n + 1, 2**70)).map(list)  # end past the data
+        | st.tuples(st.integers(1, n + 1), st.integers(0, n))
+        .filter(lambda p: p[0] > p[1])
+        .map(list)  # begin > end
+        | st.tuples(st.integers(max_value=-1), st.integers(0, n)).map(list)  # negative
+        | st.lists(st.integers(0, n), max_size=4).filter(lambda v: len(v) != 2)  # not a pair
+        | st.tuples(st.sampled_from([0.0, "0", None, False]), st.integers(0, n)).map(list)  # not integers
+        | JSON_VALUES.filter(lambda v: not isinstance(v, list))
+    )
     return spoil_one_entry(draw, header, "data_offsets", bad), data, None
 
 
@@ -404,8 +477,10 @@ def offsets_out_of_range(draw):
 def overlapping_offsets(draw):
     a, b = draw(st.integers(1, 16)), draw(st.integers(1, 16))
     start = draw(st.integers(0, a - 1))
-    header = {"a": {"dtype": "U8", "shape": [a], "data_offsets": [0, a]},
-              "b": {"dtype": "U8", "shape": [b], "data_offsets": [start, start + b]}}
+    header = {
+        "a": {"dtype": "U8", "shape": [a], "data_offsets": [0, a]},
+        "b": {"dtype": "U8", "shape": [b], "data_offsets": [start, start + b]},
+    }
     return header, bytes(max(a, start + b)), None
 
 
@@ -415,8 +490,10 @@ def gaps(draw):
     where = draw(st.sampled_from(["before", "between", "after"]))
     first = gap if where == "before" else 0
     second = first + a + (gap if where == "between" else 0)
-    header = {"a": {"dtype": "U8", "shape": [a], "data_offsets": [first, first + a]},
-              "b": {"dtype": "U8", "shape": [b], "data_offsets": [second, second + b]}}
+    header = {
+        "a": {"dtype": "U8", "shape": [a], "data_offsets": [first, first + a]},
+        "b": {"dtype": "U8", "shape": [b], "data_offsets": [second, second + b]},
+    }
     return header, bytes(second + b + (gap if where == "after" else 0)), None
 
 
@@ -427,8 +504,9 @@ def byte_count_not_shape_times_itemsize(draw):
     entry = header[name]
     begin, end = entry["data_offsets"]
     itemsize = np.dtype(FORMAT[entry["dtype"]]).itemsize
-    entry["shape"] = draw(st.lists(st.integers(0, 6), max_size=3).filter(
-        lambda s: int(np.prod(s)) * itemsize != end - begin))
+    entry["shape"] = draw(
+        st.lists(st.integers(0, 6), max_size=3).filter(lambda s: int(np.prod(s)) * itemsize != end - begin)
+    )
     return header, data, None
 
 
@@ -450,17 +528,26 @@ def bad_metadata(draw):
     non_string = JSON_VALUES.filter(lambda v: not isinstance(v, str))
     header["__metadata__"] = draw(
         st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2).flatmap(
-            lambda good: st.tuples(st.text(max_size=4), non_string).map(lambda kv: {**good, kv[0]: kv[1]}))
-        | JSON_VALUES.filter(lambda v: not isinstance(v, dict)))
+            lambda good: st.tuples(st.text(max_size=4), non_string).map(lambda kv: {**good, kv[0]: kv[1]})
+        )
+        | JSON_VALUES.filter(lambda v: not isinstance(v, dict))
+    )
     return header, data, None
 
 
 BAD_FILES = {
-    "header length past the end": length_past_the_end(), "not JSON": not_json(), "not an object": not_an_object(),
-    "duplicate names": duplicate_names(), "unknown dtype": unknown_dtype(), "bad shape": bad_shape(),
-    "offsets out of range": offsets_out_of_range(), "overlapping offsets": overlapping_offsets(), "gaps": gaps(),
+    "header length past the end": length_past_the_end(),
+    "not JSON": not_json(),
+    "not an object": not_an_object(),
+    "duplicate names": duplicate_names(),
+    "unknown dtype": unknown_dtype(),
+    "bad shape": bad_shape(),
+    "offsets out of range": offsets_out_of_range(),
+    "overlapping offsets": overlapping_offsets(),
+    "gaps": gaps(),
     "byte count not shape * itemsize": byte_count_not_shape_times_itemsize(),
-    "extra or missing keys": extra_or_missing_keys(), "metadata not strings": bad_metadata(),
+    "extra or missing keys": extra_or_missing_keys(),
+    "metadata not strings": bad_metadata(),
 }
 
 

@@ -1,11 +1,13 @@
 """Tensor and the backward pass: construction and dtypes, no_grad, detach, backward() and how
 gradients accumulate into leaves, and the errors that guard against misuse."""
+
 import operator
 import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import autograd as ag
 from autograd.backend import to_numpy
@@ -45,8 +47,11 @@ def test_requested_dtype_is_kept(device, dtype, a):
     np.testing.assert_array_equal(x.numpy(), a)
 
 
-@pytest.mark.parametrize("data", [3, [1, 2, 3], np.array([[4, 5]], dtype=np.int32), [True, False]],
-                         ids=["python int", "list of ints", "int32 array", "booleans"])
+@pytest.mark.parametrize(
+    "data",
+    [3, [1, 2, 3], np.array([[4, 5]], dtype=np.int32), [True, False]],
+    ids=["python int", "list of ints", "int32 array", "booleans"],
+)
 def test_integer_and_boolean_data_keep_their_kind(device, data):
     """Token ids stay integers and masks stay booleans; only floats are converted."""
     x = ag.tensor(data, device=device)
@@ -111,8 +116,13 @@ FLOAT64_OPERANDS = {  # things a float32 tensor may meet, each a float64 in NumP
     "numpy float64 scalar": lambda shape: np.float64(1.5),
     "float64 array": lambda shape: np.full(shape, 1.5),
 }
-OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-             "**": operator.pow}
+OPERATORS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "**": operator.pow,
+}
 
 
 @pytest.mark.parametrize("operand", FLOAT64_OPERANDS)
@@ -191,6 +201,7 @@ def test_comparison_mask_drives_where_and_indexing(device, a):
 
 # ----- no_grad and detach
 
+
 def test_no_grad_context_records_no_graph(device):
     """Inside `with no_grad()` results do not require grad; on leaving, recording resumes."""
     x = leaf(np.array([1.0, 2.0]), device)
@@ -266,6 +277,7 @@ def test_only_tensors_that_require_grad_get_gradients(device):
 
 # ----- backward()
 
+
 @given(n=st.integers(1, 4), k=st.integers(1, 4), m=st.integers(1, 4), data=st.data())
 def test_backward_with_grad_gives_the_vector_jacobian_product(device, n, k, m, data):
     """For y = x @ w, y.backward(g) gives x.grad = g @ w.T and w.grad = x.T @ g; g may be an
@@ -317,7 +329,7 @@ def test_backward_through_a_graph_deeper_than_the_recursion_limit(device):
     for _ in range(depth):
         y = y * factor
     y.sum().backward()
-    np.testing.assert_allclose(host(x.grad), [factor ** depth] * 2, rtol=1e-9)
+    np.testing.assert_allclose(host(x.grad), [factor**depth] * 2, rtol=1e-9)
 
 
 # ----- how gradients reach and accumulate into leaves
@@ -411,12 +423,13 @@ def test_leaf_reached_through_a_view_gets_its_own_gradient_array(device, view, a
 
 # ----- errors for bad shapes and axes
 
+
 @pytest.mark.parametrize("reduction", ["mean", "max"])
 @given(shape=shapes(min_dims=1), data=st.data())
 def test_reducing_over_an_empty_axis_raises(device, reduction, shape, data):
     """mean and max of nothing are undefined: a ValueError that says the selection is empty."""
     empty_axis = data.draw(st.integers(0, len(shape) - 1))
-    shape = shape[:empty_axis] + (0,) + shape[empty_axis + 1:]
+    shape = shape[:empty_axis] + (0,) + shape[empty_axis + 1 :]
     axis = data.draw(st.sampled_from([None, empty_axis, empty_axis - len(shape), (empty_axis,)]))
     x = leaf(np.zeros(shape), device)
     with pytest.raises(ValueError, match="empty"):
@@ -451,8 +464,11 @@ def test_reduction_axis_out_of_range_raises(device, reduction, shape, data):
         getattr(x, reduction)(axis=axis)
 
 
-@pytest.mark.parametrize("axes", [(0, 0, 1), (0, 1), (3, 1, 2), (0, 1, -4)],
-                         ids=["repeated", "too few", "too large", "too negative"])
+@pytest.mark.parametrize(
+    "axes",
+    [(0, 0, 1), (0, 1), (3, 1, 2), (0, 1, -4)],
+    ids=["repeated", "too few", "too large", "too negative"],
+)
 def test_transpose_axes_must_be_a_permutation(device, axes):
     """transpose(axes) on a 3-d tensor needs each of 0, 1, 2 (or -3, -2, -1) exactly once."""
     x = leaf(np.zeros((2, 3, 4)), device)

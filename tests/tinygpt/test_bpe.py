@@ -1,4 +1,5 @@
 """The byte-level BPE tokenizer: round trips, special tokens, merge order, training, files, errors."""
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -47,7 +48,7 @@ def reference_encode(tokenizer, text):
         for left, right in tokenizer.merges:
             merged, i = [], 0
             while i < len(pieces):
-                if pieces[i:i + 2] == [left, right]:
+                if pieces[i : i + 2] == [left, right]:
                     merged.append(left + right)
                     i += 2
                 else:
@@ -77,7 +78,7 @@ def reference_merges(texts, num_merges):
         for word, count in words.items():
             merged, i = [], 0
             while i < len(word):
-                if word[i:i + 2] == best:
+                if word[i : i + 2] == best:
                     merged.append(best[0] + best[1])
                     i += 2
                 else:
@@ -145,7 +146,9 @@ def test_special_tokens_survive_inside_text(tokenizer, before, name, after):
 def test_special_ids_come_only_from_special_names(tokenizer, text):
     expected, i = 0, 0  # count the names by a left-to-right scan, longest name first
     while i < len(text):
-        name = next((name for name in sorted(SPECIALS, key=len, reverse=True) if text.startswith(name, i)), None)
+        name = next(
+            (name for name in sorted(SPECIALS, key=len, reverse=True) if text.startswith(name, i)), None
+        )
         expected, i = (expected + 1, i + len(name)) if name else (expected, i + 1)
     special_ids = set(tokenizer.special_tokens.values())
     assert sum(token_id in special_ids for token_id in tokenizer.encode(text)) == expected
@@ -153,7 +156,10 @@ def test_special_ids_come_only_from_special_names(tokenizer, text):
 
 def test_longest_special_token_wins():
     tokenizer = BPETokenizer.train(CORPUS, 300, special_tokens=("<s>", "<s><s>"))
-    assert tokenizer.encode("<s><s><s>") == [tokenizer.special_tokens["<s><s>"], tokenizer.special_tokens["<s>"]]
+    assert tokenizer.encode("<s><s><s>") == [
+        tokenizer.special_tokens["<s><s>"],
+        tokenizer.special_tokens["<s>"],
+    ]
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -260,27 +266,35 @@ def test_loads_files_in_the_gpt2_layout(tmp_path):
     assert tokenizer.decode(ids) == " the<|endoftext|>he!"
 
 
-@pytest.mark.parametrize("merges_text, line, message", [
-    ("#version: 0.2\nĠ t\nh e x\n", 3, "expected 'left right'"),
-    ("#version: 0.2\nĠ t\n\nh\n", 4, "expected 'left right'"),
-    ("Ġ t\nh q\n", 2, "'hq' is not in vocab.json"),
-    ("#version: 0.2\nĠ t\nĠ t\n", 3, "the merge 'Ġ t' appears twice"),
-])
+@pytest.mark.parametrize(
+    "merges_text, line, message",
+    [
+        ("#version: 0.2\nĠ t\nh e x\n", 3, "expected 'left right'"),
+        ("#version: 0.2\nĠ t\n\nh\n", 4, "expected 'left right'"),
+        ("Ġ t\nh q\n", 2, "'hq' is not in vocab.json"),
+        ("#version: 0.2\nĠ t\nĠ t\n", 3, "the merge 'Ġ t' appears twice"),
+    ],
+)
 def test_malformed_merges_name_file_and_line(tmp_path, merges_text, line, message):
     write_gpt2_files(tmp_path, merges_text)
     with pytest.raises(ValueError, match=rf"merges\.txt, line {line}: {message}"):
         BPETokenizer.load(tmp_path)
 
 
-@pytest.mark.parametrize("vocab_text, message", [
-    ('{"a": 0,\n "b": }', r"vocab\.json, line 2 column"),
-    ('["a"]', r"vocab\.json: expected a JSON object"),
-    ('{"a": 0, "b": 0}', r"vocab\.json: entries 'a' and 'b' share id 0"),
-    ('{"a": 0, "b": 2}', r"vocab\.json: ids must run 0 \.\. 1 without gaps; id 1 is missing"),
-    ('{"a": 0, "b": 1}', r"vocab\.json: byte tokens"),
-    (json.dumps({**{c: i for i, c in enumerate(BYTE_CHARS.values())}, "a b": 256}),
-     r"vocab\.json: entry 'a b' is neither spelled in the byte-to-unicode alphabet"),
-])
+@pytest.mark.parametrize(
+    "vocab_text, message",
+    [
+        ('{"a": 0,\n "b": }', r"vocab\.json, line 2 column"),
+        ('["a"]', r"vocab\.json: expected a JSON object"),
+        ('{"a": 0, "b": 0}', r"vocab\.json: entries 'a' and 'b' share id 0"),
+        ('{"a": 0, "b": 2}', r"vocab\.json: ids must run 0 \.\. 1 without gaps; id 1 is missing"),
+        ('{"a": 0, "b": 1}', r"vocab\.json: byte tokens"),
+        (
+            json.dumps({**{c: i for i, c in enumerate(BYTE_CHARS.values())}, "a b": 256}),
+            r"vocab\.json: entry 'a b' is neither spelled in the byte-to-unicode alphabet",
+        ),
+    ],
+)
 def test_malformed_vocab_names_file_and_entry(tmp_path, vocab_text, message):
     (tmp_path / "vocab.json").write_text(vocab_text, encoding="utf-8")
     (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
@@ -316,16 +330,26 @@ def test_normalized_training_learns_from_the_normalized_text(normalized):
     assert normalized.merges == plain.merges
 
 
-@given(st.lists(st.sampled_from(["It's", "DON'T", " ", "a", "B", ",", ".", "?", "\n", "--", "_start_", "_classify_"]),
-                max_size=12).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(["It's", "DON'T", " ", "a", "B", ",", ".", "?", "\n", "--", "_start_", "_classify_"]),
+        max_size=12,
+    ).map("".join)
+)
 def test_normalized_encoding_is_plain_encoding_of_the_normalized_pieces(normalized, text):
     """Special tokens are cut out first; the text between them is normalized, then split."""
-    ordinary = {normalized.id_to_token(i): i for i in range(normalized.vocab_size)
-                if i not in normalized.special_tokens.values()}
+    ordinary = {
+        normalized.id_to_token(i): i
+        for i in range(normalized.vocab_size)
+        if i not in normalized.special_tokens.values()
+    }
     normalize, plain = GPT1Normalizer(), BPETokenizer(ordinary, normalized.merges, normalized.special_tokens)
     pieces = regex.split("(_start_|_classify_)", text)
-    expected = [i for n, piece in enumerate(pieces) for i in
-                (plain.encode(piece) if n % 2 else plain.encode(normalize(piece)))]
+    expected = [
+        i
+        for n, piece in enumerate(pieces)
+        for i in (plain.encode(piece) if n % 2 else plain.encode(normalize(piece)))
+    ]
     assert normalized.encode(text) == expected
 
 
@@ -336,7 +360,9 @@ def test_normalized_text_decodes_lower_cased_and_split(normalized):
 def test_normalizer_survives_save_and_load(normalized, tokenizer, tmp_path):
     normalized.save(tmp_path / "normalized")
     tokenizer.save(tmp_path / "plain")
-    assert json.loads((tmp_path / "normalized" / "tokenizer_config.json").read_text()) == {"normalizer": "gpt1"}
+    assert json.loads((tmp_path / "normalized" / "tokenizer_config.json").read_text()) == {
+        "normalizer": "gpt1"
+    }
     assert not (tmp_path / "plain" / "tokenizer_config.json").exists()
     loaded = BPETokenizer.load(tmp_path / "normalized")
     assert loaded.normalizer == "gpt1" and BPETokenizer.load(tmp_path / "plain").normalizer is None

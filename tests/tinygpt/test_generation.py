@@ -1,10 +1,12 @@
 """Generation: the sampling rules (temperature, top-k, top-p) and generating with a small random
 model, with and without the key/value cache, within n_ctx and beyond it."""
+
 from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
@@ -26,8 +28,14 @@ def random_model(device="cpu", seed=2):
     ag.manual_seed(seed)
     model = GPT(GPTConfig(**SMALL)).to(device)
     rng = np.random.default_rng(seed)
-    model.load_state_dict({name: rng.standard_normal(p.shape).astype(p.dtype)
-                           for name, p in model.named_parameters() if p.data.ndim == 2}, strict=False)
+    model.load_state_dict(
+        {
+            name: rng.standard_normal(p.shape).astype(p.dtype)
+            for name, p in model.named_parameters()
+            if p.data.ndim == 2
+        },
+        strict=False,
+    )
     return model.eval()
 
 
@@ -70,8 +78,9 @@ def test_top_p_picks_inside_the_nucleus(logits, p, temperature, seed):
         assert probs[probs > probs[token]].sum() < p + 1e-9
 
 
-@pytest.mark.parametrize("p, nucleus", [(0.45, {0}), (0.79, {0, 1}), (0.81, {0, 1, 2}), (0.96, {0, 1, 2, 3}),
-                                        (1.0, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    "p, nucleus", [(0.45, {0}), (0.79, {0, 1}), (0.81, {0, 1, 2}), (0.96, {0, 1, 2, 3}), (1.0, {0, 1, 2, 3})]
+)
 def test_top_p_keeps_the_smallest_set_reaching_p(p, nucleus):
     frequencies = draws(2000, top_p=p)
     assert set(frequencies) == nucleus
@@ -94,9 +103,19 @@ def test_temperature_draws_from_softmax_of_scaled_logits(temperature):
         assert frequencies.get(token, 0) == pytest.approx(probability, abs=0.03)
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=0),
-                                      dict(top_k=1.5), dict(top_k=True), dict(top_p=0), dict(top_p=1.5),
-                                      dict(top_p=float("nan"))])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=-1),
+        dict(temperature=float("nan")),
+        dict(top_k=0),
+        dict(top_k=1.5),
+        dict(top_k=True),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(top_p=float("nan")),
+    ],
+)
 def test_bad_settings_are_refused_by_name(settings):
     with pytest.raises(ValueError, match=next(iter(settings))):
         sample_next(np.zeros(4), np.random.default_rng(0), **settings)
@@ -110,13 +129,15 @@ def greedy_by_hand(model, prompt, steps):
     ids = list(prompt)
     with ag.no_grad():
         for _ in range(steps):
-            logits = model(np.array([ids[-model.config.n_ctx:]]))
+            logits = model(np.array([ids[-model.config.n_ctx :]]))
             ids.append(int(np.argmax(backend.to_numpy(logits.data)[0, -1])))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-@pytest.mark.parametrize("prompt_length, steps", [(1, 5), (3, 5), (3, 14), (11, 4)])  # within n_ctx=8, beyond it
+@pytest.mark.parametrize(
+    "prompt_length, steps", [(1, 5), (3, 5), (3, 14), (11, 4)]
+)  # within n_ctx=8, beyond it
 def test_greedy_equals_argmax_step_by_step(device, use_cache, prompt_length, steps):
     model = random_model(device)
     prompt = [(7 * i + 3) % SMALL["vocab_size"] for i in range(prompt_length)]
@@ -125,8 +146,15 @@ def test_greedy_equals_argmax_step_by_step(device, use_cache, prompt_length, ste
     assert len(set(new)) > 1  # the model does not just repeat one token, whatever the context
 
 
-@pytest.mark.parametrize("settings", [dict(temperature=0), dict(temperature=1.0), dict(temperature=1.5, top_k=10),
-                                      dict(temperature=0.8, top_p=0.9)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=0),
+        dict(temperature=1.0),
+        dict(temperature=1.5, top_k=10),
+        dict(temperature=0.8, top_p=0.9),
+    ],
+)
 @pytest.mark.parametrize("steps", [6, 20])  # within n_ctx=8 with a prompt of 2, and far beyond it
 def test_cached_and_uncached_generation_give_the_same_tokens(device, settings, steps):
     model = random_model(device)

@@ -4,13 +4,15 @@ splitting), BPE ids, decoding, and agreement with ftfy + spaCy where they are in
 Expected ids are worked out here from the encoder and merge tables for the words each example
 should split into, with a plain BPE of the test's own.
 """
+
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tinygpt.tokenizer import GPT1Tokenizer
 from tinygpt.tokenizer.text import EnglishWordSplitter, GPT1Normalizer, fix_text, text_standardize
@@ -48,23 +50,29 @@ def reference_ids(words, tables):
             if not pairs:
                 break
             i = min(pairs)[1]
-            symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+            symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
         ids += [encoder.get(symbol, 0) for symbol in symbols]
     return ids
 
 
 EXAMPLES = [
     ("I don't know.", "i do n't know ."),
-    ("I'm sure they'll say we're right; you've seen it.",
-     "i 'm sure they 'll say we 're right ; you 've seen it ."),
-    ("It's 5pm and she'd gone. Can't stop, won't stop!",
-     "it 's 5 pm and she 'd gone . ca n't stop , wo n't stop !"),
+    (
+        "I'm sure they'll say we're right; you've seen it.",
+        "i 'm sure they 'll say we 're right ; you 've seen it .",
+    ),
+    (
+        "It's 5pm and she'd gone. Can't stop, won't stop!",
+        "it 's 5 pm and she 'd gone . ca n't stop , wo n't stop !",
+    ),
     ("Wait!!! What?! Really...", "wait ! ! ! what ? ! really ..."),
     ("Well\u2026 maybe\u2014or not \u2013 ok", "well ... maybe - or not - ok"),
     ("\u201cHello,\u201d she said, \u2018twice\u2019.", "\" hello , \" she said , ' twice ' ."),
     ("It costs 3.14 or 1,000 dollars (roughly).", "it costs 3.14 or 1 , 000 dollars ( roughly ) ."),
-    ("Mr. Smith and Dr. Brown left the U.S. in Jan. 1990.",
-     "mr. smith and dr. brown left the u.s. in jan. 1990 ."),
+    (
+        "Mr. Smith and Dr. Brown left the U.S. in Jan. 1990.",
+        "mr. smith and dr. brown left the u.s. in jan. 1990 .",
+    ),
     ("Visit www.example.com, e.g. today; I cannot.", "visit www.example.com , e.g. today ; i can not ."),
     ("The well-known 'rock' star's fans", "the well - known ' rock ' star 's fans"),
 ]
@@ -81,7 +89,12 @@ def test_a_line_break_is_the_newline_piece(tokenizer, tables):
     newline = encoder["\n</w>"]
     assert newline == 40477
     assert tokenizer.encode("one\n\n  two\r\nthree") == [
-        encoder["one</w>"], newline, encoder["two</w>"], newline, encoder["three</w>"]]
+        encoder["one</w>"],
+        newline,
+        encoder["two</w>"],
+        newline,
+        encoder["three</w>"],
+    ]
 
 
 def test_vocabulary_and_special_tokens(tokenizer):
@@ -152,15 +165,19 @@ def test_bad_files_are_named_with_the_line(tmp_path):
 
 # -- the text pipeline on its own (no files needed) --------------------------------------------
 
-@pytest.mark.parametrize("broken, fixed", [
-    ("It\u00e2\u20ac\u2122s caf\u00c3\u00a9 time", "It's café time"),  # UTF-8 read as Windows-1252
-    ("\u201aÄúQuoted\u201aÄù", '"Quoted"'),  # UTF-8 read as Mac Roman
-    ("\u0093curly\u0094 and \u2018single\u2019", "\"curly\" and 'single'"),
-    ("fish &amp; chips &eacute;t&#233; &#x2019;", "fish & chips été '"),
-    ("a < b &amp; c\nd &amp; e", "a < b &amp; c\nd &amp; e"),  # '<': maybe HTML, entities kept
-    ("\ufb01ne \uff2c\uff2f\uff35\uff24\u3000ok", "fine LOUD ok"),
-    ("e\u0301\r\nnext\x00\x1b[1mbold\x1b[0m", "\u00e9\nnextbold"),
-])
+
+@pytest.mark.parametrize(
+    "broken, fixed",
+    [
+        ("It\u00e2\u20ac\u2122s caf\u00c3\u00a9 time", "It's café time"),  # UTF-8 read as Windows-1252
+        ("\u201aÄúQuoted\u201aÄù", '"Quoted"'),  # UTF-8 read as Mac Roman
+        ("\u0093curly\u0094 and \u2018single\u2019", "\"curly\" and 'single'"),
+        ("fish &amp; chips &eacute;t&#233; &#x2019;", "fish & chips été '"),
+        ("a < b &amp; c\nd &amp; e", "a < b &amp; c\nd &amp; e"),  # '<': maybe HTML, entities kept
+        ("\ufb01ne \uff2c\uff2f\uff35\uff24\u3000ok", "fine LOUD ok"),
+        ("e\u0301\r\nnext\x00\x1b[1mbold\x1b[0m", "\u00e9\nnextbold"),
+    ],
+)
 def test_fix_text_repairs_what_ftfy_repairs(broken, fixed):
     assert fix_text(broken) == fixed
 
@@ -182,28 +199,39 @@ def test_text_standardize_properties(text):
     out = text_standardize(text)
     assert text_standardize(out) == out  # idempotent
     assert out == out.strip() and "  " not in out and not re.search(r"[^\S \n]", out)
-    assert all(out[i - 1:i + 2] == " \n " for i, char in enumerate(out) if char == "\n")
+    assert all(out[i - 1 : i + 2] == " \n " for i, char in enumerate(out) if char == "\n")
     for i, char in enumerate(out):  # a punctuation run is set apart on both sides
         if char in SPACED:
             assert i == 0 or out[i - 1] in (" ", char)
             assert i == len(out) - 1 or out[i + 1] in (" ", char)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("hello'' (Mr.) a.m. 5pm 10km $5 5% USA. U.S. end.'",
-     "hello '' ( Mr. ) a.m. 5 pm 10 km $ 5 5 % USA . U.S. end . '"),
-    ("gonna cannot dont Its its y'all 'em ol' c'mon", "gon na can not do nt Its its y' all 'em ol' c'm on"),
-    ("x--y foo.Bar foo.bar a,b 3-4 B...a.", "x -- y foo . Bar foo.bar a , b 3 - 4 B ... a."),
-    ("a \n b", "a|\n |b"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            "hello'' (Mr.) a.m. 5pm 10km $5 5% USA. U.S. end.'",
+            "hello '' ( Mr. ) a.m. 5 pm 10 km $ 5 5 % USA . U.S. end . '",
+        ),
+        (
+            "gonna cannot dont Its its y'all 'em ol' c'mon",
+            "gon na can not do nt Its its y' all 'em ol' c'm on",
+        ),
+        ("x--y foo.Bar foo.bar a,b 3-4 B...a.", "x -- y foo . Bar foo.bar a , b 3 - 4 B ... a."),
+        ("a \n b", "a|\n |b"),
+    ],
+)
 def test_word_splitter_examples(text, words):
     assert SPLITTER(text) == words.split("|" if "|" in words else " ")
 
 
-@pytest.mark.parametrize("text, normalized", [
-    ("It's a CHARMING film -- isn't it?", "it 's a charming film -- is n't it ?"),
-    ("Mr. Knightley\u2019s\r\n\tcaf\u00c3\u00a9 \u2026", "mr. knightley 's \n  caf\u00e9 ..."),
-])
+@pytest.mark.parametrize(
+    "text, normalized",
+    [
+        ("It's a CHARMING film -- isn't it?", "it 's a charming film -- is n't it ?"),
+        ("Mr. Knightley\u2019s\r\n\tcaf\u00c3\u00a9 \u2026", "mr. knightley 's \n  caf\u00e9 ..."),
+    ],
+)
 def test_normalizer_examples(text, normalized):
     assert GPT1Normalizer()(text) == normalized
 
@@ -215,6 +243,7 @@ def test_normalizer_gives_the_words_gpt1_encodes(tokenizer, text):
 
 
 # -- agreement with the original pipeline, where spaCy and ftfy are installed ------------------
+
 
 def sample_paragraphs():
     books = sorted((DATA / "pretrain" / "gutenberg").glob("*.txt"))
@@ -244,8 +273,12 @@ def spacy_tokenizer():
     return pytest.importorskip("spacy").blank("en").tokenizer
 
 
-@given(st.text(alphabet=st.sampled_from(list("aAsStTmMdDlLvnIx.'’,:;-—!?\"“()<>/=+*&%$#@_°😀 \n0123éΩд")),
-               max_size=20))
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("aAsStTmMdDlLvnIx.'’,:;-—!?\"“()<>/=+*&%$#@_°😀 \n0123éΩд")),
+        max_size=20,
+    )
+)
 def test_word_splitter_equals_spacy_on_raw_text(spacy_tokenizer, text):
     assert SPLITTER(text) == [token.text for token in spacy_tokenizer(text)]
 

@@ -1,16 +1,25 @@
 """Task heads: the state at _classify_, the four heads, L3 = L2 + lambda L1, their gradients, and a
 tiny fine-tune that learns a separable task."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import autograd as ag
 from autograd import backend
 from autograd.gradcheck import gradcheck
 from autograd.optim import Adam
 from tinygpt import GPT, GPTConfig
-from tinygpt.heads import (GPTForClassification, GPTForEntailment, GPTForMultipleChoice, GPTForSimilarity,
-                           lm_loss, make_head, resize)
+from tinygpt.heads import (
+    GPTForClassification,
+    GPTForEntailment,
+    GPTForMultipleChoice,
+    GPTForSimilarity,
+    lm_loss,
+    make_head,
+    resize,
+)
 from tinygpt.tasks import IGNORE, collate, encode_examples
 
 from .test_tasks import WORDS, WordTokenizer
@@ -42,7 +51,8 @@ def batches(n_sequences, labels):
     sequence = st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=9)
     example = st.lists(sequence, min_size=n_sequences, max_size=n_sequences)
     return st.lists(st.tuples(example, labels), min_size=1, max_size=3).map(
-        lambda rows: collate([seqs for seqs, _ in rows], [label for _, label in rows]))
+        lambda rows: collate([seqs for seqs, _ in rows], [label for _, label in rows])
+    )
 
 
 HEADS = {  # name -> (how to build it, sequences per example, labels)
@@ -59,7 +69,7 @@ def test_resize_adds_the_tokenizers_extra_tokens_and_keeps_the_old_rows():
     before = gpt.tokens_embed.weight.numpy()
     assert resize(gpt, WordTokenizer()) == 3
     assert gpt.tokens_embed.weight.shape == (VOCAB, 16) and gpt.config.vocab_size == VOCAB
-    np.testing.assert_array_equal(gpt.tokens_embed.weight.numpy()[:VOCAB - 3], before)
+    np.testing.assert_array_equal(gpt.tokens_embed.weight.numpy()[: VOCAB - 3], before)
     assert gpt(np.array([[13, 12, 11]])).shape == (1, 3, VOCAB)  # the special ids now have rows
     assert resize(gpt, WordTokenizer()) == 0 and gpt.tokens_embed.weight.shape == (VOCAB, 16)
 
@@ -104,8 +114,10 @@ def test_logits_are_W_y_times_the_last_state_of_each_sequence_read_alone(name, d
     logits, lm_logits = model(batch.ids, batch.clf_positions)
     W, b = model.head.weight.numpy(), model.head.bias.numpy()
     for i in range(len(batch.labels)):
-        states = [host(model.transformer.hidden_states(ids[mask][None]))[0, -1]
-                  for ids, mask in zip(batch.ids[i], batch.mask[i])]
+        states = [
+            host(model.transformer.hidden_states(ids[mask][None]))[0, -1]
+            for ids, mask in zip(batch.ids[i], batch.mask[i])
+        ]
         if name == "multiple choice":
             expected = [state @ W[:, 0] + b[0] for state in states]
         elif name.startswith("similarity"):
@@ -115,15 +127,19 @@ def test_logits_are_W_y_times_the_last_state_of_each_sequence_read_alone(name, d
         np.testing.assert_allclose(host(logits)[i], expected, rtol=1e-10, atol=1e-12)
         for j, (ids, mask) in enumerate(zip(batch.ids[i], batch.mask[i])):
             alone = host(model.transformer(ids[mask][None]))[0]
-            np.testing.assert_allclose(host(lm_logits)[i, j, :mask.sum()], alone, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(host(lm_logits)[i, j, : mask.sum()], alone, rtol=1e-10, atol=1e-12)
 
 
 @given(st.lists(st.integers(0, 10), max_size=5), st.lists(st.integers(0, 10), max_size=5), st.booleans())
 def test_similarity_is_symmetric_in_its_two_texts(a, b, regression):
     text_a, text_b = (" ".join(WORDS[i] for i in ids) for ids in (a, b))
     model = in_float64(GPTForSimilarity(tiny_gpt(), None if regression else 2), seed=3).eval()
-    data = encode_examples([{"text_a": text_a, "text_b": text_b, "label": 0},
-                            {"text_a": text_b, "text_b": text_a, "label": 0}], "similarity", WordTokenizer(), 12)
+    data = encode_examples(
+        [{"text_a": text_a, "text_b": text_b, "label": 0}, {"text_a": text_b, "text_b": text_a, "label": 0}],
+        "similarity",
+        WordTokenizer(),
+        12,
+    )
     batch = data.batch([0, 1])
     logits, _ = model(batch.ids, batch.clf_positions, lm=False)
     np.testing.assert_array_equal(host(logits)[0], host(logits)[1])
@@ -136,8 +152,12 @@ def test_multiple_choice_scores_follow_their_answers():
     straight = collate([answers], [0])
     shuffled = collate([[answers[k] for k in order]], [0])
     scores = host(model(straight.ids, straight.clf_positions, lm=False)[0])
-    np.testing.assert_allclose(host(model(shuffled.ids, shuffled.clf_positions, lm=False)[0]), scores[:, order])
-    assert model.predict(model(straight.ids, straight.clf_positions, lm=False)[0]).tolist() == [scores[0].argmax()]
+    np.testing.assert_allclose(
+        host(model(shuffled.ids, shuffled.clf_positions, lm=False)[0]), scores[:, order]
+    )
+    assert model.predict(model(straight.ids, straight.clf_positions, lm=False)[0]).tolist() == [
+        scores[0].argmax()
+    ]
 
 
 def test_classifier_dropout_acts_in_training_only():
@@ -152,7 +172,7 @@ def test_classifier_dropout_acts_in_training_only():
 
 
 # ----- the losses --------------------------------------------------------------------------------
-@given(st.integers(1, 3), st.integers(1, 4), st.integers(0, 2 ** 32 - 1))
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(0, 2**32 - 1))
 def test_lm_loss_averages_each_sequence_then_the_sequences(n_sequences, length, seed):
     rng = np.random.default_rng(seed)
     logits = rng.standard_normal((n_sequences, length, 5)) * 2
@@ -160,8 +180,8 @@ def test_lm_loss_averages_each_sequence_then_the_sequences(n_sequences, length, 
     targets[rng.random((n_sequences, length)) < 0.3] = IGNORE
     per_sequence = []
     for row_logits, row_targets in zip(logits, targets):
-        counted = [(l, t) for l, t in zip(row_logits, row_targets) if t != IGNORE]
-        losses = [np.log(np.exp(l).sum()) - l[t] for l, t in counted]
+        counted = [(z, t) for z, t in zip(row_logits, row_targets) if t != IGNORE]
+        losses = [np.log(np.exp(z).sum()) - z[t] for z, t in counted]
         per_sequence.append(sum(losses) / len(losses) if losses else 0.0)
     got = lm_loss(ag.tensor(logits, dtype=np.float64), targets).item()
     assert got == pytest.approx(np.mean(per_sequence), rel=1e-12, abs=1e-12)
@@ -171,7 +191,8 @@ def test_regression_loss_is_the_mean_squared_error():
     model = GPTForSimilarity(tiny_gpt())
     logits = ag.tensor([[1.0], [2.5], [-1.0]], dtype=np.float64)
     assert model.task_loss(logits, np.array([0.0, 3.0, 1.0], dtype=np.float32)).item() == pytest.approx(
-        (1 + 0.25 + 4) / 3)
+        (1 + 0.25 + 4) / 3
+    )
     assert model.predict(logits).tolist() == [1.0, 2.5, -1.0]
 
 

@@ -1,4 +1,5 @@
 """GPT: the openai-gpt parameter layout, tied head, causality, training, and checkpoints in and out."""
+
 import json
 import math
 import re
@@ -6,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
-from autograd import backend, functional as F, nn
+from autograd import backend, nn
+from autograd import functional as F
 from autograd.gradcheck import gradcheck
 from autograd.optim import Adam
 from autograd.serialization import load_file, load_file_with_metadata, save_file
@@ -20,9 +23,20 @@ SHARED = Path(__file__).parents[2] / ".." / "shared"
 GPT1_PARAMETERS = 116_534_784
 SMALL = dict(vocab_size=23, n_ctx=8, n_embd=16, n_layer=2, n_head=2)
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
-BLOCK_PARAMETERS = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-                    "ln_1.weight", "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                    "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias")
+BLOCK_PARAMETERS = (
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_1.weight",
+    "ln_1.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+)
 
 # Examples of one test reuse its tmp_path, each writing its own files over the last ones.
 reuses_tmp_path = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -31,12 +45,28 @@ reuses_tmp_path = settings(suppress_health_check=[HealthCheck.function_scoped_fi
 def block_shapes(c):
     """Shapes of one block's parameters, in BLOCK_PARAMETERS order (weights are (in, out))."""
     d, inner = c.n_embd, c.n_inner
-    return [(d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, inner), (inner,), (inner, d), (d,), (d,), (d,)]
+    return [
+        (d, 3 * d),
+        (3 * d,),
+        (d, d),
+        (d,),
+        (d,),
+        (d,),
+        (d, inner),
+        (inner,),
+        (inner, d),
+        (d,),
+        (d,),
+        (d,),
+    ]
 
 
 def openai_gpt_layout(c):
     """(name, shape) of each parameter of the Hugging Face openai-gpt model, in state-dict order."""
-    layout = [("tokens_embed.weight", (c.vocab_size, c.n_embd)), ("positions_embed.weight", (c.n_ctx, c.n_embd))]
+    layout = [
+        ("tokens_embed.weight", (c.vocab_size, c.n_embd)),
+        ("positions_embed.weight", (c.n_ctx, c.n_embd)),
+    ]
     for i in range(c.n_layer):
         layout += [(f"h.{i}.{name}", shape) for name, shape in zip(BLOCK_PARAMETERS, block_shapes(c))]
     return layout
@@ -45,10 +75,15 @@ def openai_gpt_layout(c):
 def original_layout(c):
     """(name, shape) in the order of the original release's params_shapes.json: positions, tokens,
     then each block, with the 2-D block weights stored as [1, in, out] (1x1 convolutions)."""
-    layout = [("positions_embed.weight", [c.n_ctx, c.n_embd]), ("tokens_embed.weight", [c.vocab_size, c.n_embd])]
+    layout = [
+        ("positions_embed.weight", [c.n_ctx, c.n_embd]),
+        ("tokens_embed.weight", [c.vocab_size, c.n_embd]),
+    ]
     for i in range(c.n_layer):
-        layout += [(f"h.{i}.{name}", [1, *shape] if len(shape) == 2 else list(shape))
-                   for name, shape in zip(BLOCK_PARAMETERS, block_shapes(c))]
+        layout += [
+            (f"h.{i}.{name}", [1, *shape] if len(shape) == 2 else list(shape))
+            for name, shape in zip(BLOCK_PARAMETERS, block_shapes(c))
+        ]
     return layout
 
 
@@ -60,8 +95,9 @@ def small_model(device="cpu", seed=0, **overrides):
 def randomize(model, seed, scale=0.3):
     """Give every parameter (gains and biases too) random values, so no two are alike."""
     rng = np.random.default_rng(seed)
-    model.load_state_dict({name: (rng.standard_normal(p.shape) * scale).astype(p.dtype)
-                           for name, p in model.named_parameters()})
+    model.load_state_dict(
+        {name: (rng.standard_normal(p.shape) * scale).astype(p.dtype) for name, p in model.named_parameters()}
+    )
     return model
 
 
@@ -194,9 +230,9 @@ def test_changing_later_tokens_leaves_earlier_logits_unchanged(device, data):
     shift = data.draw(st.integers(1, SMALL["vocab_size"] - 1), label="shift")
     model = randomize(small_model(device), data.draw(st.integers(0, 2**32 - 1), label="seed")).eval()
     changed = ids.copy()
-    changed[:, t + 1:] = (changed[:, t + 1:] + shift) % SMALL["vocab_size"]
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + shift) % SMALL["vocab_size"]
     before, after = host(model(ids)), host(model(changed))
-    np.testing.assert_allclose(after[:, :t + 1], before[:, :t + 1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(after[:, : t + 1], before[:, : t + 1], rtol=1e-6, atol=1e-6)
     assert not np.allclose(after[:, t + 1], before[:, t + 1], rtol=1e-4, atol=1e-4)
 
 
@@ -271,8 +307,9 @@ def test_a_training_step_gives_the_same_numbers_on_numpy_and_cupy():
         np.testing.assert_allclose(gpu_grads[name], cpu_grads[name], rtol=1e-3, atol=1e-6, err_msg=name)
         # Adam's first step moves each entry by about lr * sign(g): only a clear sign is reproducible
         clear = np.abs(cpu_grads[name]) > 1e-4
-        np.testing.assert_allclose(gpu_params[name][clear], cpu_params[name][clear], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            gpu_params[name][clear], cpu_params[name][clear], rtol=1e-5, atol=1e-6, err_msg=name
+        )
 
 
 # ----- vocabulary growth and input checks ------------------------------------------------------
@@ -286,21 +323,21 @@ def test_resize_token_embeddings_keeps_old_rows_and_adds_new_ones(device, extra)
     model.resize_token_embeddings(n)
     weight = model.tokens_embed.weight
     assert weight.shape == (n, SMALL["n_embd"]) and weight.dtype == np.float32
-    assert np.array_equal(host(weight)[:SMALL["vocab_size"]], old)
+    assert np.array_equal(host(weight)[: SMALL["vocab_size"]], old)
     assert model.config.vocab_size == n
     assert any(p is weight for p in model.parameters())
     ids = np.array([[n - 1, 0, n - 1]])
     logits = model(ids)
     assert logits.shape == (1, 3, n)
     logits.sum().backward()
-    assert np.abs(host(weight.grad)[SMALL["vocab_size"]:]).sum() > 0
+    assert np.abs(host(weight.grad)[SMALL["vocab_size"] :]).sum() > 0
 
 
 def test_resized_rows_are_drawn_like_the_rest():
     """The new rows are N(0, initializer_range^2), not zeros or copies."""
     model = small_model()
     model.resize_token_embeddings(SMALL["vocab_size"] + 2000)
-    new = host(model.tokens_embed.weight)[SMALL["vocab_size"]:]
+    new = host(model.tokens_embed.weight)[SMALL["vocab_size"] :]
     assert abs(new.std() - 0.02) < 6 * 0.02 / math.sqrt(2 * new.size)
     assert abs(new.mean()) < 6 * 0.02 / math.sqrt(new.size)
 
@@ -312,7 +349,10 @@ def test_resize_token_embeddings_refuses_to_shrink(fewer):
     before = host(model.tokens_embed.weight).copy()
     with pytest.raises(ValueError, match=str(SMALL["vocab_size"] - fewer)):
         model.resize_token_embeddings(SMALL["vocab_size"] - fewer)
-    assert np.array_equal(host(model.tokens_embed.weight), before) and model.config.vocab_size == SMALL["vocab_size"]
+    assert (
+        np.array_equal(host(model.tokens_embed.weight), before)
+        and model.config.vocab_size == SMALL["vocab_size"]
+    )
 
 
 BAD_IDS = {
@@ -369,7 +409,8 @@ def test_save_pretrained_writes_the_openai_gpt_files(tmp_path):
     assert config["model_type"] == "openai-gpt"
     assert config["n_positions"] == SMALL["n_ctx"]
     assert {k: config[k] for k in ("vocab_size", "n_embd", "n_layer", "n_head")} == {
-        k: SMALL[k] for k in ("vocab_size", "n_embd", "n_layer", "n_head")}
+        k: SMALL[k] for k in ("vocab_size", "n_embd", "n_layer", "n_head")
+    }
     weights = load_file(tmp_path / "model.safetensors")
     assert [(k, v.shape) for k, v in weights.items()] == openai_gpt_layout(model.config)
 
@@ -396,7 +437,9 @@ def test_from_pretrained_accepts_the_transformer_prefix_and_skips_head_and_mask_
     state = {f"transformer.{name}": array for name, array in model.state_dict().items()}
     state["lm_head.weight"] = np.zeros((SMALL["vocab_size"], SMALL["n_embd"]), np.float32)
     for i in range(SMALL["n_layer"]):
-        state[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((SMALL["n_ctx"],) * 2, np.float32))[None, None]
+        state[f"transformer.h.{i}.attn.bias"] = np.tril(np.ones((SMALL["n_ctx"],) * 2, np.float32))[
+            None, None
+        ]
         state[f"transformer.h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
     loaded = GPT.from_pretrained(write_checkpoint(tmp_path / "hf", model.config, state))
     for name, array in model.state_dict().items():
@@ -455,8 +498,10 @@ def write_original_release(directory, config, cuts, extra=0):
     for i, piece in enumerate(np.split(np.arange(sum(sizes) + extra, dtype=np.float32), cuts)):
         np.save(directory / f"params_{i}.npy", piece)
     flat, offsets = np.arange(sum(sizes), dtype=np.float32), np.cumsum([0] + sizes)
-    return {name: flat[offsets[k]:offsets[k + 1]].reshape(shape[1:] if len(shape) == 3 else shape)
-            for k, (name, shape) in enumerate(layout)}
+    return {
+        name: flat[offsets[k] : offsets[k + 1]].reshape(shape[1:] if len(shape) == 3 else shape)
+        for k, (name, shape) in enumerate(layout)
+    }
 
 
 def three_shard_cuts(total):
@@ -473,9 +518,15 @@ def test_from_openai_puts_every_original_parameter_in_its_place(tmp_path, cuts, 
     c_proj w, b, ln_1 g, b, c_fc w, b, mlp c_proj w, b, ln_2 g, b), split over three
     params_i.npy files, load with each number where it belongs; the config is read off the shapes."""
     expected = write_original_release(tmp_path / "orig", ORIGINAL, cuts)
-    model = GPT.from_openai(tmp_path / "orig", config=GPTConfig(**{**ORIGINAL.to_dict(), "n_head": 3})
-                            if pass_config else None)
-    assert (model.config.vocab_size, model.config.n_ctx, model.config.n_embd, model.config.n_layer) == (13, 7, 12, 2)
+    model = GPT.from_openai(
+        tmp_path / "orig", config=GPTConfig(**{**ORIGINAL.to_dict(), "n_head": 3}) if pass_config else None
+    )
+    assert (model.config.vocab_size, model.config.n_ctx, model.config.n_embd, model.config.n_layer) == (
+        13,
+        7,
+        12,
+        2,
+    )
     assert model.config.n_head == (3 if pass_config else 12)
     state = model.state_dict()
     assert set(state) == set(expected)

@@ -1,12 +1,23 @@
 """The paper's input transformations: framing with the special tokens, cutting, padding, LM targets."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tinygpt.tasks import (IGNORE, SPECIAL_TOKENS, SpecialTokens, collate, encode_examples, kind_of, pair,
-                           single, transform)
+from tinygpt.tasks import (
+    IGNORE,
+    SPECIAL_TOKENS,
+    SpecialTokens,
+    collate,
+    encode_examples,
+    kind_of,
+    pair,
+    single,
+    transform,
+)
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -55,8 +66,11 @@ def test_similarity_gives_both_orderings():
 def test_multiple_choice_gives_one_sequence_per_answer():
     example = {"context": "the cat sat", "choices": ["yes", "no", "on a mat"], "label": 2}
     sequences, _ = frame(example, "multiple_choice")
-    assert sequences == [[S, THE, CAT, SAT, D, YES, C], [S, THE, CAT, SAT, D, NO, C],
-                         [S, THE, CAT, SAT, D, ON, A, MAT, C]]
+    assert sequences == [
+        [S, THE, CAT, SAT, D, YES, C],
+        [S, THE, CAT, SAT, D, NO, C],
+        [S, THE, CAT, SAT, D, ON, A, MAT, C],
+    ]
 
 
 def test_kind_is_recognised_from_the_fields():
@@ -104,9 +118,11 @@ def test_each_segment_of_a_pair_is_cut_to_half_n_ctx_minus_2(first, second, n_ct
 
 
 def test_cut_examples_are_counted():
-    examples = [{"text": "the cat sat on a mat", "label": 0},  # 6 words: cut when n_ctx - 2 < 6
-                {"text": "the cat", "label": 1},
-                {"text": "a dog ran far", "label": 1}]
+    examples = [
+        {"text": "the cat sat on a mat", "label": 0},  # 6 words: cut when n_ctx - 2 < 6
+        {"text": "the cat", "label": 1},
+        {"text": "a dog ran far", "label": 1},
+    ]
     assert encode_examples(examples, "classification", TOKENIZER, n_ctx=6).n_cut == 1
     assert encode_examples(examples, "classification", TOKENIZER, n_ctx=5).n_cut == 2
     assert encode_examples(examples, "classification", TOKENIZER, n_ctx=8).n_cut == 0
@@ -119,8 +135,11 @@ def examples_of_sequences():
     """N examples of S sequences each, every sequence 1 to 9 token ids long."""
     shape = st.tuples(st.integers(1, 4), st.integers(1, 3))
     sequence = st.lists(st.integers(1, 13), min_size=1, max_size=9)
-    return shape.flatmap(lambda ns: st.lists(st.lists(sequence, min_size=ns[1], max_size=ns[1]),
-                                             min_size=ns[0], max_size=ns[0]))
+    return shape.flatmap(
+        lambda ns: st.lists(
+            st.lists(sequence, min_size=ns[1], max_size=ns[1]), min_size=ns[0], max_size=ns[0]
+        )
+    )
 
 
 @given(examples_of_sequences())
@@ -149,8 +168,9 @@ def test_examples_with_different_numbers_of_answers_do_not_share_a_batch():
 
 
 def test_encode_examples_gives_class_ids_or_scores():
-    classes = encode_examples([{"text": "the", "label": 1}, {"text": "cat", "label": 0}], "classification",
-                              TOKENIZER, n_ctx=8)
+    classes = encode_examples(
+        [{"text": "the", "label": 1}, {"text": "cat", "label": 0}], "classification", TOKENIZER, n_ctx=8
+    )
     assert classes.labels.dtype == np.int64 and classes.labels.tolist() == [1, 0]
     scores = encode_examples([{"text_a": "the", "text_b": "cat", "score": 3.2}], "similarity", TOKENIZER, 8)
     assert scores.labels.dtype == np.float32 and scores.labels.tolist() == [pytest.approx(3.2)]
@@ -159,9 +179,9 @@ def test_encode_examples_gives_class_ids_or_scores():
     assert batch.ids[0, :, 1].tolist() == [THE, CAT]
 
 
-@given(st.integers(1, 30), st.integers(1, 8), st.integers(0, 2 ** 32 - 1))
+@given(st.integers(1, 30), st.integers(1, 8), st.integers(0, 2**32 - 1))
 def test_batches_visit_every_example_once(n, batch_size, seed):
-    examples = [{"text": " ".join(WORDS[:1 + i % 5]), "label": i} for i in range(n)]
+    examples = [{"text": " ".join(WORDS[: 1 + i % 5]), "label": i} for i in range(n)]
     data = encode_examples(examples, "classification", TOKENIZER, n_ctx=8)
     batches = list(data.batches(batch_size, np.random.default_rng(seed)))
     assert [len(b.labels) for b in batches[:-1]] == [batch_size] * (len(batches) - 1)
@@ -186,8 +206,12 @@ def test_a_trained_bpe_tokenizer_frames_with_its_own_special_ids():
 def test_gpt1_tokenizer_frames_with_ids_40478_to_40480():
     files = SHARED / "data" / "gpt1-bpe"
     tokenizer = GPT1Tokenizer.from_files(files / "encoder_bpe_40000.json", files / "vocab_40000.bpe")
-    data = encode_examples([{"text": "A charming and often affecting journey.", "label": 1}],
-                           "classification", tokenizer, n_ctx=512)
+    data = encode_examples(
+        [{"text": "A charming and often affecting journey.", "label": 1}],
+        "classification",
+        tokenizer,
+        n_ctx=512,
+    )
     ids = data.sequences[0][0]
     assert ids[0] == 40478 and ids[-1] == 40480
     assert ids[1:-1] == tokenizer.encode("A charming and often affecting journey.")

@@ -1,5 +1,6 @@
 """The base both tokenizers share: id layout, lookups, the word cache, id checks, the merges file,
 and the one definition of the special tokens and of the ignored target."""
+
 import pytest
 
 from autograd import functional as F

@@ -1,4 +1,5 @@
 """A tiny run folder, as the training modules write it, for the tests of the modules that read one."""
+
 import os
 from pathlib import Path
 
@@ -11,8 +12,13 @@ from tinygpt.tokenizer import BPETokenizer
 from train.checkpoint import save_checkpoint
 from train.run import save_tokenizer, write_config
 
-SENTENCES = ["the cat sat on the mat.", "the dog sat on the log.", "a cat and a dog met on a mat.",
-             "café au lait, s'il vous plaît.", "the end of the story is near."]
+SENTENCES = [
+    "the cat sat on the mat.",
+    "the dog sat on the log.",
+    "a cat and a dog met on a mat.",
+    "café au lait, s'il vous plaît.",
+    "the end of the story is near.",
+]
 ROOT = Path(__file__).parents[2]
 
 
@@ -27,8 +33,14 @@ def tiny_run(folder, n_ctx=16, steps=(1, 2)):
     model = GPT(config)
     rng = np.random.default_rng(0)
     for step in steps:  # a different model at each step, so picking the newest checkpoint matters
-        model.load_state_dict({name: rng.standard_normal(p.shape).astype(p.dtype)
-                               for name, p in model.named_parameters() if p.data.ndim == 2}, strict=False)
+        model.load_state_dict(
+            {
+                name: rng.standard_normal(p.shape).astype(p.dtype)
+                for name, p in model.named_parameters()
+                if p.data.ndim == 2
+            },
+            strict=False,
+        )
         save_checkpoint(folder, step, model, Adam(model.parameters()), {})
     write_config(folder, config, {"preset": "test"})
     save_tokenizer(tokenizer, folder)

@@ -1,4 +1,5 @@
 """Checkpoints are whole or absent, keep the newest few, and restore weights and Adam exactly."""
+
 import numpy as np
 import pytest
 

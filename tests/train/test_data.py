@@ -1,7 +1,9 @@
 """The token cache, the windows and the order of batches."""
+
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tinygpt.tokenizer import BPETokenizer
 from train import data
@@ -45,7 +47,9 @@ def test_windows_are_contiguous_and_cover_every_target_once(length, n_ctx):
 @given(st.integers(0, 50), st.integers(0, 3))
 def test_the_batch_of_a_step_depends_only_on_step_and_seed(step, seed):
     windows = data.Windows(np.arange(401), 10)
-    np.testing.assert_array_equal(windows.training_batch(step, 4, seed), windows.training_batch(step, 4, seed))
+    np.testing.assert_array_equal(
+        windows.training_batch(step, 4, seed), windows.training_batch(step, 4, seed)
+    )
     per_epoch = windows.count // 4
     epoch = np.concatenate([windows.training_batch(s, 4, seed)[:, 0] for s in range(per_epoch)])
     assert len(set(epoch.tolist())) == per_epoch * 4  # no window twice within an epoch

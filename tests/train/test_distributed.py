@@ -1,5 +1,6 @@
 """train/distributed.py within one process: the flat buffer that carries the gradients, the
 per-rank dropout seeds, and the group of one that a run without --distributed gets."""
+
 import os
 import subprocess
 import sys
@@ -36,8 +37,10 @@ def test_pack_then_unpack_gives_back_the_arrays(shapes, seed):
 
 def test_pack_fills_a_given_buffer_and_makes_a_new_one_when_it_does_not_fit(device):
     device = backend.parse_device(device)
-    arrays = [backend.to_device(np.arange(6, dtype=np.float32).reshape(2, 3), device),
-              backend.to_device(np.array([7.0, 8.0], dtype=np.float32), device)]
+    arrays = [
+        backend.to_device(np.arange(6, dtype=np.float32).reshape(2, 3), device),
+        backend.to_device(np.array([7.0, 8.0], dtype=np.float32), device),
+    ]
     buffer = pack(arrays)
     assert backend.device_of(buffer) == backend.device_of(arrays[0])
     assert pack(arrays, buffer) is buffer
@@ -76,7 +79,7 @@ def test_a_group_of_one_leaves_everything_as_it_is():
     assert group.any(True) and not group.any(False)
     group.check_same("anything", b"only one rank")
     with pytest.raises(ZeroDivisionError), group.abort_on_error():
-        1 / 0
+        raise ZeroDivisionError("a failure inside the job")
     with pytest.raises(SystemExit) as stop:
         group.exit_together("a message")
     assert stop.value.code == "a message"
@@ -86,11 +89,42 @@ def test_a_run_without_distributed_never_imports_mpi4py(tmp_path):
     """Without --distributed, pretraining runs as before and mpi4py stays out of the process."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The cat sat on the mat and the dog sat on the log. " * 60, encoding="utf-8")
-    script = ("import sys; from train import pretrain; pretrain.main(sys.argv[1:]); "
-              "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'")
-    run = subprocess.run([sys.executable, "-c", script, "--data", str(corpus), "--out", str(tmp_path / "run"),
-                          "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "280",
-                          "--batch-size", "2", "--steps", "2", "--sample-tokens", "2", "--device", "cpu"],
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_CACHE": str(tmp_path / "cache")},
-                         capture_output=True, text=True, timeout=300)
+    script = (
+        "import sys; from train import pretrain; pretrain.main(sys.argv[1:]); "
+        "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'"
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "--data",
+            str(corpus),
+            "--out",
+            str(tmp_path / "run"),
+            "--n-layer",
+            "1",
+            "--n-embd",
+            "16",
+            "--n-head",
+            "2",
+            "--n-ctx",
+            "16",
+            "--vocab-size",
+            "280",
+            "--batch-size",
+            "2",
+            "--steps",
+            "2",
+            "--sample-tokens",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TINYGPT_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr

@@ -1,6 +1,7 @@
 """python -m train.pretrain and train.finetune with --distributed, as jobs of two ranks under
 mpiexec: the same losses as one process with the same global batch, exact resume, Ctrl-C, and a
 failing rank that ends the whole job. They skip where mpi4py or mpiexec is missing."""
+
 import json
 import os
 import shutil
@@ -25,8 +26,26 @@ from train.run import read_metrics, save_tokenizer, write_config
 from .runs import ROOT
 
 TIMEOUT = 240  # seconds; a job still running then has hung
-SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300",
-         "--batch-size", "8", "--eval-windows", "8", "--sample-tokens", "4", "--log-every", "1"]
+SMALL = [
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-ctx",
+    "16",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "8",
+    "--eval-windows",
+    "8",
+    "--sample-tokens",
+    "4",
+    "--log-every",
+    "1",
+]
 
 
 @pytest.fixture
@@ -38,8 +57,13 @@ def mpiexec(tmp_path):
     found = str(beside) if beside.exists() else shutil.which("mpiexec")
     if found is None:
         pytest.skip("no mpiexec: pip install 'tinygpt[mpi]'")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TINYGPT_CACHE": str(tmp_path / "cache"),
-           "MPIEXEC_TIMEOUT": str(TIMEOUT)}  # MPICH's launcher ends a job that runs longer
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TINYGPT_CACHE": str(tmp_path / "cache"),
+        "MPIEXEC_TIMEOUT": str(TIMEOUT),
+    }  # MPICH's launcher ends a job that runs longer
 
     def command(n, *ranks):
         """[mpiexec -n n python args...], or one such part per argument list in `ranks` (ranks
@@ -55,8 +79,9 @@ def mpiexec(tmp_path):
 
 def run_job(command, env):
     """(return code, output) of a job; one that outlives TIMEOUT is stopped and fails the test."""
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         output, _ = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -67,8 +92,19 @@ def run_job(command, env):
 
 
 def pretrain_args(corpus, out, *extra):
-    return ["-m", "train.pretrain", "--distributed", "--data", str(corpus), "--out", str(out), *SMALL,
-            "--device", "cpu", *extra]
+    return [
+        "-m",
+        "train.pretrain",
+        "--distributed",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *SMALL,
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def records(run_dir, key):
@@ -138,7 +174,15 @@ def test_two_ranks_resume_exactly_and_refuse_another_number_of_ranks(mpiexec, co
     code, output = run_job(mpiexec(2, pretrain_args(corpus, out, *extra)), mpiexec.env)
     assert code == 0, output
     uninterrupted = records(out, "loss")
-    resume = ["-m", "train.pretrain", "--distributed", "--resume", str(out / "checkpoints" / "6"), "--device", "cpu"]
+    resume = [
+        "-m",
+        "train.pretrain",
+        "--distributed",
+        "--resume",
+        str(out / "checkpoints" / "6"),
+        "--device",
+        "cpu",
+    ]
     code, output = run_job(mpiexec(2, resume), mpiexec.env)
     assert code == 0, output
     assert records(out, "loss") == uninterrupted
@@ -149,17 +193,27 @@ def test_two_ranks_resume_exactly_and_refuse_another_number_of_ranks(mpiexec, co
 
 
 def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused(mpiexec, corpus, tmp_path):
-    code, output = run_job(mpiexec(2, pretrain_args(corpus, tmp_path / "run", "--batch-size", "7")), mpiexec.env)
+    code, output = run_job(
+        mpiexec(2, pretrain_args(corpus, tmp_path / "run", "--batch-size", "7")), mpiexec.env
+    )
     assert code == 2
     assert "--batch-size 7 (the global batch) does not split evenly over 2 ranks" in output
 
 
 def test_ctrl_c_stops_every_rank_after_saving_a_checkpoint(mpiexec, corpus, tmp_path):
     out = tmp_path / "run"
-    process = subprocess.Popen(mpiexec(2, pretrain_args(corpus, out, "--steps", "100000", "--save-every", "100000")),
-                               cwd=ROOT, env=mpiexec.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        mpiexec(2, pretrain_args(corpus, out, "--steps", "100000", "--save-every", "100000")),
+        cwd=ROOT,
+        env=mpiexec.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + TIMEOUT
-    while len(records(out, "loss") if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
+    while (
+        len(records(out, "loss") if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline
+    ):
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)  # mpiexec passes Ctrl-C on to the ranks
     output, _ = process.communicate(timeout=TIMEOUT)
@@ -175,7 +229,9 @@ def test_a_rank_that_fails_ends_the_job_with_its_error(mpiexec, corpus, tmp_path
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoints").write_text("not a folder")
-    code, output = run_job(mpiexec(2, pretrain_args(corpus, out, "--steps", "50", "--save-every", "3")), mpiexec.env)
+    code, output = run_job(
+        mpiexec(2, pretrain_args(corpus, out, "--steps", "50", "--save-every", "3")), mpiexec.env
+    )
     assert code != 0 and "TIMED OUT" not in output
     assert "rank 0: could not write a checkpoint" in output
 
@@ -197,8 +253,12 @@ WORDS = ("cat mat sat hat".split(), "dog log fog end".split())
 def examples(n, seed):
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 2, n)
-    return [json.dumps({"text": " ".join(rng.choice(WORDS[label], rng.integers(2, 9))), "label": ["a", "b"][label]})
-            for label in labels]
+    return [
+        json.dumps(
+            {"text": " ".join(rng.choice(WORDS[label], rng.integers(2, 9))), "label": ["a", "b"][label]}
+        )
+        for label in labels
+    ]
 
 
 def test_two_ranks_fine_tune_as_one_process_with_uneven_shares(mpiexec, tmp_path):
@@ -207,8 +267,16 @@ def test_two_ranks_fine_tune_as_one_process_with_uneven_shares(mpiexec, tmp_path
     within 1e-5 of one process's (dropout 0)."""
     tokenizer = BPETokenizer.train([" ".join(words) for words in WORDS] * 5, vocab_size=300)
     ag.manual_seed(1)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=24, n_embd=32, n_layer=2, n_head=4,
-                       embd_pdrop=0, attn_pdrop=0, resid_pdrop=0)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size,
+        n_ctx=24,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        embd_pdrop=0,
+        attn_pdrop=0,
+        resid_pdrop=0,
+    )
     model = GPT(config)
     pretrained = tmp_path / "pretrained"
     save_checkpoint(pretrained, 1, model, Adam(model.parameters()), {})
@@ -216,12 +284,31 @@ def test_two_ranks_fine_tune_as_one_process_with_uneven_shares(mpiexec, tmp_path
     save_tokenizer(tokenizer, pretrained)
     for name, n, seed in (("train", 65, 1), ("dev", 30, 2)):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(examples(n, seed)) + "\n", encoding="utf-8")
-    args = ["--init-from", str(pretrained), "--task", "jsonl", "--train", str(tmp_path / "train.jsonl"),
-            "--dev", str(tmp_path / "dev.jsonl"), "--lr", "1e-2", "--batch-size", "16", "--epochs", "2",
-            "--clf-dropout", "0", "--device", "cpu"]
+    args = [
+        "--init-from",
+        str(pretrained),
+        "--task",
+        "jsonl",
+        "--train",
+        str(tmp_path / "train.jsonl"),
+        "--dev",
+        str(tmp_path / "dev.jsonl"),
+        "--lr",
+        "1e-2",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--clf-dropout",
+        "0",
+        "--device",
+        "cpu",
+    ]
     finetune.main([*args, "--out", str(tmp_path / "one")])
-    code, output = run_job(mpiexec(2, ["-m", "train.finetune", "--distributed", *args, "--out", str(tmp_path / "two")]),
-                           mpiexec.env)
+    code, output = run_job(
+        mpiexec(2, ["-m", "train.finetune", "--distributed", *args, "--out", str(tmp_path / "two")]),
+        mpiexec.env,
+    )
     assert code == 0, output
     for key in ("loss", "objective", "lm_loss", "val_loss", "accuracy"):
         assert_close(records(tmp_path / "two", key), records(tmp_path / "one", key))
@@ -236,8 +323,9 @@ def test_two_gpus_log_the_losses_of_one(mpiexec, corpus, tmp_path):
     extra = ["--steps", "20", "--dropout", "0", "--eval-every", "10", "--lr", "1e-3"]
     one = pretrain_args(corpus, tmp_path / "one", *extra)[3:]
     pretrain.main([*one, "--device", "cuda:0"])
-    code, output = run_job(mpiexec(2, pretrain_args(corpus, tmp_path / "two", *extra, "--device", "cuda")),
-                           mpiexec.env)
+    code, output = run_job(
+        mpiexec(2, pretrain_args(corpus, tmp_path / "two", *extra, "--device", "cuda")), mpiexec.env
+    )
     assert code == 0, output
     assert "on cuda:0, one of 2 ranks" in output
     assert_close(records(tmp_path / "two", "loss"), records(tmp_path / "one", "loss"))

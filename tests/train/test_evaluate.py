@@ -1,5 +1,6 @@
 """python -m train.evaluate perplexity on a tiny run folder: the figures against the negative
 log-likelihood worked out here token by token, reading the data, and usage errors."""
+
 import json
 import math
 import subprocess
@@ -55,15 +56,20 @@ def test_perplexity_and_bits_per_byte_of_one_file(run, capsys, batch_size):
     text = TEXTS["a.txt"]
     ids = tokenizer.encode(text)
     assert len(ids) > 3 * N_CTX and (len(ids) - 1) % N_CTX  # several windows, the last one partial
-    results, out = evaluate(capsys, "--run", folder, "--data", data / "a.txt", "--batch-size", batch_size,
-                            "--device", "cpu")
+    results, out = evaluate(
+        capsys, "--run", folder, "--data", data / "a.txt", "--batch-size", batch_size, "--device", "cpu"
+    )
     nll = nll_by_hand(model, ids)
     assert results["tokens"] == len(ids) - 1
     assert results["bytes"] == len(text.encode("utf-8"))
     assert results["perplexity"] == pytest.approx(math.exp(nll / (len(ids) - 1)), rel=1e-5)
     assert results["bits_per_byte"] == pytest.approx(nll / math.log(2) / len(text.encode("utf-8")), rel=1e-5)
-    for figure in (f"{results['perplexity']:.4f}", f"{results['bits_per_byte']:.4f}", str(len(ids) - 1),
-                   str(results["bytes"])):
+    for figure in (
+        f"{results['perplexity']:.4f}",
+        f"{results['bits_per_byte']:.4f}",
+        str(len(ids) - 1),
+        str(results["bytes"]),
+    ):
         assert figure in out
 
 
@@ -104,18 +110,21 @@ def test_a_file_that_is_not_utf8_is_named_with_the_byte_offset(run, capsys, tmp_
     assert "--data" in error and "latin1.txt" in error and "byte offset 7" in error
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["perplexity", "--run", "{missing}", "--data", "{data}"], "--run"),
-    (["perplexity", "--run", "{run}", "--data", "{missing}"], "--data"),
-    (["perplexity", "--run", "{run}", "--data", "{missing}/*.txt"], "--data"),
-    (["perplexity", "--run", "{run}", "--data", "{tiny}"], "--data"),
-    (["perplexity", "--run", "{run}", "--data", "{data}", "--batch-size", "0"], "--batch-size"),
-    (["perplexity", "--run", "{run}", "--data", "{data}", "--max-tokens", "-3"], "--max-tokens"),
-    (["perplexity", "--run", "{run}", "--data", "{data}", "--device", "gpu"], "--device"),
-    (["perplexity", "--run", "{run}", "--data", "{data}", "--json", "{missing}/out.json"], "--json"),
-    (["perplexity", "--run", "{run}"], "--data"),
-    (["--run", "{run}"], "COMMAND"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["perplexity", "--run", "{missing}", "--data", "{data}"], "--run"),
+        (["perplexity", "--run", "{run}", "--data", "{missing}"], "--data"),
+        (["perplexity", "--run", "{run}", "--data", "{missing}/*.txt"], "--data"),
+        (["perplexity", "--run", "{run}", "--data", "{tiny}"], "--data"),
+        (["perplexity", "--run", "{run}", "--data", "{data}", "--batch-size", "0"], "--batch-size"),
+        (["perplexity", "--run", "{run}", "--data", "{data}", "--max-tokens", "-3"], "--max-tokens"),
+        (["perplexity", "--run", "{run}", "--data", "{data}", "--device", "gpu"], "--device"),
+        (["perplexity", "--run", "{run}", "--data", "{data}", "--json", "{missing}/out.json"], "--json"),
+        (["perplexity", "--run", "{run}"], "--data"),
+        (["--run", "{run}"], "COMMAND"),
+    ],
+)
 def test_bad_arguments_are_usage_errors_naming_the_argument(run, tmp_path, capsys, argv, named):
     folder, data, _, _ = run
     (tmp_path / "one_token.txt").write_text("a", encoding="utf-8")
@@ -129,8 +138,23 @@ def test_bad_arguments_are_usage_errors_naming_the_argument(run, tmp_path, capsy
 
 def test_runs_as_a_module(run):
     folder, data, _, _ = run
-    result = subprocess.run([sys.executable, "-m", "train.evaluate", "perplexity", "--run", str(folder),
-                             "--data", str(data / "b.txt"), "--device", "cpu"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.evaluate",
+            "perplexity",
+            "--run",
+            str(folder),
+            "--data",
+            str(data / "b.txt"),
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "perplexity" in result.stdout and "bits per byte" in result.stdout

@@ -1,6 +1,7 @@
 """python -m train.evaluate zeroshot | attention | summary on a tiny run folder: the zero-shot
 scores against log-probabilities worked out here one position at a time, the attention weights
 against the model's own attention output, and the parameter and FLOP counts against the config."""
+
 import json
 import math
 import sys
@@ -31,7 +32,9 @@ def log_probs_by_hand(model, ids):
     out = []
     with ag.no_grad():
         for j in range(1, len(ids)):
-            logits = backend.to_numpy(model(np.array([ids[max(0, j - N_CTX):j]])).data)[0, -1].astype(np.float64)
+            logits = backend.to_numpy(model(np.array([ids[max(0, j - N_CTX) : j]])).data)[0, -1].astype(
+                np.float64
+            )
             out.append(logits[ids[j]] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
     return np.array(out)
 
@@ -39,9 +42,9 @@ def log_probs_by_hand(model, ids):
 def continuation_by_hand(model, context, continuation):
     """The summed log-probability of the continuation's tokens, the context cut from the left to
     fit n_ctx + 1 tokens in all."""
-    ids = (context + continuation)[-(N_CTX + 1):]
+    ids = (context + continuation)[-(N_CTX + 1) :]
     n = min(len(continuation), len(ids) - 1)
-    return log_probs_by_hand(model, ids)[len(ids) - 1 - n:].sum(), n
+    return log_probs_by_hand(model, ids)[len(ids) - 1 - n :].sum(), n
 
 
 # ----- zeroshot --------------------------------------------------------------------------------
@@ -50,8 +53,12 @@ def test_continuation_log_probs_agree_with_one_position_at_a_time(run, batch_siz
     """Padded batches, several lengths, a context longer than n_ctx, a one-token text."""
     _, model, tokenizer = run
     encode = tokenizer.encode
-    pairs = [(encode("the cat sat"), encode(" on the mat.")), (encode("a dog"), encode(" met a cat")),
-             (encode("the end of the story is near. " * 3), encode(" the end")), (encode("the"), [])]
+    pairs = [
+        (encode("the cat sat"), encode(" on the mat.")),
+        (encode("a dog"), encode(" met a cat")),
+        (encode("the end of the story is near. " * 3), encode(" the end")),
+        (encode("the"), []),
+    ]
     totals, counts = continuation_log_probs(model, pairs, batch_size)
     for (context, continuation), total, count in zip(pairs, totals, counts):
         expected, n = continuation_by_hand(model, context, continuation)
@@ -75,14 +82,31 @@ SST2 = ["the cat sat on the mat.", "the dog sat on the log.", "a cat and a dog m
 
 def test_zeroshot_sst2_compares_positive_and_negative_after_very(run, tmp_path, capsys):
     folder, model, tokenizer = run
-    data = write(tmp_path / "dev.tsv", "sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SST2)))
-    results = main(["zeroshot", "--run", str(folder), "--task", "sst2", "--data", str(data), "--device", "cpu",
-                    "--json", str(tmp_path / "out.json")])
+    data = write(
+        tmp_path / "dev.tsv", "sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SST2))
+    )
+    results = main(
+        [
+            "zeroshot",
+            "--run",
+            str(folder),
+            "--task",
+            "sst2",
+            "--data",
+            str(data),
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "out.json"),
+        ]
+    )
     predictions = []
     for text in SST2:
         context = tokenizer.encode(text + " very")
-        positive, negative = (continuation_by_hand(model, context, tokenizer.encode(word))[0]
-                              for word in (" positive", " negative"))
+        positive, negative = (
+            continuation_by_hand(model, context, tokenizer.encode(word))[0]
+            for word in (" positive", " negative")
+        )
         predictions.append(int(positive > negative))
     expected = np.mean(np.array(predictions) == np.arange(len(SST2)) % 2)
     assert results["accuracy"] == pytest.approx(expected)
@@ -96,38 +120,81 @@ def test_zeroshot_cola_thresholds_the_mean_log_probability(run, tmp_path):
     data = write(tmp_path / "dev.tsv", "".join(f"src\t{label}\t\t{s}\n" for s, label in zip(SST2, labels)))
     means = np.array([log_probs_by_hand(model, tokenizer.encode(s)).mean() for s in SST2])
     threshold = float(np.median(means))
-    results = main(["zeroshot", "--run", str(folder), "--task", "cola", "--data", str(data), "--device", "cpu",
-                    "--threshold", str(threshold)])
+    results = main(
+        [
+            "zeroshot",
+            "--run",
+            str(folder),
+            "--task",
+            "cola",
+            "--data",
+            str(data),
+            "--device",
+            "cpu",
+            "--threshold",
+            str(threshold),
+        ]
+    )
     predictions = (means > threshold).astype(int)
-    tp, tn = np.sum((predictions == 1) & (np.array(labels) == 1)), np.sum((predictions == 0) & (np.array(labels) == 0))
-    fp, fn = np.sum((predictions == 1) & (np.array(labels) == 0)), np.sum((predictions == 0) & (np.array(labels) == 1))
+    tp, tn = (
+        np.sum((predictions == 1) & (np.array(labels) == 1)),
+        np.sum((predictions == 0) & (np.array(labels) == 0)),
+    )
+    fp, fn = (
+        np.sum((predictions == 1) & (np.array(labels) == 0)),
+        np.sum((predictions == 0) & (np.array(labels) == 1)),
+    )
     denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     assert results["mcc"] == pytest.approx((tp * tn - fp * fn) / denominator if denominator else 0.0)
-    chosen = main(["zeroshot", "--run", str(folder), "--task", "cola", "--data", str(data), "--device", "cpu"])
+    chosen = main(
+        ["zeroshot", "--run", str(folder), "--task", "cola", "--data", str(data), "--device", "cpu"]
+    )
     assert chosen["mcc"] >= results["mcc"]  # the best threshold for the data does at least as well
 
 
 def test_zeroshot_multiple_choice_picks_the_likeliest_answer(run, tmp_path):
     folder, model, tokenizer = run
-    rows = [{"context": "the cat sat on the", "choices": ["mat.", "log."], "label": 0},
-            {"context": "the dog sat on the", "choices": ["mat.", "log."], "label": 1},
-            {"context": "a cat and a dog", "choices": ["met on a mat.", "end"], "label": 0}]
+    rows = [
+        {"context": "the cat sat on the", "choices": ["mat.", "log."], "label": 0},
+        {"context": "the dog sat on the", "choices": ["mat.", "log."], "label": 1},
+        {"context": "a cat and a dog", "choices": ["met on a mat.", "end"], "label": 0},
+    ]
     data = write(tmp_path / "dev.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    results = main(["zeroshot", "--run", str(folder), "--task", "jsonl", "--data", str(data), "--device", "cpu",
-                    "--batch-size", "2"])
+    results = main(
+        [
+            "zeroshot",
+            "--run",
+            str(folder),
+            "--task",
+            "jsonl",
+            "--data",
+            str(data),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "2",
+        ]
+    )
     right = 0
     for row in rows:
-        means = [np.divide(*continuation_by_hand(model, tokenizer.encode(row["context"]), tokenizer.encode(" " + c)))
-                 for c in row["choices"]]
+        means = [
+            np.divide(
+                *continuation_by_hand(model, tokenizer.encode(row["context"]), tokenizer.encode(" " + c))
+            )
+            for c in row["choices"]
+        ]
         right += int(np.argmax(means)) == row["label"]
     assert results["accuracy"] == pytest.approx(right / len(rows))
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--task", "sst2", "--threshold", "1"], "--threshold is for --task cola"),
-    (["--task", "jsonl", "--data", "{classification}"], "zero-shot on jsonl is for multiple choice"),
-    (["--task", "sst2", "--data", "{tmp}/missing.tsv"], "missing.tsv"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--task", "sst2", "--threshold", "1"], "--threshold is for --task cola"),
+        (["--task", "jsonl", "--data", "{classification}"], "zero-shot on jsonl is for multiple choice"),
+        (["--task", "sst2", "--data", "{tmp}/missing.tsv"], "missing.tsv"),
+    ],
+)
 def test_zeroshot_usage_errors(run, tmp_path, capsys, argv, expected):
     classification = write(tmp_path / "c.jsonl", '{"text": "a cat", "label": 1}\n')
     data = write(tmp_path / "dev.tsv", "sentence\tlabel\nthe cat\t1\n")
@@ -149,11 +216,17 @@ def test_attention_weights_reproduce_the_layers_output(run):
     n_head, T = model.h[0].attn.n_head, len(ids)
     assert weights.shape == (n_head, T, T)
     ahead = np.triu(np.ones((T, T), dtype=bool), k=1)
-    assert np.allclose(weights.sum(axis=-1), 1) and np.all(weights[:, ahead] == 0) and np.all(weights[:, ~ahead] > 0)
+    assert (
+        np.allclose(weights.sum(axis=-1), 1)
+        and np.all(weights[:, ahead] == 0)
+        and np.all(weights[:, ~ahead] > 0)
+    )
     with ag.no_grad():
         x = model.tokens_embed(np.array([ids])) + model.positions_embed(np.arange(T))
         attn = model.h[0].attn
-        v = attn.c_attn(x).numpy()[0].reshape(T, 3, n_head, -1)[:, 2].transpose(1, 0, 2)  # (head, time, width)
+        v = (
+            attn.c_attn(x).numpy()[0].reshape(T, 3, n_head, -1)[:, 2].transpose(1, 0, 2)
+        )  # (head, time, width)
         merged = (weights @ v).transpose(1, 0, 2).reshape(T, -1)
         expected = attn(x).numpy()[0]
     projected = merged @ attn.c_proj.weight.numpy() + attn.c_proj.bias.numpy()
@@ -163,8 +236,21 @@ def test_attention_weights_reproduce_the_layers_output(run):
 def test_attention_draws_a_png(run, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "attention.png"
-    weights = main(["attention", "--run", str(run[0]), "--text", "the cat sat on the mat.", "--layer", "0",
-                    "--out", str(out), "--device", "cpu"])
+    weights = main(
+        [
+            "attention",
+            "--run",
+            str(run[0]),
+            "--text",
+            "the cat sat on the mat.",
+            "--layer",
+            "0",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"{len(weights)} heads of layer 0" in capsys.readouterr().out
 
@@ -172,15 +258,40 @@ def test_attention_draws_a_png(run, tmp_path, capsys):
 def test_attention_without_matplotlib_says_what_to_install(run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(SystemExit) as stop:
-        main(["attention", "--run", str(run[0]), "--text", "a cat", "--layer", "0", "--out", str(tmp_path / "a.png")])
+        main(
+            [
+                "attention",
+                "--run",
+                str(run[0]),
+                "--text",
+                "a cat",
+                "--layer",
+                "0",
+                "--out",
+                str(tmp_path / "a.png"),
+            ]
+        )
     assert stop.value.code == 2 and "pip install 'tinygpt[plot]'" in capsys.readouterr().err
 
 
 def test_attention_refuses_a_layer_the_model_lacks(run, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     with pytest.raises(SystemExit) as stop:
-        main(["attention", "--run", str(run[0]), "--text", "a cat", "--layer", "1", "--out", str(tmp_path / "a.png"),
-              "--device", "cpu"])
+        main(
+            [
+                "attention",
+                "--run",
+                str(run[0]),
+                "--text",
+                "a cat",
+                "--layer",
+                "1",
+                "--out",
+                str(tmp_path / "a.png"),
+                "--device",
+                "cpu",
+            ]
+        )
     assert stop.value.code == 2 and "--layer 1: the model has blocks 0..0" in capsys.readouterr().err
 
 
@@ -196,6 +307,10 @@ def test_summary_counts_parameters_and_flops_per_token(run, capsys, context):
     rows = {name: (params, matmul, attention) for name, params, matmul, attention in results["rows"]}
     assert results["total"][1] == model.num_parameters()
     assert rows["h.0"] == (sum(p.size for _, p in model.h[0].named_parameters()), 2 * 12 * d * d, 4 * T * d)
-    assert rows["tokens_embed"] == (V * d, 0, 0) and rows["lm head (tied to tokens_embed)"] == (0, 2 * V * d, 0)
+    assert rows["tokens_embed"] == (V * d, 0, 0) and rows["lm head (tied to tokens_embed)"] == (
+        0,
+        2 * V * d,
+        0,
+    )
     printed = capsys.readouterr().out
     assert f"T = {T} tokens" in printed and f"{model.num_parameters():,}" in printed

@@ -1,6 +1,7 @@
 """python -m train.finetune end to end on a small pre-trained GPT and synthetic jsonl data: it
 learns a separable task, resumes exactly, each ablation does what it says, bad rows stop the run
 or are counted, and the label map is saved and reused."""
+
 import json
 import math
 import os
@@ -23,7 +24,10 @@ from train.run import read_config, read_metrics, save_tokenizer, write_config
 
 from .runs import ROOT
 
-WORD_SETS = ("cat mat sat hat".split(), "dog log fog end".split())  # the class is the set a text's words come from
+WORD_SETS = (
+    "cat mat sat hat".split(),
+    "dog log fog end".split(),
+)  # the class is the set a text's words come from
 LABELS = ("pos", "neg")
 FAST = ["--lr", "1e-2", "--batch-size", "16", "--device", "cpu"]
 
@@ -36,9 +40,18 @@ def pretrained_run(folder):
     config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=24, n_embd=32, n_layer=2, n_head=4)
     model = GPT(config)
     rng = np.random.default_rng(0)
-    model.load_state_dict({name: (1 + 0.1 * rng.standard_normal(p.shape) if ".ln_" in name and name.endswith("weight")
-                                  else 0.01 * rng.standard_normal(p.shape)).astype(np.float32)
-                           for name, p in model.named_parameters() if p.ndim == 1}, strict=False)
+    model.load_state_dict(
+        {
+            name: (
+                1 + 0.1 * rng.standard_normal(p.shape)
+                if ".ln_" in name and name.endswith("weight")
+                else 0.01 * rng.standard_normal(p.shape)
+            ).astype(np.float32)
+            for name, p in model.named_parameters()
+            if p.ndim == 1
+        },
+        strict=False,
+    )
     save_checkpoint(folder, 100, model, Adam(model.parameters()), {})
     write_config(folder, config, {"preset": "test"})
     save_tokenizer(tokenizer, folder)
@@ -49,8 +62,10 @@ def examples(n, seed, only=None):
     """n texts of 2-6 words, all from one word set; the label names the set."""
     rng = np.random.default_rng(seed)
     rows = []
-    for word_set in (rng.integers(0, 2, n) if only is None else [only] * n):
-        rows.append({"text": " ".join(rng.choice(WORD_SETS[word_set], rng.integers(2, 7))), "label": LABELS[word_set]})
+    for word_set in rng.integers(0, 2, n) if only is None else [only] * n:
+        rows.append(
+            {"text": " ".join(rng.choice(WORD_SETS[word_set], rng.integers(2, 7))), "label": LABELS[word_set]}
+        )
     return rows
 
 
@@ -72,8 +87,22 @@ def setup(tmp_path_factory):
 
 def finetune_run(setup, out, *extra):
     folder, _, _, train, dev = setup
-    finetune.main(["--init-from", str(folder / "pretrained"), "--task", "jsonl", "--train", str(train),
-                   "--dev", str(dev), "--out", str(out), *FAST, *map(str, extra)])
+    finetune.main(
+        [
+            "--init-from",
+            str(folder / "pretrained"),
+            "--task",
+            "jsonl",
+            "--train",
+            str(train),
+            "--dev",
+            str(dev),
+            "--out",
+            str(out),
+            *FAST,
+            *map(str, extra),
+        ]
+    )
     return out
 
 
@@ -91,8 +120,16 @@ def test_a_fine_tune_learns_a_separable_task_and_writes_its_folder(setup, tmp_pa
     folder = setup[0]
     test = write_jsonl(folder / "test_pos.jsonl", examples(20, seed=3, only=0))  # only "pos"
     out = finetune_run(setup, tmp_path / "run", "--test", test, "--epochs", 3)
-    assert {"config.json", "tokenizer", "labels.json", "checkpoints", "best", "metrics.jsonl", "results.json",
-            "predictions.tsv"} <= {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "tokenizer",
+        "labels.json",
+        "checkpoints",
+        "best",
+        "metrics.jsonl",
+        "results.json",
+        "predictions.tsv",
+    } <= {p.name for p in out.iterdir()}
     assert json.loads((out / "labels.json").read_text()) == ["neg", "pos"]  # sorted: the map of a jsonl file
     results = json.loads((out / "results.json").read_text())
     assert [e["epoch"] for e in results["epochs"]] == [1, 2, 3]
@@ -109,8 +146,18 @@ def test_a_fine_tune_learns_a_separable_task_and_writes_its_folder(setup, tmp_pa
 def test_resume_gives_the_same_losses_and_dev_figures(setup, tmp_path):
     """Stopping mid-epoch (checkpoint at step 3 of 4 an epoch) and resuming gives the very same
     per-step losses, dev figures and best weights as the run that went on."""
-    out = finetune_run(setup, tmp_path / "run", "--epochs", 2, "--limit-train", 64, "--save-every", 3,
-                       "--keep-checkpoints", 10)
+    out = finetune_run(
+        setup,
+        tmp_path / "run",
+        "--epochs",
+        2,
+        "--limit-train",
+        64,
+        "--save-every",
+        3,
+        "--keep-checkpoints",
+        10,
+    )
     losses = [(m["step"], m["loss"], m["lm_loss"]) for m in read_metrics(out) if "loss" in m]
     results = json.loads((out / "results.json").read_text())
     best = read_weights(out / "best", finetune_head(out))
@@ -140,7 +187,9 @@ def test_lm_coef_weighs_the_auxiliary_loss(setup, tmp_path, lm_coef):
     out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 32, "--lm-coef", lm_coef)
     records = [m for m in read_metrics(out) if "loss" in m]
     if lm_coef:
-        assert all(m["objective"] == pytest.approx(m["loss"] + lm_coef * m["lm_loss"], rel=1e-5) for m in records)
+        assert all(
+            m["objective"] == pytest.approx(m["loss"] + lm_coef * m["lm_loss"], rel=1e-5) for m in records
+        )
         assert all(m["lm_loss"] > 1 for m in records)
     else:
         assert all("lm_loss" not in m and m["objective"] == m["loss"] for m in records)
@@ -150,7 +199,9 @@ def test_transfer_layers_keeps_the_first_blocks_and_redraws_the_rest(setup, tmp_
     """With --lr 0 the weights stay where they started: embeddings and block 0 as pre-trained,
     block 1 freshly initialised (unit gains, zero biases, N(0, 0.02) matrices)."""
     pretrained = {name: array.copy() for name, array in setup[1].state_dict().items()}
-    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--transfer-layers", 1)
+    out = finetune_run(
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--transfer-layers", 1
+    )
     state = weights(out)
     for name, array in pretrained.items():
         if name.startswith("h.1."):
@@ -167,7 +218,9 @@ def test_transfer_layers_keeps_the_first_blocks_and_redraws_the_rest(setup, tmp_
 
 def test_from_scratch_redraws_every_weight_and_keeps_the_config(setup, tmp_path):
     pretrained = setup[1]
-    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--from-scratch")
+    out = finetune_run(
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--from-scratch"
+    )
     state = weights(out)
     assert all(not np.array_equal(state[name], array) for name, array in pretrained.state_dict().items())
     assert json.loads((out / "config.json").read_text())["model"] == pretrained.config.to_dict()
@@ -179,22 +232,45 @@ def test_an_openai_gpt_folder_gets_the_task_tokens_added(setup, tmp_path, capsys
     _, model, tokenizer, train, dev = setup
     small = GPT(GPTConfig(**{**model.config.to_dict(), "vocab_size": tokenizer.vocab_size - 3}))
     small.save_pretrained(tmp_path / "openai-gpt")
-    common = ["--task", "jsonl", "--train", str(train), "--dev", str(dev), *FAST, "--epochs", "1",
-              "--limit-train", "16"]
+    common = [
+        "--task",
+        "jsonl",
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        *FAST,
+        "--epochs",
+        "1",
+        "--limit-train",
+        "16",
+    ]
     with pytest.raises(SystemExit) as stop:
         finetune.main(["--init-from", str(tmp_path / "openai-gpt"), "--out", str(tmp_path / "no"), *common])
     assert stop.value.code == 2 and "--gpt1-tokenizer" in capsys.readouterr().err
     tokenizer_dir = setup[0] / "pretrained" / "tokenizer"
-    finetune.main(["--init-from", str(tmp_path / "openai-gpt"), "--tokenizer", str(tokenizer_dir),
-                   "--out", str(tmp_path / "run"), *common])
+    finetune.main(
+        [
+            "--init-from",
+            str(tmp_path / "openai-gpt"),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--out",
+            str(tmp_path / "run"),
+            *common,
+        ]
+    )
     assert "added 3 task tokens" in capsys.readouterr().out
     assert weights(tmp_path / "run")["tokens_embed.weight"].shape[0] == tokenizer.vocab_size
 
 
-@pytest.mark.parametrize("split, bad_row, expected", [
-    ("train", '{"sentence": "cat mat", "label": "pos"}', "fields ['label', 'sentence'] match no task"),
-    ("dev", '{"text": "cat hat", "label": "maybe"}', "unknown label 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "split, bad_row, expected",
+    [
+        ("train", '{"sentence": "cat mat", "label": "pos"}', "fields ['label', 'sentence'] match no task"),
+        ("dev", '{"text": "cat hat", "label": "maybe"}', "unknown label 'maybe'"),
+    ],
+)
 def test_a_bad_row_stops_the_run_or_is_counted(setup, tmp_path, capsys, split, bad_row, expected):
     """A bad row stops the run with its file and line; with --skip-bad-rows it is left out and
     counted in results.json."""
@@ -202,41 +278,84 @@ def test_a_bad_row_stops_the_run_or_is_counted(setup, tmp_path, capsys, split, b
     files = {"train": train, "dev": dev}
     rows = files[split].read_text().splitlines()
     files[split] = write_jsonl(tmp_path / f"{split}.jsonl", [*rows[:2], bad_row, *rows[2:]])
-    argv = ["--init-from", str(folder / "pretrained"), "--task", "jsonl", "--train", str(files["train"]),
-            "--dev", str(files["dev"]), *FAST, "--epochs", "1", "--limit-train", "16"]
+    argv = [
+        "--init-from",
+        str(folder / "pretrained"),
+        "--task",
+        "jsonl",
+        "--train",
+        str(files["train"]),
+        "--dev",
+        str(files["dev"]),
+        *FAST,
+        "--epochs",
+        "1",
+        "--limit-train",
+        "16",
+    ]
     with pytest.raises(SystemExit) as stop:
         finetune.main([*argv, "--out", str(tmp_path / "stopped")])
     error = capsys.readouterr().err
-    assert stop.value.code == 2 and f"{files[split]}: line 3: {expected}" in error and "--skip-bad-rows" in error
+    assert (
+        stop.value.code == 2 and f"{files[split]}: line 3: {expected}" in error and "--skip-bad-rows" in error
+    )
     finetune.main([*argv, "--out", str(tmp_path / "run"), "--skip-bad-rows"])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["skipped"][split] == {"bad rows": 1}
     assert f"line 3: {expected}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, expected", [
-    ([], "--init-from, --task, --train, --dev required"),
-    (["--init-from", "{tmp}/nowhere", "--task", "jsonl", "--train", "{train}", "--dev", "{dev}"], "nowhere"),
-    (["--resume", "{tmp}/nowhere"], "--resume"),
-    (["--init-from", "{pretrained}", "--task", "jsonl", "--train", "{train}", "--dev", "{dev}",
-      "--transfer-layers", "3"], "--transfer-layers 3: the model has 2 blocks"),
-    (["--init-from", "{pretrained}", "--task", "sst2", "--train", "{train}", "--dev", "{dev}"], "--train"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], "--init-from, --task, --train, --dev required"),
+        (
+            ["--init-from", "{tmp}/nowhere", "--task", "jsonl", "--train", "{train}", "--dev", "{dev}"],
+            "nowhere",
+        ),
+        (["--resume", "{tmp}/nowhere"], "--resume"),
+        (
+            [
+                "--init-from",
+                "{pretrained}",
+                "--task",
+                "jsonl",
+                "--train",
+                "{train}",
+                "--dev",
+                "{dev}",
+                "--transfer-layers",
+                "3",
+            ],
+            "--transfer-layers 3: the model has 2 blocks",
+        ),
+        (
+            ["--init-from", "{pretrained}", "--task", "sst2", "--train", "{train}", "--dev", "{dev}"],
+            "--train",
+        ),
+    ],
+)
 def test_usage_errors_name_the_argument(setup, tmp_path, capsys, argv, expected):
     folder, _, _, train, dev = setup
     names = {"tmp": tmp_path, "train": train, "dev": dev, "pretrained": folder / "pretrained"}
     with pytest.raises(SystemExit) as stop:
-        finetune.main([arg.format(**names) for arg in argv] + ["--out", str(tmp_path / "run"), "--device", "cpu"])
+        finetune.main(
+            [arg.format(**names) for arg in argv] + ["--out", str(tmp_path / "run"), "--device", "cpu"]
+        )
     assert stop.value.code == 2 and expected in capsys.readouterr().err
 
 
 def test_the_learning_rate_warms_up_then_decays_linearly(setup, tmp_path):
     """warmup_linear of (step / total), step counted from 1: a rise over the warmup share, then a
     line down to 0 at the last step."""
-    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 80, "--warmup", 0.4, "--lr", 1e-3)
+    out = finetune_run(
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 80, "--warmup", 0.4, "--lr", 1e-3
+    )
     rates = [m["lr"] for m in read_metrics(out) if "loss" in m]
     total = len(rates)
-    expected = [1e-3 * (x / 0.4 * (1 - x) if x <= 0.4 else 1 - x) for x in (s / total for s in range(1, total + 1))]
+    expected = [
+        1e-3 * (x / 0.4 * (1 - x) if x <= 0.4 else 1 - x) for x in (s / total for s in range(1, total + 1))
+    ]
     assert rates == pytest.approx(expected) and rates[-1] == 0 and math.isclose(max(rates), rates[1])
 
 
@@ -256,35 +375,60 @@ def story_rows(n, seed):
     rows = []
     for word_set, right in rng.integers(0, 2, (n, 2)):
         endings = [str(rng.choice(WORD_SETS[word_set if k == right else 1 - word_set])) for k in range(2)]
-        rows.append({"context": " ".join(rng.choice(WORD_SETS[word_set], 4)), "choices": endings, "label": int(right)})
+        rows.append(
+            {"context": " ".join(rng.choice(WORD_SETS[word_set], 4)), "choices": endings, "label": int(right)}
+        )
     return rows
 
 
 def stsb(rows):
-    return ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
-            *(f"{i}\tg\tf\t2012\t{i}\ts\ts\t{a}\t{b}\t{score}" for i, (a, b, score) in enumerate(rows))]
+    return [
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore",
+        *(f"{i}\tg\tf\t2012\t{i}\ts\ts\t{a}\t{b}\t{score}" for i, (a, b, score) in enumerate(rows)),
+    ]
 
 
 def mrpc(rows):
-    return ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
-            *(f"{int(score > 0)}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, score) in enumerate(rows))]
+    return [
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+        *(f"{int(score > 0)}\t{i}\t{i}\t{a}\t{b}" for i, (a, b, score) in enumerate(rows)),
+    ]
 
 
-@pytest.mark.parametrize("task, make, metrics, main, prediction", [
-    ("stsb", lambda n, seed: stsb(pair_rows(n, seed)), ["pearson", "spearman"], "pearson", float),
-    ("mrpc", lambda n, seed: mrpc(pair_rows(n, seed)), ["accuracy", "f1"], "f1", {"0", "1"}.__contains__),
-    ("jsonl", lambda n, seed: story_rows(n, seed), ["accuracy"], "accuracy", {"0", "1"}.__contains__),
-])
-def test_each_kind_of_task_runs_and_reports_its_metrics(setup, tmp_path, task, make, metrics, main, prediction):
+@pytest.mark.parametrize(
+    "task, make, metrics, main, prediction",
+    [
+        ("stsb", lambda n, seed: stsb(pair_rows(n, seed)), ["pearson", "spearman"], "pearson", float),
+        ("mrpc", lambda n, seed: mrpc(pair_rows(n, seed)), ["accuracy", "f1"], "f1", {"0", "1"}.__contains__),
+        ("jsonl", lambda n, seed: story_rows(n, seed), ["accuracy"], "accuracy", {"0", "1"}.__contains__),
+    ],
+)
+def test_each_kind_of_task_runs_and_reports_its_metrics(
+    setup, tmp_path, task, make, metrics, main, prediction
+):
     """Similarity as a score (STS-B) and as classes (MRPC), and multiple choice: the dev figures
     are the task's metrics, the best epoch is picked by the main one, test predictions are of the
     task's kind."""
     folder = setup[0]
-    files = {split: write_jsonl(tmp_path / f"{split}.txt", make(n, seed))
-             for split, n, seed in (("train", 32, 1), ("dev", 16, 2), ("test", 8, 3))}
+    files = {
+        split: write_jsonl(tmp_path / f"{split}.txt", make(n, seed))
+        for split, n, seed in (("train", 32, 1), ("dev", 16, 2), ("test", 8, 3))
+    }
     splits = [arg for split, path in files.items() for arg in (f"--{split}", str(path))]
-    finetune.main(["--init-from", str(folder / "pretrained"), "--task", task, "--out", str(tmp_path / "run"),
-                   *splits, *FAST, "--epochs", "2"])
+    finetune.main(
+        [
+            "--init-from",
+            str(folder / "pretrained"),
+            "--task",
+            task,
+            "--out",
+            str(tmp_path / "run"),
+            *splits,
+            *FAST,
+            "--epochs",
+            "2",
+        ]
+    )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["main_metric"] == main
     assert set(results["best"]) == {*metrics, "step", "epoch", "val_loss"}
@@ -297,10 +441,32 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
     """SIGINT stops the run after the current step with a checkpoint; --resume carries on from it."""
     folder, _, _, train, dev = setup
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "train.finetune", "--init-from", str(folder / "pretrained"), "--task", "jsonl",
-               "--train", str(train), "--dev", str(dev), "--out", str(out), *FAST, "--epochs", "1000"]
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "train.finetune",
+        "--init-from",
+        str(folder / "pretrained"),
+        "--task",
+        "jsonl",
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--out",
+        str(out),
+        *FAST,
+        "--epochs",
+        "1000",
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 60
     while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
         time.sleep(0.1)

@@ -1,4 +1,5 @@
 """python -m train.generate on a tiny run folder built here: what it prints, and its usage errors."""
+
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from tinygpt.tokenizer import GPT1Tokenizer
 from train.generate import continuation, main
 
 from .runs import ROOT, tiny_run
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -24,8 +26,25 @@ def generated(capsys, argv):
 
 def test_prints_the_prompt_and_its_continuation(run, capsys):
     folder, model, tokenizer = run
-    out = generated(capsys, ["--run", str(folder), "--prompt", "the cat", "--max-new-tokens", "12",
-                             "--temperature", "0.8", "--top-k", "20", "--top-p", "0.95", "--seed", "3"])
+    out = generated(
+        capsys,
+        [
+            "--run",
+            str(folder),
+            "--prompt",
+            "the cat",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "20",
+            "--top-p",
+            "0.95",
+            "--seed",
+            "3",
+        ],
+    )
     prompt_ids = tokenizer.encode("the cat")
     new_ids = generate(model, prompt_ids, 12, temperature=0.8, top_k=20, top_p=0.95, seed=3)
     assert out == tokenizer.decode(prompt_ids + new_ids) + "\n"
@@ -57,20 +76,23 @@ def test_continuation_keeps_the_space_gpt1_decoding_drops():
     assert continuation(tokenizer, [0], [2, 3, 0]) == " world hello"
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["--run", "{missing}", "--prompt", "hi"], "--run"),
-    (["--prompt", "hi"], "--run"),
-    (["--run", "{run}", "--prompt", ""], "--prompt"),
-    (["--run", "{run}", "--prompt", "hi", "--top-p", "0"], "--top-p"),
-    (["--run", "{run}", "--prompt", "hi", "--top-p", "1.5"], "--top-p"),
-    (["--run", "{run}", "--prompt", "hi", "--top-p", "nan"], "--top-p"),
-    (["--run", "{run}", "--prompt", "hi", "--top-k", "0"], "--top-k"),
-    (["--run", "{run}", "--prompt", "hi", "--top-k", "two"], "--top-k"),
-    (["--run", "{run}", "--prompt", "hi", "--temperature", "-1"], "--temperature"),
-    (["--run", "{run}", "--prompt", "hi", "--temperature", "inf"], "--temperature"),
-    (["--run", "{run}", "--prompt", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
-    (["--run", "{run}", "--prompt", "hi", "--device", "tpu"], "--device"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--run", "{missing}", "--prompt", "hi"], "--run"),
+        (["--prompt", "hi"], "--run"),
+        (["--run", "{run}", "--prompt", ""], "--prompt"),
+        (["--run", "{run}", "--prompt", "hi", "--top-p", "0"], "--top-p"),
+        (["--run", "{run}", "--prompt", "hi", "--top-p", "1.5"], "--top-p"),
+        (["--run", "{run}", "--prompt", "hi", "--top-p", "nan"], "--top-p"),
+        (["--run", "{run}", "--prompt", "hi", "--top-k", "0"], "--top-k"),
+        (["--run", "{run}", "--prompt", "hi", "--top-k", "two"], "--top-k"),
+        (["--run", "{run}", "--prompt", "hi", "--temperature", "-1"], "--temperature"),
+        (["--run", "{run}", "--prompt", "hi", "--temperature", "inf"], "--temperature"),
+        (["--run", "{run}", "--prompt", "hi", "--max-new-tokens", "-5"], "--max-new-tokens"),
+        (["--run", "{run}", "--prompt", "hi", "--device", "tpu"], "--device"),
+    ],
+)
 def test_bad_arguments_are_usage_errors_naming_the_argument(run, tmp_path, capsys, argv, named):
     folder, _, _ = run
     argv = [arg.format(run=folder, missing=tmp_path / "nowhere") for arg in argv]
@@ -90,8 +112,26 @@ def test_a_folder_without_checkpoints_names_the_run(tmp_path, capsys):
 
 def test_runs_as_a_module(run):
     folder, _, _ = run
-    result = subprocess.run([sys.executable, "-m", "train.generate", "--run", str(folder), "--prompt", "the mat",
-                             "--max-new-tokens", "5", "--seed", "0", "--device", "cpu"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train.generate",
+            "--run",
+            str(folder),
+            "--prompt",
+            "the mat",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("the mat")

@@ -1,9 +1,11 @@
 """Task readers: hand-made files of each layout, bad rows, label maps, and the real files."""
+
 import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tinygpt.tasks import encode_examples
 from tinygpt.tokenizer import GPT1Tokenizer
@@ -26,38 +28,55 @@ def test_sst2_reads_sentence_and_label(tmp_path):
     path = write(tmp_path, "train.tsv", "sentence\tlabel\nit 's a charming journey . \t1\nbleak \t0\n")
     data = read("sst2", path)
     assert data.kind == "classification" and data.labels == ["0", "1"] and data.skipped == {}
-    assert data.examples == [{"text": "it 's a charming journey .", "label": 1}, {"text": "bleak", "label": 0}]
+    assert data.examples == [
+        {"text": "it 's a charming journey .", "label": 1},
+        {"text": "bleak", "label": 0},
+    ]
     assert data.metrics == ("accuracy",) and data.n_classes == 2
 
 
 def test_cola_has_no_header(tmp_path):
     path = write(tmp_path, "dev.tsv", "gj04\t1\t\tThe sailors rode.\ngj04\t0\t*\tRode the sailors the.\n")
     data = read("cola", path)
-    assert data.examples == [{"text": "The sailors rode.", "label": 1}, {"text": "Rode the sailors the.", "label": 0}]
+    assert data.examples == [
+        {"text": "The sailors rode.", "label": 1},
+        {"text": "Rode the sailors the.", "label": 0},
+    ]
     assert data.metrics == ("mcc",)
 
 
 def test_rte_reads_a_cell_that_opens_with_a_bare_quote(tmp_path):
     """With quoting on, the quote would swallow the tab and the next line; with it off, it is text."""
-    path = write(tmp_path, "train.tsv", 'index\tsentence1\tsentence2\tlabel\n'
-                                        '0\t"We knew, said Haviland.\tHe is American.\tnot_entailment\n'
-                                        '1\tA dog ran.\tAn animal ran.\tentailment\n')
+    path = write(
+        tmp_path,
+        "train.tsv",
+        "index\tsentence1\tsentence2\tlabel\n"
+        '0\t"We knew, said Haviland.\tHe is American.\tnot_entailment\n'
+        "1\tA dog ran.\tAn animal ran.\tentailment\n",
+    )
     data = read("rte", path)
     assert data.kind == "entailment" and data.labels == ["entailment", "not_entailment"]
     assert data.examples == [
         {"premise": '"We knew, said Haviland.', "hypothesis": "He is American.", "label": 1},
-        {"premise": "A dog ran.", "hypothesis": "An animal ran.", "label": 0}]
+        {"premise": "A dog ran.", "hypothesis": "An animal ran.", "label": 0},
+    ]
 
 
 def test_qnli_puts_the_question_first(tmp_path):
-    path = write(tmp_path, "dev.tsv", "index\tquestion\tsentence\tlabel\n0\tWho ran?\tA dog ran.\tentailment\n")
+    path = write(
+        tmp_path, "dev.tsv", "index\tquestion\tsentence\tlabel\n0\tWho ran?\tA dog ran.\tentailment\n"
+    )
     assert read("qnli", path).examples == [{"premise": "Who ran?", "hypothesis": "A dog ran.", "label": 0}]
 
 
 def test_mnli_finds_its_columns_by_name(tmp_path):
     header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label"
-    path = write(tmp_path, "dev_matched.tsv", f"{header}\n0\t1\t1e\tfiction\tA.\tB.\tneutral\tneutral\n"
-                                              f"1\t2\t2e\tfiction\tC.\tD.\tcontradiction\tcontradiction\n")
+    path = write(
+        tmp_path,
+        "dev_matched.tsv",
+        f"{header}\n0\t1\t1e\tfiction\tA.\tB.\tneutral\tneutral\n"
+        f"1\t2\t2e\tfiction\tC.\tD.\tcontradiction\tcontradiction\n",
+    )
     data = read("mnli", path)
     assert data.labels == ["contradiction", "entailment", "neutral"]
     assert [example["label"] for example in data.examples] == [2, 0]
@@ -72,20 +91,27 @@ def test_stsb_scores_are_numbers_and_have_no_label_map(tmp_path):
 
 
 def test_mrpc_header_is_read_through_its_byte_order_mark(tmp_path):
-    path = write(tmp_path, "dev.tsv", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-                                      '1\t13\t14\tHe said "no".\t"No," he said.\n')
+    path = write(
+        tmp_path,
+        "dev.tsv",
+        '\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t13\t14\tHe said "no".\t"No," he said.\n',
+    )
     data = read("mrpc", path)
     assert data.kind == "similarity" and data.metrics == ("accuracy", "f1")
     assert data.examples == [{"text_a": 'He said "no".', "text_b": '"No," he said.', "label": 1}]
 
 
 def test_snli_leaves_out_rows_without_a_gold_label_and_counts_them(tmp_path):
-    rows = [{"sentence1": "A.", "sentence2": "B.", "gold_label": "neutral"},
-            {"sentence1": "C.", "sentence2": "D.", "gold_label": "-"},
-            {"sentence1": "E.", "sentence2": "F.", "gold_label": "contradiction"}]
+    rows = [
+        {"sentence1": "A.", "sentence2": "B.", "gold_label": "neutral"},
+        {"sentence1": "C.", "sentence2": "D.", "gold_label": "-"},
+        {"sentence1": "E.", "sentence2": "F.", "gold_label": "contradiction"},
+    ]
     data = read("snli", write(tmp_path, "dev.jsonl", "".join(json.dumps(r) + "\n" for r in rows)))
-    assert data.examples == [{"premise": "A.", "hypothesis": "B.", "label": 2},
-                             {"premise": "E.", "hypothesis": "F.", "label": 0}]
+    assert data.examples == [
+        {"premise": "A.", "hypothesis": "B.", "label": 2},
+        {"premise": "E.", "hypothesis": "F.", "label": 0},
+    ]
     assert data.skipped == {glue.NO_GOLD_LABEL: 1}
 
 
@@ -93,14 +119,23 @@ STORY_HEADER = ",".join(glue.STORY_COLUMNS)
 
 
 def test_story_cloze_joins_the_four_sentences_and_offers_the_two_endings(tmp_path):
-    path = write(tmp_path, "cloze.csv", f'{STORY_HEADER}\n'
-                                        'id1,Tom ran.,"He fell, hard.",He cried.,Mom came.,He smiled.,He flew.,1\n'
-                                        'id2,A.,B.,C.,D.,E.,F.,2\n')
+    path = write(
+        tmp_path,
+        "cloze.csv",
+        f"{STORY_HEADER}\n"
+        'id1,Tom ran.,"He fell, hard.",He cried.,Mom came.,He smiled.,He flew.,1\n'
+        "id2,A.,B.,C.,D.,E.,F.,2\n",
+    )
     data = read("rocstories", path)
     assert data.kind == "multiple_choice" and data.labels is None and data.metrics == ("accuracy",)
     assert data.examples == [
-        {"context": "Tom ran. He fell, hard. He cried. Mom came.", "choices": ["He smiled.", "He flew."], "label": 0},
-        {"context": "A. B. C. D.", "choices": ["E.", "F."], "label": 1}]
+        {
+            "context": "Tom ran. He fell, hard. He cried. Mom came.",
+            "choices": ["He smiled.", "He flew."],
+            "label": 0,
+        },
+        {"context": "A. B. C. D.", "choices": ["E.", "F."], "label": 1},
+    ]
 
 
 def test_story_cloze_needs_its_header(tmp_path):
@@ -111,21 +146,34 @@ def test_story_cloze_needs_its_header(tmp_path):
 def test_jsonl_of_each_layout(tmp_path):
     layouts = {
         "classification": [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}],
-        "entailment": [{"premise": "A.", "hypothesis": "B.", "label": 2}, {"premise": "C.", "hypothesis": "D.", "label": 0}],
-        "similarity": [{"text_a": "A.", "text_b": "B.", "score": 1.5}, {"text_a": "C.", "text_b": "D.", "score": 3}],
+        "entailment": [
+            {"premise": "A.", "hypothesis": "B.", "label": 2},
+            {"premise": "C.", "hypothesis": "D.", "label": 0},
+        ],
+        "similarity": [
+            {"text_a": "A.", "text_b": "B.", "score": 1.5},
+            {"text_a": "C.", "text_b": "D.", "score": 3},
+        ],
         "multiple_choice": [{"context": "A.", "choices": ["B.", "C.", "D."], "label": 2}],
     }
     for kind, rows in layouts.items():
         data = read("jsonl", write(tmp_path, f"{kind}.jsonl", "".join(json.dumps(r) + "\n\n" for r in rows)))
         assert data.kind == kind
     assert read("jsonl", tmp_path / "classification.jsonl").labels == ["neg", "pos"]
-    assert [e["label"] for e in read("jsonl", tmp_path / "entailment.jsonl").examples] == [1, 0]  # labels [0, 2]
+    assert [e["label"] for e in read("jsonl", tmp_path / "entailment.jsonl").examples] == [
+        1,
+        0,
+    ]  # labels [0, 2]
     assert read("jsonl", tmp_path / "similarity.jsonl").metrics == ("pearson", "spearman")
     assert read("jsonl", tmp_path / "multiple_choice.jsonl").examples == layouts["multiple_choice"]
 
 
 # ----- label maps ----------------------------------------------------------------------------------
-@given(st.lists(st.one_of(st.integers(-5, 5), st.text(min_size=1, max_size=4)), min_size=1, max_size=6, unique=True))
+@given(
+    st.lists(
+        st.one_of(st.integers(-5, 5), st.text(min_size=1, max_size=4)), min_size=1, max_size=6, unique=True
+    )
+)
 def test_label_ids_are_the_sorted_label_names_and_survive_saving(tmp_path_factory, names):
     directory = tmp_path_factory.mktemp("labels")
     rows = [{"text": "x", "label": name} for name in reversed(names)]
@@ -140,7 +188,9 @@ def test_label_ids_are_the_sorted_label_names_and_survive_saving(tmp_path_factor
 
 
 def test_a_dev_set_is_read_with_the_train_sets_labels(tmp_path):
-    train = read("jsonl", write(tmp_path, "train.jsonl", '{"text": "a", "label": "b"}\n{"text": "c", "label": "z"}\n'))
+    train = read(
+        "jsonl", write(tmp_path, "train.jsonl", '{"text": "a", "label": "b"}\n{"text": "c", "label": "z"}\n')
+    )
     dev = write(tmp_path, "dev.jsonl", '{"text": "a", "label": "z"}\n{"text": "c", "label": "y"}\n')
     with pytest.raises(ValueError, match=r"dev\.jsonl: line 2: unknown label 'y'"):
         read("jsonl", dev, labels=train.labels)
@@ -155,34 +205,94 @@ def test_load_labels_refuses_anything_but_a_list_of_distinct_names(tmp_path):
 
 # ----- bad rows -----------------------------------------------------------------------------------
 BAD_ROWS = [  # task, file name, text, why: the middle one of three rows is bad
-    ("sst2", "train.tsv", "sentence\tlabel\ngood\t1\ntoo\tmany\t1\nfine\t0\n", "expected 2 tab-separated columns"),
+    (
+        "sst2",
+        "train.tsv",
+        "sentence\tlabel\ngood\t1\ntoo\tmany\t1\nfine\t0\n",
+        "expected 2 tab-separated columns",
+    ),
     ("sst2", "train.tsv", "sentence\tlabel\ngood\t1\nodd\t2\nfine\t0\n", "unknown label '2'"),
     ("cola", "dev.tsv", "s\t1\t\tGood.\ns\t1\tBad.\ns\t0\t*\tFine.\n", "expected 4 tab-separated columns"),
-    ("rte", "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tA\tB\tentailment\n1\tA\tB\tneutral\n2\tC\tD\tentailment\n",
-     "unknown label 'neutral'"),
-    ("stsb", "dev.tsv", "sentence1\tsentence2\tscore\nA\tB\t1.0\nA\tB\thigh\nC\tD\t2\n", "'high' is not a number"),
-    ("snli", "dev.jsonl", '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n{"sentence1": "A"\n'
-                          '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n', "not valid JSON"),
-    ("snli", "dev.jsonl", '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n{"sentence1": "A"}\n'
-                          '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n', "no field 'sentence2'"),
-    ("rocstories", "cloze.csv", f"{STORY_HEADER}\nid,A,B,C,D,E,F,1\nid,A,B,C,D,E,F,3\nid,A,B,C,D,E,F,2\n",
-     "unknown label '3'"),
-    ("rocstories", "cloze.csv", f"{STORY_HEADER}\nid,A,B,C,D,E,F,1\nid,A,B,C,D,E,1\nid,A,B,C,D,E,F,2\n",
-     "expected 8 comma-separated columns"),
-    ("jsonl", "mine.jsonl", '{"text": "a", "label": 0}\n{"txt": "b", "label": 1}\n{"text": "c", "label": 1}\n',
-     "match no task"),
-    ("jsonl", "mine.jsonl", '{"text": "a", "label": 0}\n{"premise": "b", "hypothesis": "c", "label": 1}\n'
-                            '{"text": "c", "label": 1}\n', "differ from the first row"),
-    ("jsonl", "mine.jsonl", '{"context": "a", "choices": ["b", "c"], "label": 0}\n'
-                            '{"context": "a", "choices": ["b", "c"], "label": 2}\n'
-                            '{"context": "a", "choices": ["b", "c"], "label": 1}\n', "not the index of one of the 2"),
-    ("jsonl", "mine.jsonl", '{"context": "a", "choices": ["b", "c"], "label": 0}\n'
-                            '{"context": "a", "choices": ["b", "c", "d"], "label": 0}\n'
-                            '{"context": "a", "choices": ["b", "c"], "label": 1}\n', "with 3 choices"),
-    ("jsonl", "mine.jsonl", '{"text_a": "a", "text_b": "b", "score": 1}\n{"text_a": "a", "text_b": "b", "score": "1"}\n'
-                            '{"text_a": "a", "text_b": "b", "score": 2}\n', "is not a number"),
-    ("jsonl", "mine.jsonl", '{"text": "a", "label": 0}\n{"text": ["b"], "label": 1}\n{"text": "c", "label": 1}\n',
-     "must be strings"),
+    (
+        "rte",
+        "dev.tsv",
+        "index\tsentence1\tsentence2\tlabel\n0\tA\tB\tentailment\n1\tA\tB\tneutral\n2\tC\tD\tentailment\n",
+        "unknown label 'neutral'",
+    ),
+    (
+        "stsb",
+        "dev.tsv",
+        "sentence1\tsentence2\tscore\nA\tB\t1.0\nA\tB\thigh\nC\tD\t2\n",
+        "'high' is not a number",
+    ),
+    (
+        "snli",
+        "dev.jsonl",
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n{"sentence1": "A"\n'
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n',
+        "not valid JSON",
+    ),
+    (
+        "snli",
+        "dev.jsonl",
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n{"sentence1": "A"}\n'
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n',
+        "no field 'sentence2'",
+    ),
+    (
+        "rocstories",
+        "cloze.csv",
+        f"{STORY_HEADER}\nid,A,B,C,D,E,F,1\nid,A,B,C,D,E,F,3\nid,A,B,C,D,E,F,2\n",
+        "unknown label '3'",
+    ),
+    (
+        "rocstories",
+        "cloze.csv",
+        f"{STORY_HEADER}\nid,A,B,C,D,E,F,1\nid,A,B,C,D,E,1\nid,A,B,C,D,E,F,2\n",
+        "expected 8 comma-separated columns",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": 0}\n{"txt": "b", "label": 1}\n{"text": "c", "label": 1}\n',
+        "match no task",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": 0}\n{"premise": "b", "hypothesis": "c", "label": 1}\n'
+        '{"text": "c", "label": 1}\n',
+        "differ from the first row",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"context": "a", "choices": ["b", "c"], "label": 0}\n'
+        '{"context": "a", "choices": ["b", "c"], "label": 2}\n'
+        '{"context": "a", "choices": ["b", "c"], "label": 1}\n',
+        "not the index of one of the 2",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"context": "a", "choices": ["b", "c"], "label": 0}\n'
+        '{"context": "a", "choices": ["b", "c", "d"], "label": 0}\n'
+        '{"context": "a", "choices": ["b", "c"], "label": 1}\n',
+        "with 3 choices",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text_a": "a", "text_b": "b", "score": 1}\n{"text_a": "a", "text_b": "b", "score": "1"}\n'
+        '{"text_a": "a", "text_b": "b", "score": 2}\n',
+        "is not a number",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": 0}\n{"text": ["b"], "label": 1}\n{"text": "c", "label": 1}\n',
+        "must be strings",
+    ),
 ]
 
 
@@ -214,13 +324,17 @@ def test_a_header_without_the_tasks_columns_and_an_unknown_task_are_refused(tmp_
 
 # ----- the real files -------------------------------------------------------------------------------
 REAL = [  # task, file, examples (../shared/data/README.md), label names
-    ("sst2", "sst2/train.tsv", 67349, ["0", "1"]), ("sst2", "sst2/dev.tsv", 872, ["0", "1"]),
-    ("cola", "cola/train.tsv", 8551, ["0", "1"]), ("cola", "cola/dev.tsv", 1043, ["0", "1"]),
+    ("sst2", "sst2/train.tsv", 67349, ["0", "1"]),
+    ("sst2", "sst2/dev.tsv", 872, ["0", "1"]),
+    ("cola", "cola/train.tsv", 8551, ["0", "1"]),
+    ("cola", "cola/dev.tsv", 1043, ["0", "1"]),
     ("rte", "rte/train.tsv", 2490, ["entailment", "not_entailment"]),
     ("rte", "rte/dev.tsv", 277, ["entailment", "not_entailment"]),
     ("qnli", "qnli/dev.tsv", 5463, ["entailment", "not_entailment"]),
-    ("stsb", "stsb/train.tsv", 5749, None), ("stsb", "stsb/dev.tsv", 1500, None),
-    ("mrpc", "mrpc/train.tsv", 3668, ["0", "1"]), ("mrpc", "mrpc/dev.tsv", 408, ["0", "1"]),
+    ("stsb", "stsb/train.tsv", 5749, None),
+    ("stsb", "stsb/dev.tsv", 1500, None),
+    ("mrpc", "mrpc/train.tsv", 3668, ["0", "1"]),
+    ("mrpc", "mrpc/dev.tsv", 408, ["0", "1"]),
 ]
 
 
@@ -229,7 +343,9 @@ REAL = [  # task, file, examples (../shared/data/README.md), label names
 def test_the_real_glue_files_read_whole(task, name, count, labels):
     data = read(task, GLUE / name)
     assert len(data.examples) == count and data.labels == labels and data.skipped == {}
-    texts = [value for example in data.examples for key, value in example.items() if key not in ("label", "score")]
+    texts = [
+        value for example in data.examples for key, value in example.items() if key not in ("label", "score")
+    ]
     assert all(isinstance(text, str) and text for text in texts)
     if labels is None:
         assert all(0 <= example["score"] <= 5 for example in data.examples)
@@ -265,7 +381,9 @@ def test_real_pairs_cut_to_fit_a_short_context_are_counted():
     examples = read("rte", GLUE / "rte" / "dev.tsv").examples[:60]
     data = encode_examples(examples, "entailment", tokenizer, n_ctx=64)
     limit = 64 // 2 - 2
-    too_long = sum(len(tokenizer.encode(e["premise"])) > limit or len(tokenizer.encode(e["hypothesis"])) > limit
-                   for e in examples)
+    too_long = sum(
+        len(tokenizer.encode(e["premise"])) > limit or len(tokenizer.encode(e["hypothesis"])) > limit
+        for e in examples
+    )
     assert data.n_cut == too_long > 0
     assert max(len(ids) for seqs in data.sequences for ids in seqs) <= 64

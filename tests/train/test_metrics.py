@@ -1,7 +1,9 @@
 """The GLUE measures against hand-computed values, and the properties that define them."""
+
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from train.metrics import accuracy, compute, f1, matthews_corrcoef, pearson, ranks, spearman
 
@@ -54,7 +56,10 @@ def test_ranks_and_spearman_by_hand():
 def test_compute_names_its_measures_and_refuses_bad_input():
     # TP = 2, TN = 1, FP = 1, FN = 0
     assert compute(["accuracy", "f1", "mcc"], [1, 0, 1, 1], [1, 0, 0, 1]) == {
-        "accuracy": 0.75, "f1": pytest.approx(0.8), "mcc": pytest.approx(2 / np.sqrt(3 * 2 * 2 * 1))}
+        "accuracy": 0.75,
+        "f1": pytest.approx(0.8),
+        "mcc": pytest.approx(2 / np.sqrt(3 * 2 * 2 * 1)),
+    }
     with pytest.raises(ValueError, match="unknown metrics"):
         compute(["bleu"], [1], [1])
     with pytest.raises(ValueError, match="one length"):

@@ -1,5 +1,6 @@
 """python -m train.pretrain end to end, on a small model and corpus: the run folder, exact resume,
 Ctrl-C, NaN losses and bad input."""
+
 import json
 import os
 import signal
@@ -14,8 +15,26 @@ from train import pretrain
 from train.checkpoint import checkpoint_steps
 from train.run import load_tokenizer, read_metrics
 
-SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300",
-         "--batch-size", "4", "--eval-windows", "8", "--sample-tokens", "4", "--device", "cpu"]
+SMALL = [
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-ctx",
+    "16",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "4",
+    "--eval-windows",
+    "8",
+    "--sample-tokens",
+    "4",
+    "--device",
+    "cpu",
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,8 +50,20 @@ def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
     """The folder holds config, tokenizer, checkpoints and metrics; validation perplexity ends
     below the unigram baseline the run prints."""
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "60", "--eval-every", "30", "--save-every", "20", "--keep-checkpoints", "2",
-        "--lr", "1e-2")
+    run(
+        corpus,
+        out,
+        "--steps",
+        "60",
+        "--eval-every",
+        "30",
+        "--save-every",
+        "20",
+        "--keep-checkpoints",
+        "2",
+        "--lr",
+        "1e-2",
+    )
     assert {"config.json", "tokenizer", "checkpoints", "metrics.jsonl"} <= set(os.listdir(out))
     assert checkpoint_steps(out) == [40, 60]
     metrics = read_metrics(out)
@@ -67,9 +98,25 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     """SIGINT stops the run within seconds after saving a checkpoint; --resume finishes it."""
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "train.pretrain", "--data", str(corpus), "--out", str(out), *SMALL,
-               "--steps", "100000", "--log-every", "1", "--save-every", "100000"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "train.pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *SMALL,
+        "--steps",
+        "100000",
+        "--log-every",
+        "1",
+        "--save-every",
+        "100000",
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 60
     while len(losses(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
         time.sleep(0.2)
@@ -91,23 +138,47 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
     checkpoint before it stays."""
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
-        run(corpus, out, "--steps", "200", "--lr", "1e12", "--warmup", "0", "--grad-clip", "0",
-            "--log-every", "1", "--save-every", "1", "--eval-every", "1000")
+        run(
+            corpus,
+            out,
+            "--steps",
+            "200",
+            "--lr",
+            "1e12",
+            "--warmup",
+            "0",
+            "--grad-clip",
+            "0",
+            "--log-every",
+            "1",
+            "--save-every",
+            "1",
+            "--eval-every",
+            "1000",
+        )
     message = str(stop.value.code)
     assert "the loss became" in message and "at step" in message
     bad_step = int(message.split("at step ")[1].split(":")[0])
     assert checkpoint_steps(out)[-1] == bad_step - 1
 
 
-@pytest.mark.parametrize("make_input, expected", [
-    (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt: no such file"),
-    (lambda tmp: ["--data", str(write(tmp / "empty.txt", b"  \n"))], "is empty"),
-    (lambda tmp: ["--data", str(write(tmp / "short.txt", b"Too short."))], "too few"),
-    (lambda tmp: ["--data", str(write(tmp / "latin1.txt", "caf\xe9 au lait".encode("latin-1")))],
-     "latin1.txt: not valid UTF-8 at byte offset 3"),
-    (lambda tmp: ["--batch-size", "6", "--grad-accum", "4"], "not a multiple"),
-    (lambda tmp: ["--normalize", "gpt1", "--tokenizer", str(tmp)], "--normalize is for a tokenizer trained here"),
-])
+@pytest.mark.parametrize(
+    "make_input, expected",
+    [
+        (lambda tmp: ["--data", str(tmp / "missing.txt")], "missing.txt: no such file"),
+        (lambda tmp: ["--data", str(write(tmp / "empty.txt", b"  \n"))], "is empty"),
+        (lambda tmp: ["--data", str(write(tmp / "short.txt", b"Too short."))], "too few"),
+        (
+            lambda tmp: ["--data", str(write(tmp / "latin1.txt", "caf\xe9 au lait".encode("latin-1")))],
+            "latin1.txt: not valid UTF-8 at byte offset 3",
+        ),
+        (lambda tmp: ["--batch-size", "6", "--grad-accum", "4"], "not a multiple"),
+        (
+            lambda tmp: ["--normalize", "gpt1", "--tokenizer", str(tmp)],
+            "--normalize is for a tokenizer trained here",
+        ),
+    ],
+)
 def test_bad_input_is_a_message_naming_it(corpus, tmp_path, capsys, make_input, expected):
     with pytest.raises(SystemExit) as stop:
         pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL, *make_input(tmp_path)])

@@ -1,4 +1,5 @@
 """Tokenizers: a byte-level BPE you train on your own text, and GPT-1's original tokenizer."""
+
 from .base import SPECIAL_TOKENS, Tokenizer
 from .bpe import BPETokenizer
 from .gpt1 import GPT1Tokenizer

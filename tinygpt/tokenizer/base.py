@@ -6,6 +6,7 @@ cuts text into words and runs BPE on each word; a subclass says how words are cu
 (`encode`, `_encode_word`) and how ids become text again (`decode`). Since a text repeats the
 same words over and over, each word's ids are worked out once and then remembered.
 """
+
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
 CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
 MERGES_HEADER = "#version: 0.2"  # the first line of a merges file

@@ -13,6 +13,7 @@ With `normalizer="gpt1"` every text is first prepared as GPT-1's encoder prepare
 fixed, words split like spaCy, lower case; see text.py) and `tokenizer_config.json` records it.
 Decoding then gives that prepared text back, not the original.
 """
+
 import glob
 import heapq
 import json
@@ -32,9 +33,16 @@ CONFIG_FILE = "tokenizer_config.json"  # written only when there is a normalizer
 
 def _byte_to_char():
     """GPT-2's map: printable Latin-1 bytes stand for themselves, the other 68 get chr(256 + n)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = [byte for byte in range(256) if byte not in printable]
-    char_of = {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(others)}}
+    char_of = {
+        **{byte: chr(byte) for byte in printable},
+        **{byte: chr(256 + n) for n, byte in enumerate(others)},
+    }
     return [char_of[byte] for byte in range(256)]
 
 
@@ -220,8 +228,10 @@ class BPETokenizer(Tokenizer):
             raise ValueError(f"special tokens must be distinct non-empty strings, got {special_tokens}")
         smallest = 256 + len(special_tokens)
         if vocab_size < smallest:
-            raise ValueError(f"vocab_size={vocab_size} is too small: the 256 bytes and "
-                             f"{len(special_tokens)} special tokens alone need {smallest}")
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small: the 256 bytes and "
+                f"{len(special_tokens)} special tokens alone need {smallest}"
+            )
         word_counts = count_words(texts, pattern, special_tokens, make_normalizer(normalizer))
         if not word_counts:
             raise ValueError("the training corpus is empty: no text to learn from")
@@ -235,15 +245,23 @@ class BPETokenizer(Tokenizer):
         return cls(vocab, merges, ids_after(vocab, special_tokens), pattern, normalizer)
 
     @classmethod
-    def train_files(cls, paths, vocab_size, special_tokens=SPECIAL_TOKENS, pattern=GPT2_PATTERN,
-                    errors="strict", normalizer=None):
+    def train_files(
+        cls,
+        paths,
+        vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        pattern=GPT2_PATTERN,
+        errors="strict",
+        normalizer=None,
+    ):
         """train() on files: paths may be files, folders (all *.txt below) and globs.
 
         Files are read as UTF-8; see read_text_file for the `errors` policy.
         """
         files = find_text_files(paths)
-        return cls.train((read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern,
-                         normalizer)
+        return cls.train(
+            (read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern, normalizer
+        )
 
     # -- encoding and decoding -----------------------------------------------------------------
 
@@ -282,9 +300,13 @@ class BPETokenizer(Tokenizer):
         vocab = {token: token_id for token_id, token in enumerate(self._id_to_token)}
         (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         self._write_merges(directory / "merges.txt")
-        (directory / "special_tokens.json").write_text(json.dumps(self._special_tokens, indent=1), encoding="utf-8")
+        (directory / "special_tokens.json").write_text(
+            json.dumps(self._special_tokens, indent=1), encoding="utf-8"
+        )
         if self.normalizer:
-            (directory / CONFIG_FILE).write_text(json.dumps({"normalizer": self.normalizer}), encoding="utf-8")
+            (directory / CONFIG_FILE).write_text(
+                json.dumps({"normalizer": self.normalizer}), encoding="utf-8"
+            )
 
     @classmethod
     def load(cls, directory, special_tokens=None, pattern=GPT2_PATTERN):
@@ -310,8 +332,10 @@ class BPETokenizer(Tokenizer):
         ordinary = {token: token_id for token, token_id in vocab.items() if token not in specials}
         for token in ordinary:
             if not set(token) <= CHAR_TO_BYTE.keys():
-                raise ValueError(f"{directory / 'vocab.json'}: entry {token!r} is neither spelled in the "
-                                 "byte-to-unicode alphabet nor a special token")
+                raise ValueError(
+                    f"{directory / 'vocab.json'}: entry {token!r} is neither spelled in the "
+                    "byte-to-unicode alphabet nor a special token"
+                )
         return cls(ordinary, merges, specials, pattern, normalizer)
 
 
@@ -370,7 +394,9 @@ def _read_special_tokens(path, vocab):
         raise ValueError(f"{path}: expected a JSON object {{name: id}}")
     for name, token_id in specials.items():
         if vocab.get(name) != token_id:
-            raise ValueError(f"{path}: {name!r} has id {token_id!r} here but {vocab.get(name)!r} in vocab.json")
+            raise ValueError(
+                f"{path}: {name!r} has id {token_id!r} here but {vocab.get(name)!r} in vocab.json"
+            )
     return specials
 
 
@@ -379,5 +405,5 @@ def _read_normalizer(path):
     config = _read_json(path)
     name = config.get("normalizer") if isinstance(config, dict) else None
     if name not in NORMALIZERS:
-        raise ValueError(f"{path}: expected {{\"normalizer\": one of {sorted(NORMALIZERS)}}}, got {config!r}")
+        raise ValueError(f'{path}: expected {{"normalizer": one of {sorted(NORMALIZERS)}}}, got {config!r}')
     return name

@@ -9,6 +9,7 @@ word, then BPE with `</w>` on the word's last symbol. Pieces missing from the vo
 The default `pretokenizer="builtin"` needs neither ftfy nor spaCy (see text.py);
 `pretokenizer="spacy"` runs the real ftfy and spaCy when they are installed.
 """
+
 import json
 from pathlib import Path
 

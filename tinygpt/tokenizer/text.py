@@ -13,6 +13,7 @@ The original encoder ran every text through three steps before BPE:
 
 `GPT1Normalizer` runs the three steps and lower-cases the words, for a byte-level BPE of one's own.
 """
+
 import html.entities
 import re
 import unicodedata
@@ -27,8 +28,10 @@ import regex
 # {character: byte} for Latin-1 and for Windows-1252, whose five unused bytes stand for themselves
 # (ftfy's "sloppy-windows-1252").
 _CP1252_BYTES = {chr(byte): byte for byte in range(0x80, 0x100)} | {
-    bytes([byte]).decode("cp1252"): byte for byte in range(0x80, 0xA0)
-    if byte not in (0x81, 0x8D, 0x8F, 0x90, 0x9D)}
+    bytes([byte]).decode("cp1252"): byte
+    for byte in range(0x80, 0xA0)
+    if byte not in (0x81, 0x8D, 0x8F, 0x90, 0x9D)
+}
 _TAIL = "".join(char for char, byte in _CP1252_BYTES.items() if byte < 0xC0)  # UTF-8 bytes 80..BF
 _MAC_TAIL = bytes(range(0x80, 0xC0)).decode("mac_roman")
 # Telltale mojibake: UTF-8 for Latin-1, Latin Extended-A, Greek and Cyrillic letters and for
@@ -102,11 +105,20 @@ def _character_fixes():
     table |= dict.fromkeys("\u201c\u201d\u201e\u201f", '"')
     table |= {"\u3000": " ", "\u2028": "\n", "\u2029": "\n", "\r": "\n"}
     table |= {chr(code): unicodedata.normalize("NFKC", chr(code)) for code in range(0xFF01, 0xFFF0)}
-    ligatures = ("Ĳ IJ ĳ ij ŉ ʼn Ǳ DZ ǲ Dz ǳ dz Ǆ DŽ ǅ Dž ǆ dž Ǉ LJ ǈ Lj ǉ lj Ǌ NJ ǋ Nj ǌ nj "
-                 "ﬀ ff ﬁ fi ﬂ fl ﬃ ffi ﬄ ffl ﬅ ſt ﬆ st")
+    ligatures = (
+        "Ĳ IJ ĳ ij ŉ ʼn Ǳ DZ ǲ Dz ǳ dz Ǆ DŽ ǅ Dž ǆ dž Ǉ LJ ǈ Lj ǉ lj Ǌ NJ ǋ Nj ǌ nj "
+        "ﬀ ff ﬁ fi ﬂ fl ﬃ ffi ﬄ ffl ﬅ ſt ﬆ st"
+    )
     table |= dict(zip(ligatures.split()[::2], ligatures.split()[1::2]))
-    controls = [*range(0x00, 0x09), 0x0B, *range(0x0E, 0x20), 0x7F, *range(0x206A, 0x2070), 0xFEFF,
-                *range(0xFFF9, 0xFFFD)]
+    controls = [
+        *range(0x00, 0x09),
+        0x0B,
+        *range(0x0E, 0x20),
+        0x7F,
+        *range(0x206A, 0x2070),
+        0xFEFF,
+        *range(0xFFF9, 0xFFFD),
+    ]
     return str.maketrans(table | {chr(code): None for code in controls})
 
 
@@ -175,6 +187,7 @@ def text_standardize(text):
 # ----------------------------------------------------------------------------------------------
 # 3. spaCy's English tokenizer rules (spaCy 3), as character classes, regexes and exceptions.
 
+
 def _class(chars):
     """Characters escaped for use inside a regex character class."""
     return "".join(regex.escape(char, special_only=False) for char in chars)
@@ -197,11 +210,14 @@ _ALPHA = rf"{_LOWER}{_UPPER}[\p{{Lt}}&&\p{{Latin}}]"
 _QUOTES = _class("'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉〈〉⟦⟧")
 _PUNCT = _class("…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪")
 _CURRENCY = r"US\$|C\$|A\$|[" + _class("$£€¥฿₽﷼₴₠₡₢₣₤₥₦₧₨₩₪₫₭₮₯₰₱₲₳₵₶₷₸₹₺₻₼₾₿") + "]"
-_UNITS = "|".join(regex.escape(unit) for unit in (
-    "km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm nm yd in ft kg g mg µg t lb oz m/s "
-    "km/h kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² дм³ см "
-    "см² см³ мм мм² мм³ нм кг г мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб ТБ"
-).split())
+_UNITS = "|".join(
+    regex.escape(unit)
+    for unit in (
+        "km km² km³ m m² m³ dm dm² dm³ cm cm² cm³ mm mm² mm³ ha µm nm yd in ft kg g mg µg t lb oz m/s "
+        "km/h kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² дм³ см "
+        "см² см³ мм мм² мм³ нм кг г мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб ТБ"
+    ).split()
+)
 _SYMBOL = r"\p{So}"  # spaCy's "icons": dingbats, emoji, °, ©, ...
 
 
@@ -377,7 +393,7 @@ class EnglishWordSplitter:
                 prefixes.append(chunk[:prefix_len])
             if suffix_len:
                 suffixes.append(chunk[-suffix_len:])
-            chunk = chunk[prefix_len:len(chunk) - suffix_len]
+            chunk = chunk[prefix_len : len(chunk) - suffix_len]
         return prefixes + self._split_infixes(chunk, special) + suffixes[::-1]
 
     @staticmethod
@@ -394,7 +410,7 @@ class EnglishWordSplitter:
             if infix.start() == 0:  # spaCy never cuts at the very first character
                 continue
             if infix.start() > start:
-                tokens.append(chunk[start:infix.start()])
+                tokens.append(chunk[start : infix.start()])
             tokens.append(infix.group())
             start = infix.end()
         if chunk[start:]:
@@ -404,10 +420,13 @@ class EnglishWordSplitter:
     def _rejoin_special_cases(self, tokens, chunk_starts):
         """Replace runs of tokens that spell a split special case, longest then leftmost first.
         A run across a space is not replaced, but still stands in the way of the runs it overlaps."""
-        runs = [(start, end) for start in range(len(tokens) - 1)
-                if tuple(tokens[start:start + 2]) in self._rejoin_pairs
-                for end in range(start + 2, min(len(tokens), start + self._longest_rejoin) + 1)
-                if tuple(tokens[start:end]) in self._rejoin]
+        runs = [
+            (start, end)
+            for start in range(len(tokens) - 1)
+            if tuple(tokens[start : start + 2]) in self._rejoin_pairs
+            for end in range(start + 2, min(len(tokens), start + self._longest_rejoin) + 1)
+            if tuple(tokens[start:end]) in self._rejoin
+        ]
         chosen, covered = {}, set()
         for start, end in sorted(runs, key=lambda run: (run[0] - run[1], run[0])):
             if start not in covered and end - 1 not in covered:
@@ -427,6 +446,7 @@ class EnglishWordSplitter:
 
 # ----------------------------------------------------------------------------------------------
 # 4. The three steps and lower case, as a normalizer for a BPE of one's own.
+
 
 class GPT1Normalizer:
     """Text as GPT-1's encoder saw it, one string: unicode fixed, `text_standardize`, words split
