@@ -309,7 +309,8 @@ def fine_tune(parser, args, group):
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    results, metric_names = results_so_far(run_dir, args.task, datasets, encoded), datasets["dev"].metrics
+    results = results_so_far(run_dir, args.task, datasets, encoded)
+    metric_names = datasets["dev"].metrics
     with loop.progress_bar(total, start, f"finetune {args.task}", group) as progress:
         for step in range(start, total):
             began = time.perf_counter()

@@ -45,19 +45,15 @@ def resumed_args(parser, args, keep=("device",)):
     except (ValueError, OSError) as error:
         parser.error(f"--resume: {error}")
     given_now = {name: getattr(args, name) for name in keep if getattr(args, name) is not None}
-    return (
-        argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint}),
-        run_dir,
-        config,
-    )
+    resumed = argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint})
+    return resumed, run_dir, config
 
 
 def start_job(parser, args, group, parts_per_rank=1):
     """This rank's device, once the ranks agree on the command line and the global batch splits
     into parts_per_rank equal parts on every rank; a problem is a usage error."""
-    group.check_same(
-        "command line", json.dumps(vars(args), sort_keys=True).encode()
-    )  # else a rank could hang
+    # ranks started with other flags would wait for each other at different places
+    group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())
     if args.batch_size % (group.size * parts_per_rank):
         parts = f" x --grad-accum {parts_per_rank}" if parts_per_rank > 1 else ""
         parser.error(

@@ -142,9 +142,8 @@ def read_tokens(parser, args, run_dir, group):
     tokenizer = (
         load_tokenizer(os.path.join(run_dir, "tokenizer")) if args.resume else build_tokenizer(args, texts)
     )
-    ids, cache_path, reused = data.tokenize_corpus(
-        texts, tokenizer
-    )  # on every rank: the same text, the same ids
+    # on every rank: the same text gives the same ids
+    ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
     group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
     print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
     return tokenizer, ids
@@ -218,9 +217,8 @@ class LossLog:
             return
         steps, losses, rates, elapsed = zip(*self.pending)
         group, xp = self.run.group, backend.get_array_module(*losses)
-        losses = (
-            group.sum(backend.to_numpy(xp.stack(losses))) / group.size
-        )  # every rank's share: as many tokens
+        # the mean over the ranks is the whole batch's: every rank's share holds as many tokens
+        losses = group.sum(backend.to_numpy(xp.stack(losses))) / group.size
         for step, loss in zip(steps, losses):
             self.run.stop_if_diverged(loss, step)
         now = time.perf_counter()

@@ -106,11 +106,12 @@ def test_layer_norm(device, dtype, affine, data):
 @compares_fast_path_of(F.ScaledDotProductAttention)
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(attention_inputs(), st.sampled_from([0.0, 0.3]), SEEDS)
+# v's heads beyond those of q k^T share their dropout mask
 @example(
     case=(*np.random.default_rng(0).standard_normal((2, 1, 3, 4)), np.arange(24.0).reshape(2, 3, 4), True),
     dropout_p=0.3,
     seed=0,
-)  # v's heads beyond those of q k^T share their dropout mask
+)
 def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
     """Shared (broadcast) heads, T != S, causal or not, and dropout: the same mask from one seed."""
     q, k, v, causal = case

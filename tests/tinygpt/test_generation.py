@@ -135,9 +135,8 @@ def greedy_by_hand(model, prompt, steps):
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-@pytest.mark.parametrize(
-    "prompt_length, steps", [(1, 5), (3, 5), (3, 14), (11, 4)]
-)  # within n_ctx=8, beyond it
+# within n_ctx=8, and beyond it
+@pytest.mark.parametrize("prompt_length, steps", [(1, 5), (3, 5), (3, 14), (11, 4)])
 def test_greedy_equals_argmax_step_by_step(device, use_cache, prompt_length, steps):
     model = random_model(device)
     prompt = [(7 * i + 3) % SMALL["vocab_size"] for i in range(prompt_length)]

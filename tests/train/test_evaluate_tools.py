@@ -224,9 +224,8 @@ def test_attention_weights_reproduce_the_layers_output(run):
     with ag.no_grad():
         x = model.tokens_embed(np.array([ids])) + model.positions_embed(np.arange(T))
         attn = model.h[0].attn
-        v = (
-            attn.c_attn(x).numpy()[0].reshape(T, 3, n_head, -1)[:, 2].transpose(1, 0, 2)
-        )  # (head, time, width)
+        # (head, time, width)
+        v = attn.c_attn(x).numpy()[0].reshape(T, 3, n_head, -1)[:, 2].transpose(1, 0, 2)
         merged = (weights @ v).transpose(1, 0, 2).reshape(T, -1)
         expected = attn(x).numpy()[0]
     projected = merged @ attn.c_proj.weight.numpy() + attn.c_proj.bias.numpy()

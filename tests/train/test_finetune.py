@@ -24,10 +24,8 @@ from train.run import read_config, read_metrics, save_tokenizer, write_config
 
 from .runs import ROOT
 
-WORD_SETS = (
-    "cat mat sat hat".split(),
-    "dog log fog end".split(),
-)  # the class is the set a text's words come from
+# the class of a text is the set its words come from
+WORD_SETS = ("cat mat sat hat".split(), "dog log fog end".split())
 LABELS = ("pos", "neg")
 FAST = ["--lr", "1e-2", "--batch-size", "16", "--device", "cpu"]
 
