@@ -39,6 +39,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """GPT-1 as in section 3.1 of the paper: token and learned position embeddings summed, then
+    n_layer post-LN blocks; no LayerNorm after the last one. The LM head is the token embedding
+    transposed, so the two share their weights.
+
+    model(ids) gives the next-token logits (batch, time, vocab_size) of token ids (batch, time);
+    model.hidden_states(ids) gives the last block's output (batch, time, n_embd), which the task
+    heads read. Weights start as the paper's: N(0, initializer_range), biases 0, LayerNorm gains 1.
+    """
+
     def __init__(self, config):
         self.config = config = dataclasses.replace(config)  # our own copy: resizing changes it
         std = config.initializer_range
