@@ -77,6 +77,7 @@ class Windows:
     def __init__(self, ids, n_ctx, name="data"):
         self.ids, self.n_ctx = ids, n_ctx
         self.count = (len(ids) - 1) // n_ctx
+        self._order = None  # ((seed, epoch), the permutation): drawn once an epoch, not every step
         if self.count < 1:
             raise ValueError(
                 f"{name}: {len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}"
@@ -91,7 +92,9 @@ class Windows:
 
     def order(self, seed, epoch):
         """The window order of one epoch: a permutation fixed by (seed, epoch)."""
-        return np.random.default_rng([seed, epoch]).permutation(self.count)
+        if self._order is None or self._order[0] != (seed, epoch):
+            self._order = (seed, epoch), np.random.default_rng([seed, epoch]).permutation(self.count)
+        return self._order[1]
 
     def training_batch(self, step, batch_size, seed, rank=0, ranks=1):
         """The batch of a training step: epoch after epoch, each in its own shuffled order; of it,

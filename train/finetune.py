@@ -12,6 +12,7 @@ best/ (the best epoch's weights), metrics.jsonl, results.json, loss.png and, wit
 predictions.tsv.
 """
 
+import functools
 import json
 import math
 import os
@@ -111,6 +112,7 @@ def add_optimizer_arguments(group):
 def add_run_arguments(group):
     group.add_argument("--seed", type=int, default=0, help="fixes the head, new weights, data order, dropout")
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
     group.add_argument(
         "--resume", metavar="PATH", help="continue a fine-tune (its folder, or a checkpoint in it)"
@@ -148,6 +150,7 @@ def read_datasets(parser, args, labels=None):
     return datasets
 
 
+@functools.lru_cache(maxsize=1)  # drawn once an epoch, not every step
 def epoch_order(seed, epoch, n):
     """The order of the training examples in one epoch: a function of (seed, epoch) alone, so a
     resumed run draws the same batches."""
@@ -214,37 +217,17 @@ def batch_of(step, steps_per_epoch, n_examples, args, group):
     return batch, np.array_split(batch, group.size)[group.rank]
 
 
-def forward_backward(head, train, mine, lm_coef):
+def forward_backward(head, train, mine, lm_coef, weight):
     """Add the gradient of L3 = L2 + lm_coef * L1 over this rank's examples into the weights'
-    .grad; returns [L2, L3, L1] as numbers (zeros for a rank without examples)."""
+    .grad; returns this rank's share of the batch's losses, each times `weight` (its share of the
+    examples), left on the device: {"loss": L2, "objective": L3, "lm_loss": L1 (when lm_coef)}."""
+    names = ["loss", "objective"] + (["lm_loss"] if lm_coef != 0 else [])
     if not len(mine):
-        return [0.0, 0.0, 0.0]
+        return dict.fromkeys(names, 0.0)
     objective, task_loss, lm_loss = head.loss(train.batch(mine), lm_coef)
     objective.backward()
-    return [float(loss.item()) if loss is not None else 0.0 for loss in (task_loss, objective, lm_loss)]
-
-
-def log_step(run, args, step, losses, weight, lr, examples_per_s, progress):
-    """Sum the ranks' weighted losses into the whole batch's, stop on a NaN or inf, and log them
-    to metrics.jsonl and the progress bar; returns whether any rank saw a Ctrl-C."""
-    sums = run.group.sum([weight * loss for loss in losses] + [run.interrupt.requested])
-    task_loss, objective, lm_loss, interrupted = (float(total) for total in sums)
-    run.stop_if_diverged(objective, step)
-    # "loss" is the task's (L2), as the dev set's "val_loss", so that loss.png compares the two
-    record = {
-        "step": step,
-        "loss": task_loss,
-        "objective": objective,
-        "lr": lr,
-        "examples_per_s": examples_per_s,
-    }
-    record["elapsed"] = round(run.elapsed, 3)
-    if args.lm_coef != 0:
-        record["lm_loss"] = lm_loss
-    if run.group.main:
-        append_metrics(run.dir, record)
-    progress.set_postfix(loss=f"{task_loss:.3f}", lr=f"{lr:.2e}")
-    return bool(interrupted)
+    losses = {"loss": task_loss, "objective": objective, "lm_loss": lm_loss}
+    return {name: weight * losses[name].data for name in names}
 
 
 def measure_dev(run, dev, names, results, step, epoch, batch_size):
@@ -311,6 +294,7 @@ def fine_tune(parser, args, group):
     total = args.epochs * steps_per_epoch
     results = results_so_far(run_dir, args.task, datasets, encoded)
     metric_names = datasets["dev"].metrics
+    log = loop.LossLog(run, "examples")
     with loop.progress_bar(total, start, f"finetune {args.task}", group) as progress:
         for step in range(start, total):
             began = time.perf_counter()
@@ -322,23 +306,26 @@ def fine_tune(parser, args, group):
             weight = len(mine) / len(batch)
             lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
             run.optimizer.zero_grad()
-            losses = forward_backward(head, train, mine, args.lm_coef)
+            losses = forward_backward(head, train, mine, args.lm_coef, weight)
             run.optimizer_step(lr, weight, args.grad_clip)
             run.elapsed += time.perf_counter() - began
+            log.add(step + 1, losses, len(batch), lr=lr)
             progress.update(1)
 
             done = step + 1
+            interrupted = group.any(run.interrupt.requested)  # Ctrl-C may reach the ranks in different steps
             epoch, steps_into_epoch = divmod(done, steps_per_epoch)
-            # log every step: the whole batch's losses, summed over the ranks
-            speed = round(len(batch) / (time.perf_counter() - began), 1)
-            interrupted = log_step(run, args, done, losses, weight, lr, speed, progress)
+            saving = steps_into_epoch == 0 or (args.save_every and done % args.save_every == 0) or interrupted
+            # log: the losses come to the host only here (never save or measure weights a NaN has reached)
+            if done % args.log_every == 0 or steps_into_epoch == 0 or saving:
+                log.write(progress)
             # measure the dev set at the end of each epoch, keeping the best epoch's weights
             if steps_into_epoch == 0 and group.main:
                 progress.write(
                     measure_dev(run, encoded["dev"], metric_names, results, done, epoch, args.batch_size)
                 )
             # checkpoint at each epoch's end and every --save-every steps, and stop after one on Ctrl-C
-            if steps_into_epoch == 0 or (args.save_every and done % args.save_every == 0) or interrupted:
+            if saving:
                 checkpoint = run.save(done)
             if interrupted:
                 run.stop_interrupted(done, checkpoint, progress)

@@ -11,13 +11,23 @@ import math
 import os
 import signal
 import sys
+import time
 
 from tqdm import tqdm
 
+from autograd import backend
 from autograd.optim import clip_grad_norm
 
 from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, save_checkpoint
-from .run import read_config, read_metrics, rewrite_metrics, run_folder_of, save_tokenizer, write_config
+from .run import (
+    append_metrics,
+    read_config,
+    read_metrics,
+    rewrite_metrics,
+    run_folder_of,
+    save_tokenizer,
+    write_config,
+)
 
 NOT_SETTINGS = ("resume", "out", "device", "distributed")  # flags of one invocation, not of the run
 
@@ -69,6 +79,55 @@ def start_job(parser, args, group, parts_per_rank=1):
 def settings_of(args):
     """The settings a run's config.json keeps: every flag but those of one invocation."""
     return {name: value for name, value in vars(args).items() if name not in NOT_SETTINGS}
+
+
+class LossLog:
+    """The training losses of the steps since the last log line. They stay on the device until
+    `write` brings them all to the host at once, so that a step on a GPU never waits for the host.
+
+    Each rank adds its share of a step's losses, weighted so that the shares of all ranks add up
+    to the whole batch's; `write` adds them up over the ranks.
+    """
+
+    def __init__(self, run, unit):
+        self.run, self.rate_name = run, f"{unit}_per_s"  # unit: what the rate counts, e.g. tokens
+        self.pending = []  # (step, {name: this rank's share, an array}, items in the batch, fields)
+        self.since = time.perf_counter()
+
+    def add(self, step, losses, items, **fields):
+        """One step's losses {name: array or number}, the items (tokens, examples) of its whole
+        batch, and the other fields of its line in metrics.jsonl (the learning rate, ...)."""
+        self.pending.append((step, losses, items, {**fields, "elapsed": round(self.run.elapsed, 3)}))
+
+    def write(self, progress):
+        """Log the pending steps to metrics.jsonl and the progress bar; stop on a NaN or inf."""
+        if not self.pending:
+            return
+        steps, losses, items, fields = zip(*self.pending)
+        names = list(losses[0])
+        xp = backend.get_array_module(*(value for step_losses in losses for value in step_losses.values()))
+        shares = xp.stack(
+            [xp.asarray(step_losses[name], dtype=xp.float64) for step_losses in losses for name in names]
+        )
+        totals = self.run.group.sum(backend.to_numpy(shares)).reshape(len(steps), len(names))  # the one read
+        for step, row in zip(steps, totals):
+            for value in row:
+                self.run.stop_if_diverged(value, step)
+        now = time.perf_counter()
+        rate = sum(items) / (now - self.since)
+        for step, row, step_fields in zip(steps, totals, fields):
+            record = {
+                "step": step,
+                **dict(zip(names, row.tolist())),
+                **step_fields,
+                self.rate_name: round(rate, 1),
+            }
+            if self.run.group.main:
+                append_metrics(self.run.dir, record)
+        progress.set_postfix(
+            loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}", **{self.rate_name: f"{rate:,.0f}"}
+        )
+        self.pending, self.since = [], now
 
 
 def progress_bar(total, start, description, group):

@@ -10,7 +10,6 @@ import time
 from itertools import islice
 
 import autograd as ag
-from autograd import backend
 from autograd import functional as F
 from autograd.optim import Adam, warmup_cosine
 from tinygpt import GPT, GPTConfig
@@ -199,46 +198,6 @@ def forward_backward(model, batch, grad_accum):
     return total
 
 
-class LossLog:
-    """The training losses of the steps since the last log line. They stay on the device until
-    `write` brings them all to the host at once, so that a step on a GPU never waits for the host."""
-
-    def __init__(self, run, tokens_per_step):
-        self.run, self.tokens_per_step = run, tokens_per_step
-        self.pending = []  # (step, loss array, learning rate, compute time so far)
-        self.since = time.perf_counter()
-
-    def add(self, step, loss, lr):
-        self.pending.append((step, loss, lr, self.run.elapsed))
-
-    def write(self, progress):
-        """Log the pending steps to metrics.jsonl and the progress bar; stop on a NaN or inf."""
-        if not self.pending:
-            return
-        steps, losses, rates, elapsed = zip(*self.pending)
-        group, xp = self.run.group, backend.get_array_module(*losses)
-        # the mean over the ranks is the whole batch's: every rank's share holds as many tokens
-        losses = group.sum(backend.to_numpy(xp.stack(losses))) / group.size
-        for step, loss in zip(steps, losses):
-            self.run.stop_if_diverged(loss, step)
-        now = time.perf_counter()
-        tokens_per_s = len(steps) * self.tokens_per_step / (now - self.since)
-        for step, loss, lr, step_elapsed in zip(steps, losses, rates, elapsed):
-            if group.main:
-                append_metrics(
-                    self.run.dir,
-                    {
-                        "step": step,
-                        "loss": float(loss),
-                        "lr": lr,
-                        "tokens_per_s": round(tokens_per_s),
-                        "elapsed": round(step_elapsed, 3),
-                    },
-                )
-        progress.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{rates[-1]:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-        self.pending, self.since = [], now
-
-
 @ag.no_grad()
 def evaluate(model, windows, batch_size, limit, group=None):
     """Mean next-token loss over up to `limit` windows, in eval mode; the ranks of a `group` take
@@ -300,7 +259,7 @@ def train_model(parser, args, group):
     run.announce(config, device)
 
     warmup = min(args.warmup, args.steps // 10)
-    log = LossLog(run, args.batch_size * config.n_ctx)
+    log = loop.LossLog(run, "tokens")
     with loop.progress_bar(args.steps, start, "pretrain", group) as progress:
         for step in range(start, args.steps):
             began = time.perf_counter()
@@ -312,7 +271,8 @@ def train_model(parser, args, group):
             loss = forward_backward(run.model, batch, args.grad_accum)
             run.optimizer_step(lr, 1 / group.size, args.grad_clip)  # the mean gradient of the whole batch
             run.elapsed += time.perf_counter() - began
-            log.add(step + 1, loss, lr)
+            # each rank's share of the mean loss: its windows hold as many tokens as any other's
+            log.add(step + 1, {"loss": loss / group.size}, args.batch_size * config.n_ctx, lr=lr)
             progress.update(1)
 
             done = step + 1
