@@ -43,11 +43,14 @@ def current_stream():
 
 
 def nccl():
-    """CuPy's NCCL bindings (cupy.cuda.nccl); ImportError where CuPy or NCCL is missing."""
+    """CuPy's NCCL bindings (cupy.cuda.nccl); ImportError where CuPy or NCCL is missing. Without
+    NCCL, CuPy's module still imports, but with `available` false and none of its functions."""
     if cupy is None:
         raise ImportError(f"CuPy is not installed: {CUDA_INSTALL_HINT}")
     from cupy.cuda import nccl as bindings
 
+    if not bindings.available:
+        raise ImportError("CuPy found no NCCL library")
     return bindings
 
 

@@ -1,20 +1,24 @@
-"""safetensors files, read and written with NumPy alone (no pickle: files may come from anyone).
+"""safetensors files, read and written with NumPy and ml_dtypes alone (no pickle: files may come from anyone).
 
 Layout: an 8-byte little-endian header length N, N bytes of JSON, then the raw bytes. The JSON
 maps each name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the bytes after
 the header), plus an optional "__metadata__" of strings. Reading checks every field before it
 touches the data, and any fault is a SafetensorsError that names the file.
+
+BF16 tensors are ml_dtypes.bfloat16 arrays on both sides (stored as their 16-bit patterns), F16
+tensors float16 arrays; a model's load_state_dict casts them to its float32 parameters.
 """
 
 import json
 import os
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from .backend import to_numpy
 
-# safetensors dtype name -> numpy dtype of the stored bytes (little-endian)
+# safetensors dtype name -> numpy dtype of the stored bytes (little-endian; BF16 as bit patterns)
 DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
@@ -31,6 +35,7 @@ DTYPES = {
     "BOOL": "?",
 }
 NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
@@ -49,13 +54,17 @@ def save_file(tensors, path, metadata=None):
         array = to_numpy(array)
         if not array.flags.c_contiguous:
             array = array.copy()
-        if array.dtype.newbyteorder("<") not in NAMES:
+        if array.dtype == BFLOAT16:
+            dtype, array = "BF16", array.view(np.uint16).astype("<u2", copy=False)
+        elif array.dtype.newbyteorder("<") in NAMES:
+            array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+            dtype = NAMES[array.dtype]
+        else:
             raise TypeError(
                 f"save_file: tensor {name!r} has dtype {array.dtype}, which safetensors cannot hold"
             )
-        array = array.astype(array.dtype.newbyteorder("<"), copy=False)
         header[name] = {
-            "dtype": NAMES[array.dtype],
+            "dtype": dtype,
             "shape": list(array.shape),
             "data_offsets": [offset, offset + array.nbytes],
         }
@@ -79,7 +88,7 @@ def save_file(tensors, path, metadata=None):
 
 
 def load_file(path):
-    """{name: numpy array} from a safetensors file; BF16 tensors come back as float32."""
+    """{name: numpy array} from a safetensors file; BF16 tensors come back as ml_dtypes.bfloat16."""
     tensors, _ = load_file_with_metadata(path)
     return tensors
 
@@ -115,9 +124,10 @@ def load_file_with_metadata(path):
                 array = np.frombuffer(f.read(end - begin), dtype=DTYPES[dtype]).reshape(shape)
             except ValueError as error:  # an empty shape numpy cannot hold, such as [0, 2**70]
                 fail(f"tensor {name!r}: shape {list(shape)} ({error})")
-            tensors[name] = (
-                _bf16_to_float32(array) if dtype == "BF16" else array.astype(array.dtype.newbyteorder("="))
-            )
+            if dtype == "BF16":
+                tensors[name] = array.astype("=u2").view(BFLOAT16)
+            else:
+                tensors[name] = array.astype(array.dtype.newbyteorder("="))
     return {name: tensors[name] for name in header}, metadata
 
 
@@ -165,8 +175,3 @@ def _check_entry(name, entry, data_len, fail):
             f"data_offsets give {offsets[1] - offsets[0]}"
         )
     return offsets[0], offsets[1], dtype, tuple(shape)
-
-
-def _bf16_to_float32(raw):
-    """bfloat16 bit patterns (uint16) as float32 values: they are the top half of a float32."""
-    return (raw.astype(np.uint32) << 16).view(np.float32)

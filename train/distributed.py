@@ -110,12 +110,10 @@ class Group:
     # ----- devices -------------------------------------------------------------------------------
     def device(self, name):
         """This rank's device, from --device: 'auto' or 'cuda' give each rank of a machine a GPU of
-        its own (its rank on the machine modulo the number of GPUs); 'cuda:N' is that GPU on every
-        rank. Between GPUs the ranks then connect through NCCL."""
-        if self.size > 1 and name in ("auto", "cuda") and backend.cuda_available():
-            machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)  # the ranks that share this machine
-            name = f"cuda:{machine.Get_rank() % backend.device_count()}"
-            machine.Free()
+        its own (its rank on the machine); 'cuda:N' is that GPU, for one rank per machine. Between
+        GPUs the ranks then connect through NCCL."""
+        if self.size > 1 and (name in ("auto", "cuda") or str(name).startswith("cuda:")):
+            name = self._gpu_of_this_rank(name)
         device = backend.parse_device(name)
         if self.size > 1:
             self.check_same("device kind (cpu or cuda)", device.split(":")[0].encode())
@@ -123,9 +121,33 @@ class Group:
                 self._connect_gpus(int(device.split(":")[1]))
         return device
 
+    def _gpu_of_this_rank(self, name):
+        """The GPU that --device `name` gives this rank, where two ranks of a machine never share one:
+        NCCL refuses that, with an error about a duplicate GPU from deep inside. Every rank takes
+        part in the split into machines, with or without GPUs, so that none is left waiting."""
+        machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)  # the ranks that share this machine
+        rank_here, ranks_here = machine.Get_rank(), machine.Get_size()
+        machine.Free()
+        if not backend.cuda_available():
+            return name  # 'auto' falls back to the CPU; 'cuda' meets parse_device's clear error
+        if name not in ("auto", "cuda"):
+            if ranks_here > 1:
+                raise ValueError(
+                    f"{name!r} puts all {ranks_here} ranks of this machine on one GPU, which NCCL "
+                    f"refuses: pass --device cuda (one GPU per rank), or start one rank per machine"
+                )
+            return name
+        gpus = backend.device_count()
+        if ranks_here > gpus:
+            raise ValueError(
+                f"{ranks_here} ranks on a machine with {gpus} GPU(s): NCCL needs one GPU per rank, "
+                f"so start at most {gpus} ranks per machine (mpirun -n), or pass --device cpu"
+            )
+        return f"cuda:{rank_here}"
+
     def _connect_gpus(self, index):
         """Make GPU `index` this process's current device and join the ranks' NCCL communicator;
-        rank 0 draws its id, which the others receive over MPI as bytes."""
+        rank 0 draws its id, which the others receive over MPI."""
         try:
             nccl = backend.nccl()
         except ImportError:
@@ -135,7 +157,8 @@ class Group:
                 "--device cpu"
             ) from None
         backend.use_device(index)
-        unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int8)
+        # the id's C chars, as CuPy gives them: -128..127, or 0..255 where char is unsigned (ARM)
+        unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int16)
         if self.main:
             unique_id[:] = nccl.get_unique_id()
         self.comm.Bcast(unique_id, root=0)

@@ -1,4 +1,4 @@
-"""safetensors files written and read with NumPy alone.
+"""safetensors files written and read with NumPy alone (and ml_dtypes for bfloat16).
 
 Round trips are checked bit for bit; the layout against the format's specification (8-byte length,
 JSON header padded to 8 bytes, contiguous data); and reading against damaged and hand-made files:
@@ -12,29 +12,36 @@ import string
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from autograd import serialization
+from autograd import nn, serialization
 from autograd.serialization import SafetensorsError, load_file, load_file_with_metadata, save_file
 
-# The safetensors dtype names this module reads and writes, and the little-endian bytes they mean.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# The safetensors dtype names this module reads and writes, and the arrays they mean (stored as
+# little-endian bytes; bfloat16s as their 16-bit patterns).
 FORMAT = {
     "F64": "<f8",
     "F32": "<f4",
     "F16": "<f2",
+    "BF16": BFLOAT16,
     "I64": "<i8",
     "I32": "<i4",
     "I16": "<i2",
     "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
     "U8": "u1",
     "BOOL": "?",
 }
 # Every dtype name the safetensors format defines (some are not read here, which is allowed).
-SAFETENSORS_DTYPES = set(FORMAT) | {"BF16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"}
+SAFETENSORS_DTYPES = set(FORMAT) | {"F8_E4M3", "F8_E5M2"}
 
 # Examples of one test reuse its tmp_path, each overwriting the same file.
 reuses_tmp_path = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -55,10 +62,31 @@ JSON_VALUES = st.recursive(
 )
 
 
-def stored_arrays(dtype=None):
-    """Arrays of a dtype safetensors holds, any shape (0-d and zero-size included), any values."""
-    dtypes = st.sampled_from(list(FORMAT.values())) if dtype is None else st.just(dtype)
-    return dtypes.flatmap(lambda d: hnp.arrays(np.dtype(d), SHAPES))
+def arrays_of(dtype):
+    """Arrays of one dtype, any shape (0-d and zero-size included), any values (bfloat16s drawn as
+    any 16-bit pattern)."""
+    if np.dtype(dtype) == BFLOAT16:
+        return hnp.arrays(np.uint16, SHAPES).map(lambda bits: bits.view(BFLOAT16))
+    return hnp.arrays(np.dtype(dtype), SHAPES)
+
+
+def stored_arrays():
+    """Arrays of any dtype safetensors holds."""
+    return st.sampled_from(list(FORMAT.values())).flatmap(arrays_of)
+
+
+def format_name(dtype):
+    """The safetensors name of an array's dtype."""
+    names = {np.dtype(v): k for k, v in FORMAT.items()}
+    return names[dtype if dtype == BFLOAT16 else dtype.newbyteorder("<")]
+
+
+def stored_bytes(array):
+    """What safetensors stores for an array: its values as little-endian bytes, bfloat16s as their
+    bit patterns."""
+    if array.dtype == BFLOAT16:
+        array = array.view(np.uint16)
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
 
 
 def tensor_dicts(min_size=0):
@@ -90,13 +118,8 @@ def assert_agrees_with_file(path, tensors, metadata):
         begin, end = entry["data_offsets"]
         array = tensors[name]
         assert isinstance(array, np.ndarray) and array.shape == tuple(entry["shape"])
-        if entry["dtype"] == "BF16":
-            bits = array.view(np.uint32)
-            assert array.dtype == np.float32 and not (bits & 0xFFFF).any()
-            assert (bits >> 16).astype("<u2").tobytes() == data[begin:end]
-        else:
-            assert array.dtype == np.dtype(FORMAT[entry["dtype"]]).newbyteorder("=")
-            assert array.astype(FORMAT[entry["dtype"]]).tobytes() == data[begin:end]
+        assert array.dtype.isnative and format_name(array.dtype) == entry["dtype"]
+        assert stored_bytes(array) == data[begin:end]
 
 
 def assert_read_or_refused(path):
@@ -164,18 +187,51 @@ def test_metadata_round_trip(tmp_path, tensors, metadata):
 
 
 @reuses_tmp_path
-@given(hnp.arrays(np.float32, SHAPES, elements=st.floats(width=32)))
-def test_bf16_is_read_as_exact_float32(tmp_path, values):
-    """A hand-written BF16 tensor (the top 16 bits of float32s) reads back as those float32s exactly."""
-    bits = values.view(np.uint32) & np.uint32(0xFFFF0000)
-    expected = bits.view(np.float32)
-    stored = (bits >> 16).astype("<u2").tobytes()
-    header = json.dumps(
-        {"b": {"dtype": "BF16", "shape": list(values.shape), "data_offsets": [0, len(stored)]}}
-    )
-    header = header.encode() + b" " * (-len(header) % 8)
-    path = write_raw(tmp_path / "bf16.safetensors", header, stored)
-    assert_same_bits(load_file(path)["b"], expected)
+@given(hnp.arrays(np.uint16, SHAPES))
+def test_a_bf16_tensor_written_by_hand_reads_as_those_bfloat16s(tmp_path, bits):
+    """BF16 data written by hand, 2-byte little-endian bit patterns (any: NaNs, infinities and
+    subnormals too), reads back as ml_dtypes.bfloat16s with exactly those bits."""
+    stored = b"".join(struct.pack("<H", int(pattern)) for pattern in bits.flat)
+    header = {"b": {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [0, len(stored)]}}
+    loaded = load_file(write_raw(tmp_path / "bf16.safetensors", header, stored))["b"]
+    assert_same_bits(loaded, bits.view(BFLOAT16))
+
+
+# How the format stores one 16-bit float, as the spec says: 2 little-endian bytes.
+SPEC_BYTES = {
+    "BF16": lambda value: struct.pack("<f", value)[2:],  # bfloat16: the upper half of a float32
+    "F16": lambda value: struct.pack("<e", value),  # IEEE 754 half precision
+}
+HALF_ARRAYS = {
+    "BF16": hnp.arrays(np.float32, SHAPES, elements=st.floats(width=32, allow_nan=False)).map(
+        lambda values: values.astype(BFLOAT16)
+    ),
+    "F16": hnp.arrays(np.float16, SHAPES, elements=st.floats(width=16, allow_nan=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(SPEC_BYTES))
+@reuses_tmp_path
+@given(data=st.data())
+def test_bf16_and_f16_are_written_as_the_spec_says(tmp_path, name, data):
+    """bfloat16 and float16 arrays are stored under BF16 and F16, each value as the spec's bytes."""
+    array = data.draw(HALF_ARRAYS[name], label=name)
+    path = tmp_path / "t.safetensors"
+    save_file({"x": array}, path)
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert json.loads(raw[8 : 8 + n])["x"]["dtype"] == name
+    assert raw[8 + n :] == b"".join(SPEC_BYTES[name](float(value)) for value in array.flat)
+
+
+def test_a_bf16_checkpoint_loads_into_float32_parameters(tmp_path):
+    """load_state_dict casts what load_file gives (bfloat16 here) to each parameter's dtype."""
+    weights = {name: p.data.astype(BFLOAT16) for name, p in nn.Linear(3, 2).named_parameters()}
+    save_file(weights, tmp_path / "model.safetensors")
+    layer = nn.Linear(3, 2)
+    layer.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    for name, p in layer.named_parameters():
+        assert_same_bits(p.data, weights[name].astype(np.float32))
 
 
 @reuses_tmp_path
@@ -193,7 +249,7 @@ def test_layout_follows_the_format(tmp_path, tensors, metadata):
     position = 0
     for name, array in tensors.items():
         entry = header[name]
-        assert np.dtype(FORMAT[entry["dtype"]]) == array.dtype.newbyteorder("<")
+        assert entry["dtype"] == format_name(array.dtype)
         assert entry["shape"] == list(array.shape)
         assert entry["data_offsets"] == [position, position + array.nbytes]
         position += array.nbytes
@@ -226,6 +282,38 @@ def test_safetensors_package_reads_ours_and_we_read_its(tmp_path):
     assert metadata == {"k": "v"} and set(loaded) == set(tensors)
     for name, array in tensors.items():
         assert_same_bits(loaded[name], array)
+
+
+def float32_values_and_ties():
+    """float32s of every kind but NaN, with halfway cases that bfloat16 rounds to even."""
+    rng = np.random.default_rng(0)
+    special = [0.0, -0.0, np.inf, -np.inf, 1e-40, -3e38, 3.4e38, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)]
+    random = rng.standard_normal(200) * np.exp(rng.uniform(-80, 80, 200))
+    return np.concatenate([special, random]).astype(np.float32).reshape(3, 70)
+
+
+def test_torch_makes_the_bfloat16s_our_bf16_files_hold():
+    """The BF16 bytes written for float32 values cast to ml_dtypes.bfloat16 are PyTorch's own
+    bfloat16s of those values (rounded to nearest even): torch reads them as the same numbers."""
+    torch = pytest.importorskip("torch")
+    values = float32_values_and_ties()
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    assert stored_bytes(values.astype(BFLOAT16)) == theirs.astype("<i2").tobytes()
+
+
+def test_safetensors_package_reads_our_bf16_and_we_read_its(tmp_path):
+    """BF16 moves both ways between this module and the `safetensors` package's PyTorch side
+    (its NumPy side has no bfloat16)."""
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    values = float32_values_and_ties()
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    save_file({"b": values.astype(BFLOAT16)}, ours)
+    expected = torch.from_numpy(values).to(torch.bfloat16)
+    read = safetensors_torch.load_file(str(ours))["b"]
+    assert read.dtype == torch.bfloat16 and torch.equal(read.view(torch.int16), expected.view(torch.int16))
+    safetensors_torch.save_file({"b": expected}, str(theirs))
+    assert_same_bits(load_file(theirs)["b"], values.astype(BFLOAT16))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,9 +460,9 @@ def valid_parts(draw, min_size=1):
     tensors = draw(st.dictionaries(NAMES, stored_arrays(), min_size=min_size, max_size=3))
     header, data = {}, b""
     for name, array in tensors.items():
-        stored = array.astype(array.dtype.newbyteorder("<")).tobytes()
+        stored = stored_bytes(array)
         header[name] = {
-            "dtype": {np.dtype(v): k for k, v in FORMAT.items()}[array.dtype.newbyteorder("<")],
+            "dtype": format_name(array.dtype),
             "shape": list(array.shape),
             "data_offsets": [len(data), len(data) + len(stored)],
         }

@@ -1,9 +1,11 @@
 """train/distributed.py within one process: the flat buffer that carries the gradients, the
-per-rank dropout seeds, and the group of one that a run without --distributed gets."""
+per-rank dropout seeds, the group of one that a run without --distributed gets, and the choice
+of GPUs and the NCCL connection, with stand-ins for MPI, CuPy and NCCL."""
 
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -128,3 +130,127 @@ def test_a_run_without_distributed_never_imports_mpi4py(tmp_path):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
+
+
+# ----- GPUs and NCCL, with stand-ins ---------------------------------------------------------------
+MPI = SimpleNamespace(COMM_TYPE_SHARED="shared")
+
+
+class FakeComm:
+    """An MPI communicator as one rank sees it: `rank` of `size`, `ranks_here` of them on each
+    machine. Bcast from the root appends to the list `sent`; another rank takes from it in order,
+    so a rank 1 run after rank 0 receives what rank 0 broadcast. `splits` counts the splits into
+    machines."""
+
+    def __init__(self, rank, size, ranks_here, sent):
+        self.rank, self.size, self.ranks_here, self.sent = rank, size, ranks_here, sent
+        self.splits = 0
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Split_type(self, kind):
+        assert kind == MPI.COMM_TYPE_SHARED
+        self.splits += 1
+        return FakeComm(self.rank % self.ranks_here, self.ranks_here, self.ranks_here, self.sent)
+
+    def Bcast(self, buffer, root):
+        if self.rank == root:
+            self.sent.append(buffer.copy())
+        else:
+            buffer[...] = self.sent.pop(0)
+
+    def Free(self):
+        pass
+
+
+def fake_nccl(available=True, unique_id=None):
+    """cupy.cuda.nccl as CuPy leaves it: without NCCL only `available`, false; with it an id to draw
+    and a communicator that records its arguments in `made`."""
+    if not available:
+        return SimpleNamespace(available=False)
+    made = []
+
+    def communicator(ndev, comm_id, rank):
+        made.append((ndev, comm_id, rank))
+        return made[-1]
+
+    return SimpleNamespace(
+        available=True,
+        get_unique_id=lambda: unique_id,
+        NcclCommunicator=communicator,
+        made=made,
+        NCCL_FLOAT32=7,
+        NCCL_FLOAT64=8,
+        NCCL_SUM=0,
+    )
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """A machine with `gpus.count` GPUs (2 unless a test changes it) and CuPy, whose
+    cupy.cuda.nccl is `gpus.cuda.nccl` (at first one without NCCL), reached through the real
+    backend.nccl(); `gpus.used` lists the GPUs made current."""
+    machine = SimpleNamespace(count=2, cuda=SimpleNamespace(nccl=fake_nccl(available=False)), used=[])
+    monkeypatch.setattr(backend, "cupy", SimpleNamespace(cuda=machine.cuda))
+    monkeypatch.setitem(sys.modules, "cupy", backend.cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", machine.cuda)
+    monkeypatch.setattr(backend, "device_count", lambda: machine.count)
+    monkeypatch.setattr(backend, "cuda_available", lambda: machine.count > 0)
+    monkeypatch.setattr(backend, "parse_device", lambda name: "cpu" if name == "auto" else name)
+    monkeypatch.setattr(backend, "use_device", machine.used.append)
+    return machine
+
+
+def test_gpus_without_nccl_give_the_install_hint(gpus):
+    """CuPy without NCCL: cupy.cuda.nccl imports with `available` false and no functions."""
+    group = Group(FakeComm(0, 2, 2, []), MPI)
+    with pytest.raises(RuntimeError, match="needs NCCL, which CuPy did not find: install it"):
+        group.device("cuda")
+    assert group.nccl is None
+
+
+@pytest.mark.parametrize("name", ["auto", "cuda"])
+def test_more_ranks_on_a_machine_than_gpus_are_refused_before_nccl(gpus, name):
+    gpus.cuda.nccl = fake_nccl(unique_id=(0,) * 128)
+    group = Group(FakeComm(1, 6, 3, []), MPI)  # two machines of 3 ranks, 2 GPUs each
+    message = r"3 ranks on a machine with 2 GPU\(s\): .* start at most 2 ranks per machine"
+    with pytest.raises(ValueError, match=message):
+        group.device(name)
+    assert gpus.used == [] and gpus.cuda.nccl.made == []
+
+
+def test_one_gpu_for_several_ranks_of_a_machine_is_refused_before_nccl(gpus):
+    gpus.cuda.nccl = fake_nccl(unique_id=(0,) * 128)
+    group = Group(FakeComm(0, 4, 2, []), MPI)
+    with pytest.raises(ValueError, match="'cuda:1' puts all 2 ranks of this machine on one GPU"):
+        group.device("cuda:1")
+    assert gpus.used == [] and gpus.cuda.nccl.made == []
+    one_rank_per_machine = Group(FakeComm(0, 2, 1, []), MPI)
+    assert one_rank_per_machine.device("cuda:1") == "cuda:1" and gpus.used == [1]
+
+
+def test_without_gpus_every_rank_still_joins_the_split_and_auto_is_the_cpu(gpus):
+    gpus.count = 0
+    group = Group(FakeComm(0, 2, 2, []), MPI)
+    assert group.device("auto") == "cpu" and group.comm.splits == 1 and group.nccl is None
+
+
+signed_chars = st.integers(-128, 127)
+unsigned_chars = st.integers(0, 255)  # where C's char is unsigned: ARM hosts (GH200)
+
+
+@given(
+    unique_id=st.one_of(*(st.lists(c, min_size=128, max_size=128) for c in (signed_chars, unsigned_chars)))
+)
+def test_every_rank_gets_its_own_gpu_and_rank_0s_exact_nccl_id(gpus, unique_id):
+    """Rank 0's id, whatever the range of the platform's char, reaches rank 1 unchanged."""
+    unique_id = tuple(unique_id)
+    gpus.cuda.nccl, gpus.used[:] = fake_nccl(unique_id=unique_id), []
+    sent = []  # what rank 0 broadcasts, for rank 1 to receive
+    devices = [Group(FakeComm(rank, 2, 2, sent), MPI).device("cuda") for rank in (0, 1)]
+    assert devices == ["cuda:0", "cuda:1"] and gpus.used == [0, 1]
+    assert gpus.cuda.nccl.made == [(2, unique_id, 0), (2, unique_id, 1)]
