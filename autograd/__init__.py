@@ -1,6 +1,6 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 
-from . import functional, ops
+from . import functional, ops, random
 from .backend import cuda_available, manual_seed
 from .kernels import use_reference
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
@@ -36,6 +36,7 @@ __all__ = [
     "where",
     "functional",
     "ops",
+    "random",
     "manual_seed",
     "cuda_available",
     "use_reference",

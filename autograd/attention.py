@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import backend, masks
+from . import masks, random
 from .backend import get_array_module
 from .kernels import attention as attention_kernels
 from .ops import unbroadcast
@@ -26,7 +26,7 @@ def _attend(ctx, q, k, v, causal, dropout_p, generator):
         scores = xp.where(xp.tri(n_queries, n_keys, n_keys - n_queries, dtype=bool), scores, -xp.inf)
     probs = xp.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)  # (..., T, S): softmax over the keys
-    ctx.keep = masks.keep_mask(generator, probs.shape, dropout_p) if dropout_p > 0 else None
+    ctx.keep = masks.keep_mask(generator, probs.shape, dropout_p, xp) if dropout_p > 0 else None
     ctx.keep_scale = masks.keep_scale(dropout_p)
     weights = probs if ctx.keep is None else masks.drop(probs, ctx.keep, ctx.keep_scale)  # (..., T, S)
     ctx.q, ctx.k, ctx.v, ctx.probs, ctx.weights = q, k, v, probs, weights
@@ -81,7 +81,9 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=
     """Attention of queries q (..., T, d) over keys k (..., S, d) and values v (..., S, e), heads
     in the leading axes. The queries are the last T of the S positions, so the causal mask lets
     query i see keys 0 .. i + S - T (with T == S: 0 .. i). dropout_p applies to the attention
-    weights whenever it is above 0 (pass 0.0 in evaluation)."""
+    weights whenever it is above 0 (pass 0.0 in evaluation), with a mask of the shape of the
+    scores q k^T (their first axis the example axis) drawn from `generator`, an
+    autograd.random.MaskStream, by default the current stream."""
     masks.check_probability("scaled_dot_product_attention: dropout_p", dropout_p)
     try:
         np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -93,7 +95,7 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"attention: causal with {q.shape[-2]} queries but only {k.shape[-2]} keys")
     if dropout_p > 0 and generator is None:
-        generator = backend.default_generator(q.device)
+        generator = random.current()
     return ScaledDotProductAttention.apply(q, k, v, causal=causal, dropout_p=dropout_p, generator=generator)
 
 
@@ -126,10 +128,12 @@ class MultiHeadAttention(Function):
 def multi_head_attention(qkv, n_head, dropout_p=0.0, generator=None):
     """Causal self-attention over the heads packed in qkv (batch, time, 3 * width), q then k then
     v, each split into n_head heads; gives the heads' outputs side by side, (batch, time, width).
-    The same numbers as splitting qkv and calling scaled_dot_product_attention, in one op."""
+    The same numbers as splitting qkv and calling scaled_dot_product_attention, in one op, dropout
+    too: the weights' mask, (batch, head, time, time), is one draw of `generator` (by default the
+    current stream)."""
     masks.check_probability("multi_head_attention: dropout_p", dropout_p)
     if qkv.shape[-1] % (3 * n_head):
         raise ValueError(f"multi_head_attention: {qkv.shape[-1]} features are not 3 x {n_head} heads")
     if dropout_p > 0 and generator is None:
-        generator = backend.default_generator(qkv.device)
+        generator = random.current()
     return MultiHeadAttention.apply(qkv, n_head=n_head, dropout_p=dropout_p, generator=generator)

@@ -103,45 +103,73 @@ def device_of(array):
 def to_device(array, device, dtype=None):
     """The array on `device` (a parsed name), with `dtype` if given; copies only when it must."""
     if device == "cpu":
-        if cupy is not None and isinstance(array, cupy.ndarray):
-            array = array.get()
+        if device_of(array) != "cpu":
+            array = to_host(array)
         return np.asarray(array, dtype=dtype)
     with cupy.cuda.Device(int(device.split(":")[1])):
         return cupy.asarray(array, dtype=dtype)
 
 
-def to_numpy(array):
-    """A host (NumPy) array with the same values."""
+# Reads from a device to the host. Each one makes the host wait until the GPU has finished all
+# the work queued before it, so a training step should make none; they all go through to_host,
+# which counts them, so that a test can check that a step makes none.
+_host_reads = 0
+
+
+def to_host(array):
+    """A host (NumPy) array with the same values. Every call counts as one read, whatever the
+    array's device: a test on the CPU sees the reads that a run on a GPU would make."""
+    global _host_reads
+    _host_reads += 1
     if cupy is not None and isinstance(array, cupy.ndarray):
         return array.get()
     return np.asarray(array)
 
 
-# Random numbers: one generator per device, seeded together by manual_seed.
+def host_reads():
+    """How many times to_host has been called in this process."""
+    return _host_reads
+
+
+class count_host_reads:
+    """`with count_host_reads() as reads: ...`, then `reads.count` is the number of to_host calls
+    made in the block."""
+
+    def __enter__(self):
+        self.start = _host_reads
+        return self
+
+    def __exit__(self, *exc_info):
+        self.count = _host_reads - self.start
+
+
+# Random numbers: one generator per device (the weights' initial values), seeded together by
+# manual_seed, which also restarts dropout's default mask stream (autograd/random.py).
 _generators = {}
 _seed = None
 
 
 def manual_seed(seed):
-    """Seed every device's default generator, so dropout and init are reproducible."""
+    """Seed every device's default generator and dropout's default mask stream, so that init
+    and dropout are reproducible."""
+    from . import random  # here, not above: random's threads (parallel.py) import this module
+
     global _seed
     _seed = int(seed)
     _generators.clear()
+    random.restart_default(_seed)
 
 
 def default_generator(device):
-    """The default random generator of a device: numpy's or cupy's `Generator`."""
+    """The default random generator of a device, numpy's or cupy's `Generator`, seeded by
+    manual_seed (the weights' initial values are drawn from the CPU's)."""
     if device not in _generators:
-        _generators[device] = new_generator(_seed, device)
+        if device == "cpu":
+            _generators[device] = np.random.default_rng(_seed)
+        else:
+            with cupy.cuda.Device(int(device.split(":")[1])):
+                _generators[device] = cupy.random.default_rng(_seed)
     return _generators[device]
-
-
-def new_generator(seed, device="cpu"):
-    """A fresh random generator on `device`; the same seed gives the same numbers each time."""
-    if device == "cpu":
-        return np.random.default_rng(seed)
-    with cupy.cuda.Device(int(device.split(":")[1])):
-        return cupy.random.default_rng(seed)
 
 
 def erf(x):
@@ -151,3 +179,58 @@ def erf(x):
 
         return cupyx.scipy.special.erf(x)
     return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)
+
+
+# Scatter-add: rows added into a zero array at indices that may repeat (an embedding's
+# gradient, the backward of x[ids]). NumPy's add.at adds one value after another, in their
+# order, so it repeats bit for bit. CuPy's add.at adds with atomics, in an order that changes
+# from run to run; float addition is not associative, so two GPU runs would differ in their last
+# bits. There a sort fixes the order first.
+def scatter_add(shape, index, values):
+    """zeros(shape) with `values` (shaped like a[index]) added at [index], as np.add.at does: a
+    position that the index names twice gets both values. Every run gives the same bits."""
+    if get_array_module(values) is np:  # sequential, so repeatable; three times faster than sorting
+        out = np.zeros(shape, values.dtype)
+        np.add.at(out, index, values)
+        return out
+    return sorted_scatter_add(shape, index, values)
+
+
+def sorted_scatter_add(shape, index, values):
+    """scatter_add by segment_sum, in xp: what a GPU runs. An integer array picks whole rows of
+    axis 0; any other index goes through the flat position of each entry (an array of `shape`)."""
+    xp = get_array_module(values)
+    if isinstance(index, xp.ndarray) and index.dtype.kind in "iu":
+        rows = index.reshape(-1) % shape[0]  # negative indices count from the end
+        return segment_sum(values.reshape(-1, *shape[1:]), rows, shape[0])
+    size = math.prod(shape)
+    positions = xp.arange(size).reshape(shape)[index]  # where each entry of `values` goes
+    return segment_sum(values.reshape(-1), positions.reshape(-1), size).reshape(shape)
+
+
+def segment_sum(values, segments, n_segments):
+    """out[s] = the sum of the rows values[i] with segments[i] == s, for s in range(n_segments)
+    (zero where there are none); values (n, ...), segments (n,) integers in [0, n_segments).
+
+    The order of the additions depends on the segments alone. A stable sort puts each segment's
+    rows side by side; then pass k adds to each row the row 2**k places before it if that one is
+    of the same segment, so after ceil(log2 n) passes a segment's last row holds its sum. That is
+    a tree ceil(log2 m) deep for m rows: an error of at most about ceil(log2 m) * 2**-24 * (the
+    sum of the magnitudes) in float32, where np.add.at's one-after-another allows (m - 1) * 2**-24.
+    """
+    xp = get_array_module(values, segments)
+    per_row = (-1,) + (1,) * (values.ndim - 1)  # a flag per row, broadcast over the row's entries
+    if len(values) == 0:
+        return xp.zeros((n_segments, *values.shape[1:]), values.dtype)
+    order = xp.argsort(segments, kind="stable")
+    segments, sums = segments[order], values[order]
+    step = 1
+    while step < len(sums):
+        same = (segments[step:] == segments[:-step]).reshape(per_row)
+        sums[step:] += xp.where(same, sums[:-step], 0)
+        step *= 2
+    every = xp.arange(n_segments)
+    starts = xp.searchsorted(segments, every, side="left")
+    ends = xp.searchsorted(segments, every, side="right")  # one past each segment's last row
+    present = (ends > starts).reshape(per_row)
+    return xp.where(present, sums[xp.maximum(ends - 1, 0)], 0)

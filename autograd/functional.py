@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import backend, masks
+from . import backend, masks, random
 from .attention import (  # noqa: F401 (offered as F.* with the rest)
     MultiHeadAttention,
     ScaledDotProductAttention,
@@ -27,9 +27,13 @@ from .tensor import Function, Tensor
 IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
 
 
-def _indices(ids, like):
-    """Integer indices as a raw array on the same device as the tensor `like`."""
-    ids = ids.data if isinstance(ids, Tensor) else like.xp.asarray(ids)
+def _indices(ids):
+    """Integer indices as a raw array, where they are: a list, a NumPy array or a CPU tensor gives
+    a NumPy array, for the caller to check on the host before copying it to the device; a GPU
+    array or tensor gives its GPU array, unchecked (reading it would make the host wait)."""
+    ids = ids.data if isinstance(ids, Tensor) else ids
+    if backend.device_of(ids) == "cpu":
+        ids = np.asarray(ids)
     if ids.size == 0:
         ids = ids.astype(np.int64)  # an empty list arrives as float
     if ids.dtype.kind not in "iu":
@@ -96,19 +100,19 @@ class Embedding(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        xp = get_array_module(grad)
-        grad_weight = xp.zeros(ctx.weight_shape, dtype=grad.dtype)
-        xp.add.at(grad_weight, ctx.ids.reshape(-1), grad.reshape(-1, ctx.weight_shape[1]))
-        return None, grad_weight
+        rows = grad.reshape(-1, ctx.weight_shape[1])
+        return None, backend.scatter_add(ctx.weight_shape, ctx.ids.reshape(-1), rows)
 
 
 def embedding(ids, weight):
-    """weight[ids]: ids of any shape give vectors of shape ids.shape + (weight.shape[1],)."""
-    ids = _indices(ids, weight)
+    """weight[ids]: ids of any shape give vectors of shape ids.shape + (weight.shape[1],). Ids on
+    the host (a list, a NumPy array, a CPU tensor) are checked to lie in [0, rows) before they are
+    copied to the weight's device; ids already on a GPU are not, as that would wait for the GPU."""
+    ids = _indices(ids)
     n_rows = weight.shape[0]
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_rows):
+    if isinstance(ids, np.ndarray) and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
         raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
-    return Embedding.apply(ids, weight)
+    return Embedding.apply(weight.xp.asarray(ids), weight)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,19 +202,23 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
 
     Targets equal to `ignore_index` add nothing. reduction: "mean" over the targets that count
     (0, with a zero gradient, when none do), "sum", or "none" for one loss per target.
+    Targets that arrive on the host (a list, a NumPy array, a CPU tensor) are checked before they
+    are copied to the logits' device; targets already on a GPU are not (see embedding).
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    targets = _indices(targets, logits)
+    targets = _indices(targets)
     if targets.shape != logits.shape[:-1]:
         raise ValueError(
             f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}"
         )
     n_classes = logits.shape[-1]
-    if bool((((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any()):
+    on_host = isinstance(targets, np.ndarray)
+    if on_host and (((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any():
         raise IndexError(
             f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}"
         )
+    targets = logits.xp.asarray(targets)
     losses = CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
     if reduction == "none":
         return losses
@@ -332,7 +340,8 @@ class Dropout(Function):
 
     @staticmethod
     def forward(ctx, x, p, generator):
-        ctx.keep, ctx.scale = masks.keep_mask(generator, x.shape, p), masks.keep_scale(p)
+        ctx.keep = masks.keep_mask(generator, x.shape, p, get_array_module(x))
+        ctx.scale = masks.keep_scale(p)
         return masks.drop(x, ctx.keep, ctx.scale)
 
     @staticmethod
@@ -341,10 +350,10 @@ class Dropout(Function):
 
 
 def dropout(x, p=0.5, training=True, generator=None):
-    """Inverted dropout. Off when not training or p == 0. `generator` (from
-    autograd.backend.new_generator) makes the mask reproducible; by default the device's own,
-    seeded by autograd.manual_seed."""
+    """Inverted dropout. Off when not training or p == 0. The mask is the next draw of
+    `generator`, an autograd.random.MaskStream (x's first axis its example axis), by default of
+    the current stream (autograd.random.current)."""
     masks.check_probability("dropout: p", p)
     if not training or p == 0:
         return x
-    return Dropout.apply(x, p=p, generator=generator or backend.default_generator(x.device))
+    return Dropout.apply(x, p=p, generator=generator if generator is not None else random.current())

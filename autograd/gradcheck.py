@@ -7,7 +7,7 @@ it costs two forward passes per input entry and one backward per output entry, s
 
 import numpy as np
 
-from .backend import to_device, to_numpy
+from .backend import to_device, to_host
 from .tensor import Tensor, no_grad
 
 
@@ -35,12 +35,12 @@ def _backward(fn, inputs, weights):
         if isinstance(x, Tensor):
             x.grad = None
     fn(*inputs).backward(weights)
-    return [None if not isinstance(x, Tensor) or x.grad is None else to_numpy(x.grad) for x in inputs]
+    return [None if not isinstance(x, Tensor) or x.grad is None else to_host(x.grad) for x in inputs]
 
 
 def _weighted_sum(fn, inputs, weights):
     with no_grad():
-        return float((fn(*inputs).data * weights).sum())
+        return float(to_host((fn(*inputs).data * weights).sum()))
 
 
 def _close(analytic, numeric, atol, rtol):
@@ -119,9 +119,9 @@ def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10):
             try:
                 with no_grad():
                     x.data = original + step
-                    plus = to_numpy(fn(*inputs).data).reshape(-1)
+                    plus = to_host(fn(*inputs).data).reshape(-1)
                     x.data = original - step
-                    minus = to_numpy(fn(*inputs).data).reshape(-1)
+                    minus = to_host(fn(*inputs).data).reshape(-1)
             finally:
                 x.data = original
             numeric = (plus - minus) / (2 * eps)

@@ -2,10 +2,12 @@
 
 Inverted dropout keeps each entry with probability 1 - p and scales it by 1 / (1 - p), so the
 expected value is unchanged and evaluation needs no rescaling. Dropout on activations
-(functional.dropout) and on attention weights (attention.py) both draw their masks here.
+(functional.dropout) and on attention weights (attention.py and its CPU path) all draw their
+masks here, each call the next draw of a counter-based stream (autograd/random.py): the array's
+first axis is the example axis.
 """
 
-import numpy as np
+from .random import MaskStream
 
 
 def check_probability(name, p):
@@ -13,9 +15,14 @@ def check_probability(name, p):
         raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
 
 
-def keep_mask(generator, shape, p):
-    """A boolean mask that keeps each entry with probability 1 - p."""
-    return generator.random(shape, dtype=np.float32) >= p
+def keep_mask(stream, shape, p, xp):
+    """A boolean mask of `shape` on xp's device that keeps each entry with probability 1 - p: the
+    next draw of `stream`."""
+    if not isinstance(stream, MaskStream):
+        raise TypeError(
+            f"dropout's generator must be an autograd.random.MaskStream, got {type(stream).__name__}"
+        )
+    return stream.keep_mask(shape, p, xp)
 
 
 def keep_scale(p):

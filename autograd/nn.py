@@ -158,7 +158,8 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout while training; the identity in eval mode."""
+    """Inverted dropout while training, its masks drawn from the current stream (autograd.random,
+    the input's first axis the example axis); the identity in eval mode."""
 
     def __init__(self, p):
         self.p = p

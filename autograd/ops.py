@@ -6,7 +6,7 @@ Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input
 
 from itertools import accumulate
 
-from .backend import get_array_module
+from .backend import get_array_module, scatter_add
 from .tensor import Function
 
 
@@ -297,7 +297,8 @@ def _may_repeat(index):
 class GetItem(Function):
     """a[index] for ints, slices, None, Ellipsis and integer or boolean arrays.
 
-    An integer array may name a position twice; its gradients then add up (scatter-add).
+    An integer array may name a position twice; its gradients then add up (a scatter-add, in
+    the same order on every run: see backend.scatter_add).
     """
 
     @staticmethod
@@ -307,12 +308,10 @@ class GetItem(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        xp = get_array_module(grad)
-        out = xp.zeros(ctx.shape, dtype=ctx.dtype)
         if _may_repeat(ctx.index):
-            xp.add.at(out, ctx.index, grad)
-        else:
-            out[ctx.index] = grad
+            return scatter_add(ctx.shape, ctx.index, grad)
+        out = get_array_module(grad).zeros(ctx.shape, dtype=ctx.dtype)
+        out[ctx.index] = grad
         return out
 
 

@@ -127,14 +127,16 @@ class Adam:
 def clip_grad_norm(params, max_norm):
     """Scale all gradients together so their global L2 norm is at most max_norm.
 
-    Returns the norm before clipping, as a 0-d array on the parameters' device (float() it to
-    log it; 0.0 when no parameter has a gradient); nothing here waits for the GPU.
+    The norm, the factor and the scaling stay on the parameters' device: nothing waits for the
+    GPU. Returns the norm before clipping, a 0-d array there (float() it to log it: a read); a
+    0-d NumPy zero when no parameter has a gradient.
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
+        return np.zeros((), np.float32)
     xp = get_array_module(grads[0])
-    norm = xp.sqrt(sum(xp.vdot(g.ravel(), g.ravel()) for g in grads))
+    squares = xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads])  # each gradient's sum of squares
+    norm = xp.asarray(xp.sqrt(squares.sum()))  # a 0-d array (NumPy's sum gives a scalar)
     scale = xp.minimum(max_norm / (norm + 1e-6), 1.0).astype(grads[0].dtype)
     for g in grads:
         g *= scale

@@ -16,7 +16,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from .backend import to_numpy
+from .backend import to_host
 
 # safetensors dtype name -> numpy dtype of the stored bytes (little-endian; BF16 as bit patterns)
 DTYPES = {
@@ -51,7 +51,7 @@ def save_file(tensors, path, metadata=None):
     for name, array in tensors.items():
         if name == "__metadata__":
             raise ValueError("save_file: '__metadata__' is reserved and cannot name a tensor")
-        array = to_numpy(array)
+        array = to_host(array)
         if not array.flags.c_contiguous:
             array = array.copy()
         if array.dtype == BFLOAT16:

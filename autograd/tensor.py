@@ -171,14 +171,15 @@ class Tensor:
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"tensor({backend.to_numpy(self.data)!r}, device='{self.device}'{grad})"
+        return f"tensor({backend.to_host(self.data)!r}, device='{self.device}'{grad})"
 
     def numpy(self):
-        """A host copy of the data as a NumPy array."""
-        return backend.to_numpy(self.data).copy()
+        """A host copy of the data as a NumPy array (on a GPU, a read that waits for it)."""
+        return backend.to_host(self.data).copy()
 
     def item(self):
-        return self.data.item()
+        """The one value of a one-entry tensor as a Python number (a read, as numpy())."""
+        return backend.to_host(self.data).item()
 
     def detach(self):
         """The same data, cut off from the graph."""

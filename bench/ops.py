@@ -149,7 +149,7 @@ def cases():
     q, k, v = (normal(1, H, T, D // H) for _ in range(3))
     scores, h = normal(H, T, T), normal(T, 4 * D)
     logits, targets = normal(T, V), rng.integers(0, V, T)
-    generator = ag.backend.new_generator(0)
+    stream, numpy_rng = ag.random.MaskStream(0), np.random.default_rng(0)  # dropout masks of each side
     yield (
         "embedding",
         f"{T} ids of {V}x{D}",
@@ -165,18 +165,16 @@ def cases():
     yield (
         "attention",
         f"{H} heads, {T}x{T}, causal, dropout {P}",
-        tinygpt_case(
-            lambda *a: F.scaled_dot_product_attention(*a, dropout_p=P, generator=generator), q, k, v
-        ),
-        lambda: numpy_attention(q, k, v, q, generator),
+        tinygpt_case(lambda *a: F.scaled_dot_product_attention(*a, dropout_p=P, generator=stream), q, k, v),
+        lambda: numpy_attention(q, k, v, q, numpy_rng),
     )
     if hasattr(F, "multi_head_attention"):  # the fused op GPT's blocks use (not in older tinygpt)
         qkv = np.concatenate([a.transpose(0, 2, 1, 3).reshape(1, T, D) for a in (q, k, v)], axis=-1)
         yield (
             "multi-head attn",
             f"qkv 1x{T}x{3 * D}, {H} heads, dropout {P}",
-            tinygpt_case(lambda x: F.multi_head_attention(x, H, dropout_p=P, generator=generator), qkv),
-            lambda: numpy_attention(q, k, v, q, generator),
+            tinygpt_case(lambda x: F.multi_head_attention(x, H, dropout_p=P, generator=stream), qkv),
+            lambda: numpy_attention(q, k, v, q, numpy_rng),
         )
     yield ("softmax", f"{H}x{T}x{T}", tinygpt_case(F.softmax, scores), lambda: numpy_softmax(scores, scores))
     yield (

@@ -103,7 +103,7 @@ def generate_batch(
                 else:
                     cache = None  # past n_ctx: a sliding window, recomputed every step
                     logits = model(ids[:, -n_ctx:])
-                last = backend.to_numpy(logits.data[:, -1])
+                last = backend.to_host(logits.data[:, -1])
                 pending = np.array([[sample_next(row, rng, temperature, top_k, top_p)] for row in last])
                 ids = np.concatenate([ids, pending], axis=1)
     finally:

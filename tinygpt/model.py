@@ -80,19 +80,24 @@ class GPT(nn.Module):
         return F.linear(hidden, self.tokens_embed.weight.T)
 
     def _check_ids(self, ids, start=0):
+        """The ids as a (batch, time) integer array on the model's device. Ids that arrive on the
+        host (a list, a NumPy array, a CPU tensor) are checked to lie in the vocabulary before
+        they are copied there; ids already on a GPU are not, as reading them back would make the
+        host wait for the GPU."""
         ids = ids.data if isinstance(ids, Tensor) else ids
-        ids = self.tokens_embed.weight.xp.asarray(ids)
+        on_host = backend.device_of(ids) == "cpu"
+        ids = np.asarray(ids) if on_host else ids
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
         if start + ids.shape[1] > self.config.n_ctx:
             raise ValueError(
                 f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}"
             )
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
+        if on_host and ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
             )
-        return ids
+        return self.tokens_embed.weight.xp.asarray(ids)
 
     def resize_token_embeddings(self, n):
         """Grow the vocabulary to n tokens (the paper's _start_, _delimiter_, _classify_);

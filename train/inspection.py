@@ -32,7 +32,7 @@ def attention_weights(model, ids, layer):
         x = block(x)
     attn = model.h[layer].attn
     n_head, width = attn.n_head, model.config.n_embd // attn.n_head
-    qkv = backend.to_numpy(attn.c_attn(x).data)[0].astype(np.float64).reshape(ids.shape[1], 3, n_head, width)
+    qkv = backend.to_host(attn.c_attn(x).data)[0].astype(np.float64).reshape(ids.shape[1], 3, n_head, width)
     q, k = qkv[:, 0].transpose(1, 0, 2), qkv[:, 1].transpose(1, 0, 2)  # (head, time, width)
     scores = q @ k.transpose(0, 2, 1) / math.sqrt(width)
     scores[:, np.triu(np.ones((ids.shape[1],) * 2, dtype=bool), k=1)] = -np.inf  # no looking ahead

@@ -109,7 +109,7 @@ class LossLog:
         shares = xp.stack(
             [xp.asarray(step_losses[name], dtype=xp.float64) for step_losses in losses for name in names]
         )
-        totals = self.run.group.sum(backend.to_numpy(shares)).reshape(len(steps), len(names))  # the one read
+        totals = self.run.group.sum(backend.to_host(shares)).reshape(len(steps), len(names))  # the one read
         for step, row in zip(steps, totals):
             for value in row:
                 self.run.stop_if_diverged(value, step)

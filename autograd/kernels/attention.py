@@ -78,7 +78,7 @@ def scaled_dot_product_forward_cpu(ctx, q, k, v, causal, dropout_p, generator):
     if dropout_p > 0:  # one mask per head of the scores q k^T, as the reference draws it; heads
         # that only v adds share it
         score_heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        keep = masks.keep_mask(generator, score_heads + (q.shape[-2], k.shape[-2]), dropout_p)
+        keep = masks.keep_mask(generator, score_heads + (q.shape[-2], k.shape[-2]), dropout_p, np)
         keep = np.broadcast_to(keep, heads + keep.shape[-2:]).reshape(-1, *keep.shape[-2:])
     q, k, v = (np.broadcast_to(a, heads + a.shape[-2:]).reshape(-1, *a.shape[-2:]) for a in (q, k, v))
     return _attend(ctx, q, k, v, causal, keep, dropout_p).reshape(heads + (q.shape[1], v.shape[2]))
@@ -97,7 +97,9 @@ def multi_head_forward_cpu(ctx, qkv, n_head, dropout_p, generator):
     ctx.heads_shape = (batch, time, 3, n_head, width3 // (3 * n_head))
     # (3, batch * head, time, head width): one copy, which each head reads contiguously
     q, k, v = qkv.reshape(ctx.heads_shape).transpose(2, 0, 3, 1, 4).reshape(3, batch * n_head, time, -1)
-    keep = masks.keep_mask(generator, (batch * n_head, time, time), dropout_p) if dropout_p > 0 else None
+    keep = None
+    if dropout_p > 0:  # drawn as the reference does, (batch, head, time, time): the batch is the example axis
+        keep = masks.keep_mask(generator, (batch, n_head, time, time), dropout_p, np).reshape(-1, time, time)
     y = _attend(ctx, q, k, v, True, keep, dropout_p)
     return y.reshape(batch, n_head, time, -1).transpose(0, 2, 1, 3).reshape(batch, time, width3 // 3)
 

@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend
@@ -50,11 +52,11 @@ def test_numpy_arrays_use_numpy():
 def test_manual_seed_makes_the_default_generator_repeat(device):
     device = backend.parse_device(device)
     backend.manual_seed(1234)
-    first = backend.to_numpy(backend.default_generator(device).random(5))
+    first = backend.to_host(backend.default_generator(device).random(5))
     backend.manual_seed(1234)
-    again = backend.to_numpy(backend.default_generator(device).random(5))
+    again = backend.to_host(backend.default_generator(device).random(5))
     backend.manual_seed(4321)
-    other = backend.to_numpy(backend.default_generator(device).random(5))
+    other = backend.to_host(backend.default_generator(device).random(5))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other)
 
@@ -63,7 +65,7 @@ def test_manual_seed_makes_the_default_generator_repeat(device):
 def test_erf_matches_math_erf(device, values):
     x = backend.to_device(values, backend.parse_device(device))
     expected = np.vectorize(math.erf, otypes=[np.float64])(values)
-    np.testing.assert_allclose(backend.to_numpy(backend.erf(x)), expected, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(backend.to_host(backend.erf(x)), expected, rtol=1e-14, atol=1e-15)
 
 
 @pytest.mark.gpu
@@ -71,4 +73,96 @@ def test_arrays_round_trip_between_host_and_gpu():
     values = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     on_gpu = backend.to_device(values, "cuda:0")
     assert backend.get_array_module(on_gpu) is backend.cupy and backend.device_of(on_gpu) == "cuda:0"
-    np.testing.assert_array_equal(backend.to_numpy(on_gpu), values)
+    np.testing.assert_array_equal(backend.to_host(on_gpu), values)
+
+
+# Scatter-add in a fixed order ----------------------------------------------------------------------
+
+
+def add_at(values, segments, n_segments):
+    """The sum by segment as np.add.at makes it: the rows added one after another."""
+    out = np.zeros((n_segments, *values.shape[1:]), values.dtype)
+    np.add.at(out, segments, values)
+    return out
+
+
+@st.composite
+def segmented_rows(draw, dtype):
+    """(values (n, ...), segments (n,), n_segments): up to 40 rows of 0 to 2 axes, in up to 8
+    segments; float64 values are whole numbers, float32 values any in [-1e4, 1e4]."""
+    n_segments, n = draw(st.integers(1, 8)), draw(st.integers(0, 40))
+    segments = draw(hnp.arrays(np.int64, n, elements=st.integers(0, n_segments - 1)))
+    row_shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=3))
+    if dtype == np.float64:
+        elements = st.integers(-1000, 1000).map(float)
+    else:
+        elements = st.floats(-1e4, 1e4, width=32)
+    values = draw(hnp.arrays(dtype, (n, *row_shape), elements=elements))
+    return values, segments, n_segments
+
+
+@given(segmented_rows(np.float64))
+def test_segment_sum_equals_add_at_on_exact_sums(rows):
+    """On whole numbers every order of addition is exact: the sums must be add.at's, bit for bit."""
+    values, segments, n_segments = rows
+    np.testing.assert_array_equal(backend.segment_sum(values, segments, n_segments), add_at(*rows))
+
+
+@given(segmented_rows(np.float32))
+def test_segment_sum_in_float32_is_within_its_rounding_bound(rows):
+    """A segment of m rows is added as a tree ceil(log2 m) deep: each sum lies within
+    ceil(log2 m) * 2**-24 * (the sum of the magnitudes) of the exact sum, and so within
+    (ceil(log2 m) + m - 1) * 2**-24 * that of add.at's, whose sequential sum allows (m - 1) * 2**-24."""
+    values, segments, n_segments = rows
+    got = backend.segment_sum(values, segments, n_segments).astype(np.float64)
+    exact = add_at(values.astype(np.float64), segments, n_segments)
+    magnitudes = add_at(np.abs(values).astype(np.float64), segments, n_segments)
+    m = np.bincount(segments, minlength=n_segments).reshape(-1, *(1,) * (values.ndim - 1))
+    depth = np.ceil(np.log2(np.maximum(m, 1)))
+    reference_error = m * 2.0**-53 * magnitudes  # what float64 add.at may be off by
+    assert np.all(np.abs(got - exact) <= 1.001 * depth * 2.0**-24 * magnitudes + reference_error)
+    sequential = add_at(*rows).astype(np.float64)
+    assert np.all(np.abs(got - sequential) <= 1.001 * (depth + m) * 2.0**-24 * magnitudes)
+
+
+@st.composite
+def scatter_indices(draw):
+    """(shape, index): every kind of index that may name a position twice."""
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+    rows = hnp.arrays(np.int64, shapes(1, 2, 0, 5), elements=st.integers(-shape[0], shape[0] - 1))
+    kinds = [rows, rows.map(np.ndarray.tolist), hnp.integer_array_indices(shape)]
+    if len(shape) > 1:
+        column = hnp.arrays(np.int64, shapes(1, 1, 0, 5), elements=st.integers(-shape[1], shape[1] - 1))
+        kinds.append(column.map(lambda ids: (slice(None), ids)))
+    return shape, draw(st.one_of(kinds))
+
+
+@given(scatter_indices(), st.data())
+def test_sorted_scatter_add_equals_add_at_for_every_kind_of_index(shape_and_index, data):
+    """What a GPU runs, run on NumPy: rows picked by an integer array (negative ones too), a list,
+    one array per axis, an array after a slice; whole-number values, so the sums are exact."""
+    shape, index = shape_and_index
+    result_shape = np.zeros(shape)[index].shape
+    values = data.draw(hnp.arrays(np.float64, result_shape, elements=st.integers(-1000, 1000).map(float)))
+    expected = np.zeros(shape)
+    np.add.at(expected, index, values)
+    np.testing.assert_array_equal(backend.sorted_scatter_add(shape, index, values), expected)
+    np.testing.assert_array_equal(backend.scatter_add(shape, index, values), expected)
+
+
+@pytest.mark.gpu
+def test_an_embedding_gradient_on_the_gpu_repeats_bit_for_bit():
+    """Many ids on few rows, so that atomic adds would race; two runs give the same bits, and
+    NumPy's sequential sums within float32 rounding."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5, size=(64, 128))
+    grad = rng.standard_normal((64, 128, 32)).astype(np.float32)
+
+    def table_grad(device):
+        table = ag.tensor(np.zeros((5, 32), dtype=np.float32), requires_grad=True, device=device)
+        ag.functional.embedding(ids, table).backward(ag.tensor(grad, device=device))
+        return backend.to_host(table.grad)
+
+    first = table_grad("cuda")
+    np.testing.assert_array_equal(table_grad("cuda"), first)
+    np.testing.assert_allclose(first, table_grad("cpu"), rtol=1e-4, atol=1e-3)

@@ -45,7 +45,7 @@ def host(module):
 def assert_bitwise_equal(arrays_a, arrays_b):
     assert list(arrays_a) == list(arrays_b)
     for name in arrays_a:
-        a, b = backend.to_numpy(arrays_a[name]), backend.to_numpy(arrays_b[name])
+        a, b = backend.to_host(arrays_a[name]), backend.to_host(arrays_b[name])
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
 
 
@@ -217,7 +217,7 @@ def broken_state(net, missing, unexpected, misshaped):
     """A host copy of net's state_dict, every value + 1 (so that a load shows), with, as asked,
     'h.1.fc.bias' removed, 'h.9.ln.weight' added and 'head.weight' transposed; and
     {word the error should use: key} for each problem made."""
-    state = {name: backend.to_numpy(a).copy() for name, a in net.state_dict().items()}
+    state = {name: backend.to_host(a).copy() for name, a in net.state_dict().items()}
     problems = {}
     if missing:
         del state["h.1.fc.bias"]

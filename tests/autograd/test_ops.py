@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import ops
-from autograd.backend import to_numpy
+from autograd.backend import to_host
 from autograd.gradcheck import gradcheck, jacobian_check
 from tests.helpers import arrays, away_from_zero, checks_gradient_of, leaf, shapes
 
@@ -159,7 +159,7 @@ def test_power_zero_has_zero_gradient_even_at_zero(device):
     """x ** 0 is the constant 1, so its gradient is 0 everywhere, x = 0 included (not nan)."""
     x = leaf(np.array([0.0, 1.5, -2.0]), device)
     (x**0).sum().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(to_host(x.grad), [0.0, 0.0, 0.0])
 
 
 @checks_gradient_of(ops.Neg)
@@ -262,7 +262,7 @@ def test_tied_maxima_share_the_gradient_equally(device, shape_axis, keepdims, da
     upstream = data.draw(arrays(out.shape, 0.5, 2.0))
     out.backward(upstream)
 
-    grad = to_numpy(x.grad)
+    grad = to_host(x.grad)
     is_max = a == a.max(axis=axis, keepdims=True)
     ties = is_max.sum(axis=axis, keepdims=True)
     upstream_kept = upstream.reshape(ties.shape)
@@ -274,7 +274,7 @@ def test_tied_maxima_example(device):
     """max([1, 3, 3, 2]): the two 3s get half of the gradient each."""
     x = leaf(np.array([1.0, 3.0, 3.0, 2.0]), device)
     x.max().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), [0.0, 0.5, 0.5, 0.0])
+    np.testing.assert_array_equal(to_host(x.grad), [0.0, 0.5, 0.5, 0.0])
 
 
 # ----- elementwise functions
@@ -394,7 +394,7 @@ def test_repeated_index_example(device):
     """x[[0, 0, 2]].sum(): x[0] is used twice, x[1] never, x[2] once."""
     x = leaf(np.array([5.0, 6.0, 7.0]), device)
     x[[0, 0, 2]].sum().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), [2.0, 0.0, 1.0])
+    np.testing.assert_array_equal(to_host(x.grad), [2.0, 0.0, 1.0])
 
 
 @checks_gradient_of(ops.GetItem)
@@ -515,5 +515,5 @@ def test_a_shared_gradient_is_never_written_into(device, a):
     x, y = leaf(a, device), leaf(a, device)
     out = x + y
     (out * 3 + y.T.T * 5).sum().backward()
-    np.testing.assert_array_equal(to_numpy(x.grad), np.full(a.shape, 3.0))
-    np.testing.assert_array_equal(to_numpy(y.grad), np.full(a.shape, 8.0))
+    np.testing.assert_array_equal(to_host(x.grad), np.full(a.shape, 3.0))
+    np.testing.assert_array_equal(to_host(y.grad), np.full(a.shape, 8.0))

@@ -160,7 +160,7 @@ def test_adam_leaves_parameters_without_gradient_alone(device, trajectory, l2_mo
     )
     np.testing.assert_array_equal(ours[2], frozen)
     state = opt.state_dict()
-    assert not backend.to_numpy(state["m"][2]).any() and not backend.to_numpy(state["v"][2]).any()
+    assert not backend.to_host(state["m"][2]).any() and not backend.to_host(state["v"][2]).any()
     expected, _ = run_adam(initial, grads, device, lr=0.01, l2=l2, l2_mode=l2_mode, vector_l2=True)
     assert_all_close(ours[:2], expected, rtol=0, atol=0)
 
@@ -194,7 +194,7 @@ def test_adam_coupled_equals_torch(steps, lr, data):
 def host_state(state):
     """A copy of an Adam state_dict with the moments on the host, as a checkpoint would keep it."""
     return {
-        key: [backend.to_numpy(a).copy() for a in value] if key in ("m", "v") else value
+        key: [backend.to_host(a).copy() for a in value] if key in ("m", "v") else value
         for key, value in state.items()
     }
 
@@ -231,7 +231,7 @@ def test_adam_load_state_dict_rejects_wrong_count_or_shape(device):
         target = Adam([parameter(np.zeros(s), device) for s in shapes_])
         with pytest.raises(ValueError):
             target.load_state_dict(state)
-        assert target.step_count == 0 and all(not backend.to_numpy(m).any() for m in target.m)
+        assert target.step_count == 0 and all(not backend.to_host(m).any() for m in target.m)
 
 
 @pytest.mark.parametrize(
@@ -285,7 +285,7 @@ def test_clip_scales_a_larger_norm_down_to_max_norm(device, grads, fraction):
     max_norm = fraction * norm
     tolerance = dict(rtol=1e-5) if grads[0].dtype == np.float32 else dict(rtol=1e-9)
     np.testing.assert_allclose(float(clip_grad_norm(params, max_norm)), norm, **tolerance)
-    clipped = [backend.to_numpy(p.grad) for p in params[:-1]]
+    clipped = [backend.to_host(p.grad) for p in params[:-1]]
     assert all(c.dtype == g.dtype for c, g in zip(clipped, grads))
     assert params[-1].grad is None
     np.testing.assert_allclose(global_norm(clipped), max_norm, rtol=1e-5)
@@ -302,7 +302,7 @@ def test_clip_leaves_a_smaller_norm_alone(device, grads, factor):
     tolerance = dict(rtol=1e-5) if grads[0].dtype == np.float32 else dict(rtol=1e-9)
     np.testing.assert_allclose(float(clip_grad_norm(params, factor * norm)), norm, **tolerance)
     for p, g in zip(params, grads):
-        np.testing.assert_array_equal(backend.to_numpy(p.grad), g)
+        np.testing.assert_array_equal(backend.to_host(p.grad), g)
     assert params[-1].grad is None
 
 

@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd.backend import to_numpy
+from autograd.backend import to_host
 from tests.helpers import arrays, leaf, shapes
 
 
 def host(array):
     """A NumPy copy of a NumPy or CuPy array (x.grad, x.data), to compare on the host."""
-    return to_numpy(array).copy()
+    return to_host(array).copy()
 
 
 # ----- building tensors

@@ -130,7 +130,7 @@ def greedy_by_hand(model, prompt, steps):
     with ag.no_grad():
         for _ in range(steps):
             logits = model(np.array([ids[-model.config.n_ctx :]]))
-            ids.append(int(np.argmax(backend.to_numpy(logits.data)[0, -1])))
+            ids.append(int(np.argmax(backend.to_host(logits.data)[0, -1])))
     return ids[len(prompt) :]
 
 

@@ -43,7 +43,7 @@ def in_float64(model, seed=0, scale=0.5):
 
 
 def host(x):
-    return backend.to_numpy(x.data if isinstance(x, ag.Tensor) else x)
+    return backend.to_host(x.data if isinstance(x, ag.Tensor) else x)
 
 
 def batches(n_sequences, labels):

@@ -102,7 +102,7 @@ def randomize(model, seed, scale=0.3):
 
 
 def host(x):
-    return backend.to_numpy(x.data if isinstance(x, ag.Tensor) else x)
+    return backend.to_host(x.data if isinstance(x, ag.Tensor) else x)
 
 
 def token_ids(config):

@@ -39,7 +39,7 @@ def nll_by_hand(model, ids):
     with ag.no_grad():
         for j in range(1, len(ids)):
             start = (j - 1) // N_CTX * N_CTX
-            logits = backend.to_numpy(model(np.array([ids[start:j]])).data)[0, -1].astype(np.float64)
+            logits = backend.to_host(model(np.array([ids[start:j]])).data)[0, -1].astype(np.float64)
             log_probs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
             total -= log_probs[ids[j]]
     return total

@@ -32,7 +32,7 @@ def log_probs_by_hand(model, ids):
     out = []
     with ag.no_grad():
         for j in range(1, len(ids)):
-            logits = backend.to_numpy(model(np.array([ids[max(0, j - N_CTX) : j]])).data)[0, -1].astype(
+            logits = backend.to_host(model(np.array([ids[max(0, j - N_CTX) : j]])).data)[0, -1].astype(
                 np.float64
             )
             out.append(logits[ids[j]] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))
