@@ -31,10 +31,12 @@ def device_count():
         return 0
 
 
-def use_device(index):
-    """Make CUDA device `index` the current one of this process (where new arrays go)."""
-    _require_cuda()
-    cupy.cuda.Device(index).use()
+def use_device(device):
+    """Make `device` (a parsed name) the current one of this process: where the arrays that no
+    input places go (CuPy's zeros, arange, random numbers). 'cpu' changes nothing."""
+    if device != "cpu":
+        _require_cuda()
+        cupy.cuda.Device(int(device.split(":")[1])).use()
 
 
 def current_stream():

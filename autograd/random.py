@@ -85,6 +85,7 @@ class MaskStream:
             raise ValueError(f"MaskStream: first_example must lie in [0, 2^32), got {first_example}")
         self.seed, self.step, self.first_example = int(seed), int(step), int(first_example)
         self.site = 0  # the next draw's
+        self.rows_per_example = 1  # rows of a drawn array per example (see rows_per_example)
 
     def keep_mask(self, shape, p, xp=np):
         """The next draw: a boolean array of `shape` that keeps each entry with probability 1 - p.
@@ -99,7 +100,8 @@ class MaskStream:
         n_counters = -(-n_positions // 8)  # 8 positions per Philox output
         key = (self.seed & 0xFFFFFFFF, self.step & 0xFFFFFFFF)
         counters = xp.arange(n_counters, dtype=xp.uint32)  # j // 8
-        examples = xp.arange(n_examples, dtype=xp.uint32)[:, None] + xp.uint32(self.first_example)
+        first = self.first_example * self.rows_per_example
+        examples = xp.arange(n_examples, dtype=xp.uint32)[:, None] + xp.uint32(first)
         keep = xp.empty((n_examples, 8 * n_counters), dtype=bool)
 
         def draw(piece):
@@ -133,6 +135,19 @@ def use_masks(stream):
         yield stream
     finally:
         _current = before
+
+
+@contextlib.contextmanager
+def rows_per_example(rows):
+    """Inside the block, the current stream's draws have `rows` rows per example: the model
+    under a task head that reads several sequences per example (both orderings of a pair, every
+    answer of a question) sees one row per sequence, numbered first_example * rows onwards."""
+    stream = current()
+    before, stream.rows_per_example = stream.rows_per_example, rows
+    try:
+        yield stream
+    finally:
+        stream.rows_per_example = before
 
 
 def current():

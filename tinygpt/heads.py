@@ -52,7 +52,8 @@ class TaskHead(nn.Module):
     def forward(self, ids, clf_positions, lm=True):
         """-> (the task's logits, LM logits (N, S, T, vocab) or None when lm is False)."""
         n, s, t = ids.shape
-        h = self.transformer.hidden_states(np.reshape(ids, (n * s, t)))
+        with ag.random.rows_per_example(s):  # the transformer's dropout: a mask per sequence
+            h = self.transformer.hidden_states(np.reshape(ids, (n * s, t)))
         xp = h.xp
         rows, columns = xp.arange(n * s), xp.asarray(clf_positions).reshape(-1)
         states = h[rows, columns].reshape(n, s, h.shape[-1])  # h_l^m: the state at _classify_

@@ -15,6 +15,7 @@ Long inputs are cut as the original code did: a single text to n_ctx - 2 tokens,
 of a pair to n_ctx // 2 - 2, so that every sequence fits in n_ctx positions.
 """
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,15 +120,21 @@ class Batch:
         return targets
 
 
-def collate(sequences, labels):
-    """Pad the examples' sequences (a list of N lists of S token-id lists) into a Batch."""
+def longest(sequences):
+    """The length of the longest token-id list of the examples' sequences (at least 1)."""
+    return max((len(ids) for seqs in sequences for ids in seqs), default=1)
+
+
+def collate(sequences, labels, length=None):
+    """Pad the examples' sequences (a list of N lists of S token-id lists) into a Batch, to
+    `length` tokens (by default their longest)."""
     counts = sorted({len(seqs) for seqs in sequences})
     if len(counts) > 1:
         raise ValueError(
             f"examples in one batch must have the same number of sequences (answers), got {counts}"
         )
     n, s = len(sequences), counts[0] if counts else 1
-    length = max((len(ids) for seqs in sequences for ids in seqs), default=1)
+    length = length or longest(sequences)
     ids = np.zeros((n, s, length), dtype=np.int64)
     mask = np.zeros((n, s, length), dtype=bool)
     for i, seqs in enumerate(sequences):
@@ -150,8 +157,16 @@ class TaskData:
     def __len__(self):
         return len(self.sequences)
 
+    @functools.cached_property
+    def length(self):
+        """The longest sequence of all the examples: every batch is padded to it, as GPT-1's code
+        did, so a batch's shape (and where dropout's masks fall in it) does not depend on which
+        examples it holds or how a step's batch is shared out among ranks."""
+        return longest(self.sequences)
+
     def batch(self, indices):
-        return collate([self.sequences[i] for i in indices], self.labels[np.asarray(indices, dtype=np.int64)])
+        labels = self.labels[np.asarray(indices, dtype=np.int64)]
+        return collate([self.sequences[i] for i in indices], labels, self.length)
 
     def batches(self, batch_size, rng=None):
         """Batches of up to batch_size examples, in order, or shuffled by a numpy Generator."""

@@ -82,11 +82,13 @@ def add_figure_arguments(parser, batch_size, batched):
 
 
 def open_run(parser, run, device):
-    """(model, tokenizer) of a run on a device; a problem with either is a usage error naming it."""
+    """(model, tokenizer) of a run on a device, which becomes the current one (where the arrays
+    that no input places go); a problem with either is a usage error naming it."""
     try:
         device = backend.parse_device(device)
     except (ValueError, RuntimeError) as error:
         parser.error(f"--device: {error}")
+    backend.use_device(device)
     try:
         return load_run(run, device)
     except (OSError, ValueError) as error:

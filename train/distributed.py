@@ -52,15 +52,6 @@ def unpack(flat, shapes):
     return [flat[end - size : end].reshape(shape) for size, end, shape in zip(sizes, ends, shapes)]
 
 
-def dropout_seed(seed, step, rank):
-    """The seed of a training step's random numbers (dropout) on a rank. Rank 0 draws what a run
-    without --distributed draws, so one rank repeats such a run; the others draw from (seed, step,
-    rank), different from rank to rank and the same after a resume."""
-    if rank == 0:
-        return seed * 1_000_003 + step
-    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0])
-
-
 def run(parser, args, body):
     """body(parser, args, group) as one rank of --distributed's job (or alone without it); a missing
     MPI is a usage error, and a rank that fails ends the whole job."""
@@ -115,6 +106,7 @@ class Group:
         if self.size > 1 and (name in ("auto", "cuda") or str(name).startswith("cuda:")):
             name = self._gpu_of_this_rank(name)
         device = backend.parse_device(name)
+        backend.use_device(device)  # where every array of the run goes, GPU N's for cuda:N
         if self.size > 1:
             self.check_same("device kind (cpu or cuda)", device.split(":")[0].encode())
             if device != "cpu":
@@ -146,8 +138,8 @@ class Group:
         return f"cuda:{rank_here}"
 
     def _connect_gpus(self, index):
-        """Make GPU `index` this process's current device and join the ranks' NCCL communicator;
-        rank 0 draws its id, which the others receive over MPI."""
+        """Join the ranks' NCCL communicator from GPU `index` (the current device); rank 0 draws
+        its id, which the others receive over MPI."""
         try:
             nccl = backend.nccl()
         except ImportError:
@@ -156,7 +148,6 @@ class Group:
                 "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
                 "--device cpu"
             ) from None
-        backend.use_device(index)
         # the id's C chars, as CuPy gives them: -128..127, or 0..255 where char is unsigned (ARM)
         unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int16)
         if self.main:

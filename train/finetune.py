@@ -23,6 +23,7 @@ import numpy as np
 
 import autograd as ag
 from autograd.optim import Adam, warmup_linear
+from autograd.random import MaskStream, use_masks
 from tinygpt import GPT
 from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
@@ -110,7 +111,9 @@ def add_optimizer_arguments(group):
 
 
 def add_run_arguments(group):
-    group.add_argument("--seed", type=int, default=0, help="fixes the head, new weights, data order, dropout")
+    group.add_argument(
+        "--seed", type=non_negative_int, default=0, help="fixes the head, new weights, data order, dropout"
+    )
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
@@ -209,22 +212,25 @@ def build_task(parser, args, run_dir, labels, device, group):
 
 
 def batch_of(step, steps_per_epoch, n_examples, args, group):
-    """(the step's batch, this rank's slice of it), as example indices; the last batch of an
-    epoch may be short, and a rank's slice empty."""
+    """(the step's batch, this rank's slice of it, the slice's place in the batch), as example
+    indices; the last batch of an epoch may be short, and a rank's slice empty."""
     epoch, position = divmod(step, steps_per_epoch)
     order = epoch_order(args.seed, epoch, n_examples)
     batch = order[position * args.batch_size : (position + 1) * args.batch_size]
-    return batch, np.array_split(batch, group.size)[group.rank]
+    slices = np.array_split(batch, group.size)
+    return batch, slices[group.rank], sum(len(s) for s in slices[: group.rank])
 
 
-def forward_backward(head, train, mine, lm_coef, weight):
+def forward_backward(head, train, mine, lm_coef, weight, masks):
     """Add the gradient of L3 = L2 + lm_coef * L1 over this rank's examples into the weights'
     .grad; returns this rank's share of the batch's losses, each times `weight` (its share of the
-    examples), left on the device: {"loss": L2, "objective": L3, "lm_loss": L1 (when lm_coef)}."""
+    examples), left on the device: {"loss": L2, "objective": L3, "lm_loss": L1 (when lm_coef)}.
+    masks = (seed, step, the place of mine[0] in the step's batch), for the dropout masks."""
     names = ["loss", "objective"] + (["lm_loss"] if lm_coef != 0 else [])
     if not len(mine):
         return dict.fromkeys(names, 0.0)
-    objective, task_loss, lm_loss = head.loss(train.batch(mine), lm_coef)
+    with use_masks(MaskStream(*masks)):
+        objective, task_loss, lm_loss = head.loss(train.batch(mine), lm_coef)
     objective.backward()
     losses = {"loss": task_loss, "objective": objective, "lm_loss": lm_loss}
     return {name: weight * losses[name].data for name in names}
@@ -299,14 +305,13 @@ def fine_tune(parser, args, group):
         for step in range(start, total):
             began = time.perf_counter()
             # one optimizer step on this rank's slice of the batch
-            ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
-            batch, mine = batch_of(step, steps_per_epoch, len(train), args, group)
+            batch, mine, first = batch_of(step, steps_per_epoch, len(train), args, group)
             # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its
             # share of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
             weight = len(mine) / len(batch)
             lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
             run.optimizer.zero_grad()
-            losses = forward_backward(head, train, mine, args.lm_coef, weight)
+            losses = forward_backward(head, train, mine, args.lm_coef, weight, (args.seed, step, first))
             run.optimizer_step(lr, weight, args.grad_clip)
             run.elapsed += time.perf_counter() - began
             log.add(step + 1, losses, len(batch), lr=lr)

@@ -12,13 +12,14 @@ from itertools import islice
 import autograd as ag
 from autograd import functional as F
 from autograd.optim import Adam, warmup_cosine
+from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
 from tinygpt.generation import generate
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import data, distributed, loop
 from .checkpoint import find_checkpoint
-from .cli import grouped_parser, positive_int
+from .cli import grouped_parser, non_negative_int, positive_int
 from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_metrics, run_folder_of
 
 
@@ -92,7 +93,7 @@ def add_optimizer_arguments(group):
 
 def add_run_arguments(group):
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--seed", type=non_negative_int, default=0, help="fixes the data, init and dropout")
     group.add_argument("--eval-every", type=positive_int, default=200, help="steps between validation passes")
     group.add_argument("--eval-windows", type=int, default=200, help="validation windows per pass")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
@@ -185,14 +186,18 @@ def build_model(parser, args, config, device, group):
     return model, Adam(model.parameters(), lr=args.lr, l2=args.l2, l2_mode=args.l2_mode)
 
 
-def forward_backward(model, batch, grad_accum):
+def forward_backward(model, batch, grad_accum, masks):
     """Add the gradient of the batch's mean next-token loss into the weights' .grad, in
-    grad_accum backward passes over equal parts; returns the loss, an array left on the device."""
+    grad_accum backward passes over equal parts; returns the loss, an array left on the device.
+    masks = (seed, step, first_example): window i of the batch is example first_example + i of
+    the step's dropout masks, however the global batch is cut into ranks and parts."""
+    seed, step, first_example = masks
     part_size = len(batch) // grad_accum
     total = 0.0
     for start in range(0, len(batch), part_size):
         part = batch[start : start + part_size]
-        loss = F.cross_entropy(model(part[:, :-1]), part[:, 1:]) / grad_accum
+        with use_masks(MaskStream(seed, step, first_example + start)):
+            loss = F.cross_entropy(model(part[:, :-1]), part[:, 1:]) / grad_accum
         loss.backward()
         total = total + loss.data
     return total
@@ -264,11 +269,11 @@ def train_model(parser, args, group):
         for step in range(start, args.steps):
             began = time.perf_counter()
             # one optimizer step on this rank's share of the batch, in --grad-accum backward passes
-            ag.manual_seed(distributed.dropout_seed(args.seed, step, group.rank))  # the same after a resume
             batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
             lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
             run.optimizer.zero_grad()
-            loss = forward_backward(run.model, batch, args.grad_accum)
+            masks = (args.seed, step, group.rank * len(batch))  # this rank's first window of the batch
+            loss = forward_backward(run.model, batch, args.grad_accum, masks)
             run.optimizer_step(lr, 1 / group.size, args.grad_clip)  # the mean gradient of the whole batch
             run.elapsed += time.perf_counter() - began
             # each rank's share of the mean loss: its windows hold as many tokens as any other's

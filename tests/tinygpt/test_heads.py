@@ -160,6 +160,42 @@ def test_multiple_choice_scores_follow_their_answers():
     ]
 
 
+@pytest.mark.parametrize("name", list(HEADS))
+@settings(max_examples=10)
+@given(data=st.data())
+def test_a_batch_cut_in_two_gets_the_dropout_masks_of_the_whole(name, data):
+    """Dropout on everywhere: the logits of a batch equal those of its two parts, each part drawn
+    with its place in the batch (as ranks and gradient-accumulation parts draw them), though the
+    transformer sees several sequences per example where the head sees one state."""
+    make, n_sequences, labels = HEADS[name]
+    head = make(tiny_gpt(embd_pdrop=0.3, attn_pdrop=0.3, resid_pdrop=0.3)).train()
+    head.dropout.p = 0.3
+    rows = data.draw(
+        st.lists(
+            st.lists(
+                st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=9),
+                min_size=n_sequences,
+                max_size=n_sequences,
+            ),
+            min_size=2,
+            max_size=5,
+        )
+    )
+    cut = data.draw(st.integers(1, len(rows) - 1))
+    length = max(len(ids) for seqs in rows for ids in seqs)
+
+    def logits(part, first_example):
+        batch = collate(part, [0] * len(part), length)
+        with ag.random.use_masks(ag.random.MaskStream(5, 2, first_example)):
+            return host(head(batch.ids, batch.clf_positions)[0])
+
+    whole = logits(rows, 0)
+    np.testing.assert_allclose(
+        np.concatenate([logits(rows[:cut], 0), logits(rows[cut:], cut)]), whole, rtol=1e-5, atol=1e-6
+    )
+    assert not np.allclose(whole, logits(rows, 1))  # other masks: the test can tell them apart
+
+
 def test_classifier_dropout_acts_in_training_only():
     model = GPTForClassification(tiny_gpt(), 2, clf_pdrop=0.5)
     batch = collate([[[11, 1, 2, 13]]] * 4, [0] * 4)

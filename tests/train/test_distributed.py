@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd import backend, nn
-from train.distributed import Group, dropout_seed, pack, unpack
+from train.distributed import Group, pack, unpack
 
 from .runs import ROOT
 
@@ -58,11 +58,14 @@ def test_pack_and_unpack_refuse_what_does_not_fit():
         unpack(np.zeros(5), [(2, 2)])
 
 
-def test_dropout_seeds_rank_0_repeats_one_process_and_the_others_differ():
-    assert dropout_seed(7, 12, 0) == 7 * 1_000_003 + 12
-    seeds = {dropout_seed(7, step, rank) for step in range(50) for rank in range(4)}
-    assert len(seeds) == 200
-    assert dropout_seed(7, 12, 3) == dropout_seed(7, 12, 3)
+@pytest.mark.parametrize("name", ["cpu", "cuda:1"])
+def test_a_process_makes_its_device_the_current_one(name, monkeypatch):
+    """--device cuda:1 puts the whole run on GPU 1: ids, positions, Adam's moments and every
+    temporary are made where CuPy's current device is, so the run makes it GPU 1."""
+    made_current = []
+    monkeypatch.setattr(backend, "parse_device", lambda device: device)
+    monkeypatch.setattr(backend, "use_device", made_current.append)
+    assert Group().device(name) == name and made_current == [name]
 
 
 def test_a_group_of_one_leaves_everything_as_it_is():
@@ -230,7 +233,7 @@ def test_one_gpu_for_several_ranks_of_a_machine_is_refused_before_nccl(gpus):
         group.device("cuda:1")
     assert gpus.used == [] and gpus.cuda.nccl.made == []
     one_rank_per_machine = Group(FakeComm(0, 2, 1, []), MPI)
-    assert one_rank_per_machine.device("cuda:1") == "cuda:1" and gpus.used == [1]
+    assert one_rank_per_machine.device("cuda:1") == "cuda:1" and gpus.used == ["cuda:1"]
 
 
 def test_without_gpus_every_rank_still_joins_the_split_and_auto_is_the_cpu(gpus):
@@ -252,5 +255,5 @@ def test_every_rank_gets_its_own_gpu_and_rank_0s_exact_nccl_id(gpus, unique_id):
     gpus.cuda.nccl, gpus.used[:] = fake_nccl(unique_id=unique_id), []
     sent = []  # what rank 0 broadcasts, for rank 1 to receive
     devices = [Group(FakeComm(rank, 2, 2, sent), MPI).device("cuda") for rank in (0, 1)]
-    assert devices == ["cuda:0", "cuda:1"] and gpus.used == [0, 1]
+    assert devices == ["cuda:0", "cuda:1"] and gpus.used == ["cuda:0", "cuda:1"]
     assert gpus.cuda.nccl.made == [(2, unique_id, 0), (2, unique_id, 1)]

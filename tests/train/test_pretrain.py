@@ -94,6 +94,29 @@ def test_resume_continues_with_the_same_losses(corpus, tmp_path):
     assert len(uninterrupted) == 20
 
 
+def test_gradient_accumulation_gives_the_losses_of_one_pass(corpus, tmp_path):
+    """--grad-accum 4 cuts each batch of 8 into 4 backward passes of 2 windows: the same 20 losses
+    as one pass within 1e-5, dropout on (a window's masks follow its place in the batch)."""
+    extra = [
+        "--steps",
+        "20",
+        "--batch-size",
+        "8",
+        "--dropout",
+        "0.1",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "100",
+    ]
+    run(corpus, tmp_path / "one", *extra, "--lr", "1e-3")
+    run(corpus, tmp_path / "four", *extra, "--lr", "1e-3", "--grad-accum", "4")
+    one, four = losses(tmp_path / "one"), losses(tmp_path / "four")
+    assert [step for step, _ in four] == [step for step, _ in one] == list(range(1, 21))
+    for (step, a), (_, b) in zip(four, one):
+        assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} against {b}"
+
+
 def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     """SIGINT stops the run within seconds after saving a checkpoint; --resume finishes it."""
     out = tmp_path / "run"
