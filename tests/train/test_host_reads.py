@@ -1,0 +1,56 @@
+"""On a GPU every read of a device value on the host makes the host wait for the GPU: a training
+step of train.pretrain and train.finetune reads nothing, and a log line reads all the losses
+pending since the last one at once (backend.count_host_reads counts the reads, on numpy too)."""
+
+import pytest
+
+from autograd import backend
+from train import finetune, loop, pretrain
+
+from .test_finetune import examples, pretrained_run, write_jsonl
+from .test_pretrain import run
+
+
+@pytest.mark.parametrize("module", [pretrain, finetune], ids=["pretrain", "finetune"])
+def test_a_step_reads_nothing_and_a_log_line_reads_once(corpus, tmp_path, monkeypatch, module):
+    reads = {"step": 0, "log": []}
+    for owner, name in [(module, "forward_backward"), (loop.Run, "optimizer_step"), (loop.LossLog, "add")]:
+        monkeypatch.setattr(owner, name, counting_step(getattr(owner, name), reads))
+    monkeypatch.setattr(loop.LossLog, "write", counting_log(loop.LossLog.write, reads))
+    if module is pretrain:
+        run(corpus, tmp_path / "run", "--steps", "12", "--log-every", "4", "--eval-every", "100")
+    else:
+        pretrained_run(tmp_path / "pretrained")
+        data = write_jsonl(tmp_path / "train.jsonl", examples(48, seed=1))
+        finetune.main(
+            ["--init-from", str(tmp_path / "pretrained"), "--task", "jsonl", "--train", str(data)]
+            + ["--dev", str(data), "--out", str(tmp_path / "run"), "--batch-size", "4", "--epochs", "1"]
+            + ["--log-every", "4", "--device", "cpu"]
+        )
+    assert reads["step"] == 0
+    assert reads["log"] == [1, 1, 1]  # after steps 4, 8 and 12: one read for all their losses
+
+
+def counting_step(function, reads):
+    """`function`, adding the host reads of each call to reads["step"]."""
+
+    def counted(*args, **kwargs):
+        with backend.count_host_reads() as counter:
+            result = function(*args, **kwargs)
+        reads["step"] += counter.count
+        return result
+
+    return counted
+
+
+def counting_log(write, reads):
+    """LossLog.write, appending to reads["log"] the host reads of each call that had steps to log."""
+
+    def counted(log, progress):
+        pending = bool(log.pending)
+        with backend.count_host_reads() as counter:
+            write(log, progress)
+        if pending:
+            reads["log"].append(counter.count)
+
+    return counted
