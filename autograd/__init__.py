@@ -1,8 +1,9 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 
-from . import functional, ops, random
+from . import functional, ops, precision, random
 from .backend import cuda_available, manual_seed
 from .kernels import use_reference
+from .precision import bfloat16, use_precision
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
 
 
@@ -40,4 +41,7 @@ __all__ = [
     "manual_seed",
     "cuda_available",
     "use_reference",
+    "precision",
+    "use_precision",
+    "bfloat16",
 ]

@@ -12,13 +12,16 @@ from . import masks, random
 from .backend import get_array_module
 from .kernels import attention as attention_kernels
 from .ops import unbroadcast
+from .precision import widened
 from .tensor import Function
 
 
 def _attend(ctx, q, k, v, causal, dropout_p, generator):
     """softmax(q k^T / sqrt(d) + mask), dropped out, times v, for q (..., T, d), k (..., S, d),
-    v (..., S, e); keeps on ctx what _attend_backward needs."""
-    xp = get_array_module(q)
+    v (..., S, e); keeps on ctx what _attend_backward needs. The arithmetic is float32 for
+    bfloat16 inputs (autograd/precision.py), the result in their type."""
+    xp, ctx.dtype = get_array_module(q), q.dtype
+    q, k, v = widened(q), widened(k), widened(v)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     ctx.scale = 1 / math.sqrt(q.shape[-1])
     scores = (q @ xp.swapaxes(k, -1, -2)) * ctx.scale  # (..., T, S)
@@ -30,13 +33,13 @@ def _attend(ctx, q, k, v, causal, dropout_p, generator):
     ctx.keep_scale = masks.keep_scale(dropout_p)
     weights = probs if ctx.keep is None else masks.drop(probs, ctx.keep, ctx.keep_scale)  # (..., T, S)
     ctx.q, ctx.k, ctx.v, ctx.probs, ctx.weights = q, k, v, probs, weights
-    return weights @ v  # (..., T, e)
+    return (weights @ v).astype(ctx.dtype, copy=False)  # (..., T, e)
 
 
 def _attend_backward(ctx, grad):
     """Gradients of q, k and v for the output's gradient (..., T, e), with P the softmax and W
     the weights after dropout."""
-    xp = get_array_module(grad)
+    xp, grad = get_array_module(grad), widened(grad)
     grad_v = xp.swapaxes(ctx.weights, -1, -2) @ grad  # dv = W^T dy: (..., S, e)
     grad_weights = grad @ xp.swapaxes(ctx.v, -1, -2)  # dW = dy v^T: (..., T, S)
     if ctx.keep is not None:
@@ -45,7 +48,7 @@ def _attend_backward(ctx, grad):
     grad_scores = ctx.probs * (grad_weights - (grad_weights * ctx.probs).sum(axis=-1, keepdims=True))
     grad_q = (grad_scores @ ctx.k) * ctx.scale  # (..., T, d)
     grad_k = (xp.swapaxes(grad_scores, -1, -2) @ ctx.q) * ctx.scale  # (..., S, d)
-    return grad_q, grad_k, grad_v
+    return tuple(g.astype(ctx.dtype, copy=False) for g in (grad_q, grad_k, grad_v))
 
 
 class ScaledDotProductAttention(Function):

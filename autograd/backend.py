@@ -39,6 +39,22 @@ def use_device(device):
         cupy.cuda.Device(int(device.split(":")[1])).use()
 
 
+_tf32 = False
+
+
+def set_tf32(on):
+    """Let the GPU's float32 matrix products round their inputs to TF32 on tensor cores (on) or
+    not; returns the setting before. CuPy keeps it as its matmul routine's compute type for
+    float32 (which the CUPY_TF32 variable only sets once); on the CPU it changes nothing."""
+    global _tf32
+    before, _tf32 = _tf32, bool(on)
+    if cupy is not None and before != _tf32 and cuda_available():
+        from cupy._core import _routines_linalg as linalg
+
+        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if on else linalg.COMPUTE_TYPE_DEFAULT)
+    return before
+
+
 def current_stream():
     """The raw pointer of the current CUDA stream, for libraries that take one (NCCL)."""
     return cupy.cuda.get_current_stream().ptr

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import backend, masks, random
+from . import backend, masks, precision, random
 from .attention import (  # noqa: F401 (offered as F.* with the rest)
     MultiHeadAttention,
     ScaledDotProductAttention,
@@ -22,6 +22,7 @@ from .kernels import cross_entropy as cross_entropy_kernels
 from .kernels import gelu as gelu_kernels
 from .kernels import layer_norm as layer_norm_kernels
 from .kernels import linear as linear_kernels
+from .precision import widened
 from .tensor import Function, Tensor
 
 IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
@@ -47,15 +48,19 @@ class Linear(Function):
 
     Over the rows of x and dy:
         dx = dy W^T,   dW = x^T dy,   db = the sum of dy's rows
+
+    The product is in x's type (bfloat16 activations read float32 weights as bfloat16); dW and db
+    are in the weights' own type.
     """
 
     returns_new_arrays = True
+    mixes_floats = True
     forward_cpu, backward_cpu = linear_kernels.forward_cpu, linear_kernels.backward_cpu
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        ctx.x, ctx.weight = x, weight
-        out = x @ weight  # (..., out)
+        ctx.x, ctx.weight, ctx.weight_dtype = x, weight.astype(x.dtype, copy=False), weight.dtype
+        out = (x @ ctx.weight).astype(x.dtype, copy=False)  # (..., out); NumPy's bfloat16 product is float32
         if bias is not None:
             out += bias
         return out
@@ -66,9 +71,9 @@ class Linear(Function):
         x2 = ctx.x.reshape(-1, ctx.x.shape[-1])  # (rows, in)
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
         return (
-            grad @ ctx.weight.T if need_x else None,
-            x2.T @ grad2 if need_w else None,
-            grad2.sum(axis=0) if need_b else None,
+            (grad @ ctx.weight.T).astype(ctx.x.dtype, copy=False) if need_x else None,
+            (x2.T @ grad2).astype(ctx.weight_dtype, copy=False) if need_w else None,
+            widened(grad2).sum(axis=0).astype(ctx.weight_dtype, copy=False) if need_b else None,
         )
 
 
@@ -89,18 +94,20 @@ def linear(x, weight, bias=None):
 # ----------------------------------------------------------------------------------------------
 class Embedding(Function):
     """y = W[ids]: one row of the table per id. dW adds dy's vectors into the rows they came
-    from, so an id that appears twice gets both."""
+    from, so an id that appears twice gets both. y is in `dtype`: where a bf16 model's
+    activations start (autograd/precision.py)."""
 
     returns_new_arrays = True
+    mixes_floats = True
 
     @staticmethod
-    def forward(ctx, ids, weight):
-        ctx.ids, ctx.weight_shape = ids, weight.shape
-        return weight[ids]
+    def forward(ctx, ids, weight, dtype):
+        ctx.ids, ctx.weight_shape, ctx.weight_dtype = ids, weight.shape, weight.dtype
+        return weight[ids].astype(dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        rows = grad.reshape(-1, ctx.weight_shape[1])
+        rows = grad.reshape(-1, ctx.weight_shape[1]).astype(ctx.weight_dtype, copy=False)
         return None, backend.scatter_add(ctx.weight_shape, ctx.ids.reshape(-1), rows)
 
 
@@ -112,25 +119,27 @@ def embedding(ids, weight):
     n_rows = weight.shape[0]
     if isinstance(ids, np.ndarray) and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
         raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
-    return Embedding.apply(weight.xp.asarray(ids), weight)
+    return Embedding.apply(weight.xp.asarray(ids), weight, dtype=precision.activation_dtype(weight.dtype))
 
 
 # ----------------------------------------------------------------------------------------------
 class Softmax(Function):
     """y = exp(x - max x) / sum(exp(x - max x)) along an axis (the shift keeps exp from
-    overflowing and cancels out);  dx = y (dy - sum(dy y))."""
+    overflowing and cancels out);  dx = y (dy - sum(dy y)). In float32 for bfloat16 x."""
 
     @staticmethod
     def forward(ctx, x, axis):
-        xp = get_array_module(x)
-        exp = xp.exp(x - x.max(axis=axis, keepdims=True))
+        xp, x32 = get_array_module(x), widened(x)
+        exp = xp.exp(x32 - x32.max(axis=axis, keepdims=True))
         ctx.out, ctx.axis = exp / exp.sum(axis=axis, keepdims=True), axis
-        return ctx.out
+        return ctx.out.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        out = ctx.out
-        return out * (grad - (grad * out).sum(axis=ctx.axis, keepdims=True))
+        out, grad32 = ctx.out, widened(grad)
+        return (out * (grad32 - (grad32 * out).sum(axis=ctx.axis, keepdims=True))).astype(
+            grad.dtype, copy=False
+        )
 
 
 def softmax(x, axis=-1):
@@ -140,24 +149,27 @@ def softmax(x, axis=-1):
 
 class LogSoftmax(Function):
     """y = x - logsumexp(x) = (x - max x) - log sum(exp(x - max x)) along an axis;
-    dx = dy - exp(y) sum(dy)."""
+    dx = dy - exp(y) sum(dy). In float32 for bfloat16 x."""
 
     @staticmethod
     def forward(ctx, x, axis):
         shifted, log_sum = _shift_and_log_sum(x, axis)
         ctx.out, ctx.axis = shifted - log_sum, axis
-        return ctx.out
+        return ctx.out.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        xp = get_array_module(grad)
-        return grad - xp.exp(ctx.out) * grad.sum(axis=ctx.axis, keepdims=True)
+        xp, grad32 = get_array_module(grad), widened(grad)
+        return (grad32 - xp.exp(ctx.out) * grad32.sum(axis=ctx.axis, keepdims=True)).astype(
+            grad.dtype, copy=False
+        )
 
 
 def _shift_and_log_sum(x, axis):
     """(x - max x, log sum(exp(x - max x))) along `axis`, the sum kept as an axis of 1: the
-    largest shifted value is 0, so exp never overflows, and logsumexp(x) = max x + the log sum."""
-    xp = get_array_module(x)
+    largest shifted value is 0, so exp never overflows, and logsumexp(x) = max x + the log sum.
+    Both in float32 for bfloat16 x."""
+    xp, x = get_array_module(x), widened(x)
     shifted = x - x.max(axis=axis, keepdims=True)
     return shifted, xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
 
@@ -174,8 +186,11 @@ class CrossEntropy(Function):
 
         loss_i = logsumexp(z_i) - z_i[t_i]      (0 where t_i is ignored)
         dloss_i / dz_i = softmax(z_i) - onehot(t_i)
+
+    bfloat16 logits give float32 losses (and bfloat16 gradients): the sums are float32 throughout.
     """
 
+    mixes_floats = True
     forward_cpu, backward_cpu = cross_entropy_kernels.forward_cpu, cross_entropy_kernels.backward_cpu
 
     @staticmethod
@@ -186,6 +201,7 @@ class CrossEntropy(Function):
         t = xp.where(counted, targets.reshape(-1), 0)  # an ignored row points at class 0, counted as 0
         rows = xp.arange(len(t))
         ctx.z, ctx.log_sum, ctx.rows, ctx.t, ctx.counted = z, log_sum, rows, t, counted
+        ctx.logits_dtype = logits.dtype
         return ((log_sum[:, 0] - z[rows, t]) * counted).reshape(targets.shape)
 
     @staticmethod
@@ -194,7 +210,7 @@ class CrossEntropy(Function):
         weight = grad.reshape(-1) * ctx.counted  # (rows,): each row's loss gradient, 0 where ignored
         grad_z = xp.exp(ctx.z - ctx.log_sum) * weight[:, None]  # softmax(z), weighted
         grad_z[ctx.rows, ctx.t] -= weight  # minus the one-hot
-        return grad_z.reshape(*grad.shape, -1), None
+        return grad_z.reshape(*grad.shape, -1).astype(ctx.logits_dtype, copy=False), None
 
 
 def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
@@ -224,7 +240,7 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
         return losses
     if reduction == "sum":
         return losses.sum()
-    counted = (targets != ignore_index).sum(dtype=logits.dtype)
+    counted = (targets != ignore_index).sum(dtype=losses.dtype)
     return losses.sum() / logits.xp.maximum(counted, 1)  # none counted: 0 / 1
 
 
@@ -244,15 +260,16 @@ class GELU(Function):
 
     @staticmethod
     def forward(ctx, x):
-        xp = get_array_module(x)
+        xp, x32 = get_array_module(x), widened(x)  # float32 math for bfloat16 x
         ctx.x = x
-        ctx.t = xp.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3))
-        return 0.5 * x * (1 + ctx.t)
+        ctx.t = xp.tanh(SQRT_2_OVER_PI * (x32 + 0.044715 * x32**3))
+        return (0.5 * x32 * (1 + ctx.t)).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        x, t = ctx.x, ctx.t
-        return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x))
+        x, t = widened(ctx.x), ctx.t
+        slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        return (widened(grad) * slope).astype(grad.dtype, copy=False)
 
 
 class ExactGELU(Function):
@@ -266,12 +283,14 @@ class ExactGELU(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.x = x
-        return x * _normal_cdf(x)
+        x32 = widened(x)  # float32 math for bfloat16 x
+        return (x32 * _normal_cdf(x32)).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        xp, x = get_array_module(grad), ctx.x
-        return grad * (_normal_cdf(x) + x * xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+        xp, x = get_array_module(grad), widened(ctx.x)
+        slope = _normal_cdf(x) + x * xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return (widened(grad) * slope).astype(grad.dtype, copy=False)
 
 
 def _normal_cdf(x):
@@ -295,33 +314,39 @@ class LayerNorm(Function):
 
         dx = (g - mean(g) - n mean(g n)) / sqrt(var + eps),   dw = sum over rows of dy n,
         db = sum over rows of dy
+
+    The statistics, and with them y, are float32 for bfloat16 x (y is then cast to bfloat16);
+    dw and db are in the weights' own type.
     """
 
+    mixes_floats = True
     forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        xp = get_array_module(x)
-        centered = x - x.mean(axis=-1, keepdims=True)  # (..., D)
+        xp, x32 = get_array_module(x), widened(x)
+        centered = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D)
         ctx.rstd = 1 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-        ctx.normed, ctx.weight = centered * ctx.rstd, weight
+        ctx.normed, ctx.weight, ctx.x_dtype = centered * ctx.rstd, weight, x.dtype
+        ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
         out = ctx.normed if weight is None else ctx.normed * weight
-        return out if bias is None else out + bias
+        return (out if bias is None else out + bias).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
         need_x, need_w, need_b = ctx.needs_input_grad
-        normed, width = ctx.normed, grad.shape[-1]
+        normed, width, grad = ctx.normed, grad.shape[-1], widened(grad)
         g = grad if ctx.weight is None else grad * ctx.weight
         grad_x = None
         if need_x:
             row_mean = g.mean(axis=-1, keepdims=True)
             grad_x = (g - row_mean - normed * (g * normed).mean(axis=-1, keepdims=True)) * ctx.rstd
+            grad_x = grad_x.astype(ctx.x_dtype, copy=False)
         grad2, normed2 = grad.reshape(-1, width), normed.reshape(-1, width)  # (rows, D)
         return (
             grad_x,
-            (grad2 * normed2).sum(axis=0) if need_w else None,
-            grad2.sum(axis=0) if need_b else None,
+            (grad2 * normed2).sum(axis=0).astype(ctx.param_dtype, copy=False) if need_w else None,
+            grad2.sum(axis=0).astype(ctx.param_dtype, copy=False) if need_b else None,
         )
 
 

@@ -7,7 +7,7 @@ names used by `state_dict` and `load_state_dict`.
 
 import numpy as np
 
-from . import backend
+from . import backend, precision
 from . import functional as F
 from .ops import Concat
 from .tensor import Tensor
@@ -27,12 +27,17 @@ def normal(shape, std):
 
 class Module:
     """Base class of layers. Subclasses assign Parameters and sub-Modules in __init__ and
-    define forward(); calling the module calls forward."""
+    define forward(); calling the module calls forward, under the module's `precision` policy
+    ("fp32", "tf32", "bf16": autograd/precision.py) when one is set."""
 
     training = True
+    precision = None  # None: the policy in force where the module is called
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        if self.precision is None:
+            return self.forward(*args, **kwargs)
+        with precision.use_precision(self.precision):
+            return self.forward(*args, **kwargs)
 
     def _members(self):
         """(name, value) for each attribute, lists and tuples opened up as name.0, name.1, ..."""

@@ -7,6 +7,7 @@ Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input
 from itertools import accumulate
 
 from .backend import get_array_module, scatter_add
+from .precision import widened
 from .tensor import Function
 
 
@@ -173,11 +174,13 @@ def _keepdims_shape(shape, axes):
 
 
 class Sum(Function):
+    """The sum over some axes; bfloat16 adds up in float32 (autograd/precision.py)."""
+
     @staticmethod
     def forward(ctx, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim)
         ctx.shape, ctx.kept = a.shape, _keepdims_shape(a.shape, axes)
-        return a.sum(axis=axes, keepdims=keepdims)
+        return widened(a).sum(axis=axes, keepdims=keepdims).astype(a.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
@@ -185,6 +188,8 @@ class Sum(Function):
 
 
 class Mean(Function):
+    """The mean over some axes; bfloat16 adds up in float32 (autograd/precision.py)."""
+
     @staticmethod
     def forward(ctx, a, axis=None, keepdims=False):
         axes = _normalize_axes(axis, a.ndim)
@@ -194,7 +199,7 @@ class Mean(Function):
         if count == 0:
             raise ValueError(f"mean over an empty selection: shape {a.shape}, axis {axis}")
         ctx.shape, ctx.kept, ctx.count = a.shape, _keepdims_shape(a.shape, axes), count
-        return a.mean(axis=axes, keepdims=keepdims)
+        return widened(a).mean(axis=axes, keepdims=keepdims).astype(a.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):

@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from . import backend, kernels
+from .precision import bfloat16, is_floating
 
 _grad_enabled = True
 
@@ -67,10 +68,16 @@ class Function:
     allocate their sums: `returns_new_arrays` (arrays of its own making, each once: never `grad`,
     views of it, or arrays kept elsewhere) and `returns_view_of_grad` (a view of `grad` for its
     one input, as reshape and transpose do). Both paths of an op keep its promises.
+
+    An op's floating inputs share one type, which its output keeps; only an op that says
+    `mixes_floats` takes several (bfloat16 activations with float32 weights, autograd/precision.py)
+    and gives the output type it chooses. A bfloat16 result that NumPy promoted to float32 (as
+    bfloat16 times a Python number is) becomes bfloat16 again.
     """
 
     returns_new_arrays = False
     returns_view_of_grad = False
+    mixes_floats = False
     forward_cpu = backward_cpu = forward_gpu = backward_gpu = None
 
     @classmethod
@@ -78,9 +85,10 @@ class Function:
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
         on_gpu = any(backend.get_array_module(t.data) is not np for t in tensors)
-        forward, backward = kernels.choose(cls, on_gpu)
+        forward, backward = kernels.choose(cls, on_gpu, any(t.dtype == bfloat16 for t in tensors))
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
+        out = _unpromoted(out, float_dtype)
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
             raise TypeError(
@@ -111,6 +119,7 @@ class Node:
         for inp, g in zip(self.inputs, grads):
             if inp is None or g is None or not inp.requires_grad:
                 continue
+            g = _unpromoted(g, inp.dtype)
             if g.shape != inp.shape or g.dtype != inp.dtype:
                 raise RuntimeError(
                     f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient "
@@ -131,12 +140,21 @@ def _as_array(x):
     return np.asarray(x) if isinstance(x, np.generic) else x
 
 
+def _unpromoted(array, dtype):
+    """`array` of float32 that bfloat16 inputs gave (NumPy promotes bfloat16 times a Python number
+    to float32) as bfloat16 again; any other array as it is."""
+    return array.astype(bfloat16) if dtype == bfloat16 and array.dtype == np.float32 else array
+
+
 def _common_float_dtype(function, tensors):
-    """The one floating dtype of an op's tensor inputs; mixing dtypes or devices is refused."""
+    """The one floating dtype of an op's tensor inputs (None for an op that mixes them); mixing
+    dtypes otherwise, or devices, is refused."""
     if len(tensors) > 1 and len({t.device for t in tensors}) > 1:
         devices = ", ".join(t.device for t in tensors)
         raise RuntimeError(f"{function.__name__}: inputs are on different devices ({devices})")
-    dtypes = {t.data.dtype for t in tensors if t.data.dtype.kind == "f"}
+    if function.mixes_floats:
+        return None
+    dtypes = {t.data.dtype for t in tensors if is_floating(t.data.dtype)}
     if len(dtypes) > 1:
         names = ", ".join(sorted(str(d) for d in dtypes))
         raise TypeError(f"{function.__name__}: inputs mix floating dtypes ({names}); convert one first")
@@ -150,7 +168,7 @@ class Tensor:
     __array_priority__ = 1000  # the same for cupy
 
     def __init__(self, data, requires_grad=False):
-        if requires_grad and data.dtype.kind != "f":
+        if requires_grad and not is_floating(data.dtype):
             raise TypeError(f"only floating tensors can require gradients, not {data.dtype}")
         self.data = data
         self.grad = None
@@ -365,8 +383,8 @@ def tensor(data, requires_grad=False, dtype=None, device=None):
         data = data.data
     device = backend.parse_device(device) if device is not None else backend.device_of(data)
     if dtype is None:
-        kind = data.dtype.kind if hasattr(data, "dtype") else np.asarray(data).dtype.kind
-        dtype = np.float32 if kind == "f" else None
+        floating = is_floating(data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype)
+        dtype = np.float32 if floating else None
     array = backend.to_device(data, device, dtype)
     if array is data:
         array = array.copy()

@@ -7,6 +7,7 @@ import math
 import os
 
 from autograd import backend
+from autograd.precision import POLICIES
 
 from .run import load_run
 
@@ -25,6 +26,13 @@ def grouped_parser(prog, description, groups):
     for title, add_arguments in groups.items():
         add_arguments(parser.add_argument_group(title))
     return parser
+
+
+def add_precision_argument(group):
+    """--precision: the policy a run's steps follow (autograd/precision.py)."""
+    policies = "bf16: activations and matrix products in bfloat16, weights and statistics in float32; "
+    policies += "tf32: a GPU's float32 matrix products on TF32 tensor cores"
+    group.add_argument("--precision", default="fp32", choices=POLICIES, help=policies)
 
 
 def argument_type(convert, holds, requirement):

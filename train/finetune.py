@@ -23,6 +23,7 @@ import numpy as np
 
 import autograd as ag
 from autograd.optim import Adam, warmup_linear
+from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT
 from tinygpt.heads import make_head
@@ -30,7 +31,7 @@ from tinygpt.tasks import encode_examples
 
 from . import distributed, glue, loop
 from .checkpoint import read_weights, save_weights
-from .cli import grouped_parser, non_negative_int, positive_int
+from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
 from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_config, read_metrics
 from .transfer import load_pretrained, prepare
@@ -108,6 +109,7 @@ def add_optimizer_arguments(group):
     group.add_argument(
         "--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off"
     )
+    add_precision_argument(group)
 
 
 def add_run_arguments(group):
@@ -291,17 +293,15 @@ def fine_tune(parser, args, group):
     # Adam, and its state from the checkpoint when resuming, else a new run folder
     optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
     run = loop.Run(run_dir, group, head, optimizer, args.keep_checkpoints, "train.finetune")
-    start = (
-        run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets["train"])
-    )
+    start = run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets)
     run.announce(head.transformer.config, device)
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
     results = results_so_far(run_dir, args.task, datasets, encoded)
-    metric_names = datasets["dev"].metrics
+    dev, metric_names = encoded["dev"], datasets["dev"].metrics
     log = loop.LossLog(run, "examples")
-    with loop.progress_bar(total, start, f"finetune {args.task}", group) as progress:
+    with use_precision(args.precision), loop.progress_bar(total, start, args.task, group) as progress:
         for step in range(start, total):
             began = time.perf_counter()
             # one optimizer step on this rank's slice of the batch
@@ -326,9 +326,7 @@ def fine_tune(parser, args, group):
                 log.write(progress)
             # measure the dev set at the end of each epoch, keeping the best epoch's weights
             if steps_into_epoch == 0 and group.main:
-                progress.write(
-                    measure_dev(run, encoded["dev"], metric_names, results, done, epoch, args.batch_size)
-                )
+                progress.write(measure_dev(run, dev, metric_names, results, done, epoch, args.batch_size))
             # checkpoint at each epoch's end and every --save-every steps, and stop after one on Ctrl-C
             if saving:
                 checkpoint = run.save(done)
@@ -338,8 +336,9 @@ def fine_tune(parser, args, group):
         finish(run, args, datasets, encoded, results)
 
 
-def begin(run, args, tokenizer, train_set):
+def begin(run, args, tokenizer, datasets):
     """Write a new fine-tune's folder: tokenizer, config.json and the label names. Returns 0."""
+    train_set = datasets["train"]
     has_labels = train_set.labels is not None
     run.begin(run.model.transformer.config, tokenizer, args, has_labels=has_labels)
     if has_labels and run.group.main:

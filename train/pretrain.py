@@ -12,6 +12,7 @@ from itertools import islice
 import autograd as ag
 from autograd import functional as F
 from autograd.optim import Adam, warmup_cosine
+from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
 from tinygpt.generation import generate
@@ -19,7 +20,7 @@ from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import data, distributed, loop
 from .checkpoint import find_checkpoint
-from .cli import grouped_parser, non_negative_int, positive_int
+from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
 from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_metrics, run_folder_of
 
 
@@ -36,6 +37,8 @@ def parse_args(argv):
         parser.error(f"--batch-size {args.batch_size} is not a multiple of --grad-accum {args.grad_accum}")
     if args.tokenizer and args.gpt1_tokenizer:
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
+    if args.precision != "fp32" and args.dtype != "float32":
+        parser.error(f"--precision {args.precision} is for float32 weights, not --dtype {args.dtype}")
     if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
         parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
     return parser, args
@@ -67,6 +70,7 @@ def add_model_arguments(group):
         "--dropout", type=float, help="embedding, attention and residual (default: the preset's)"
     )
     group.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    add_precision_argument(group)
     group.add_argument(
         "--init-from", metavar="DIR", help="weights: a run, a checkpoint or an openai-gpt folder"
     )
@@ -265,7 +269,7 @@ def train_model(parser, args, group):
 
     warmup = min(args.warmup, args.steps // 10)
     log = loop.LossLog(run, "tokens")
-    with loop.progress_bar(args.steps, start, "pretrain", group) as progress:
+    with use_precision(args.precision), loop.progress_bar(args.steps, start, "pretrain", group) as progress:
         for step in range(start, args.steps):
             began = time.perf_counter()
             # one optimizer step on this rank's share of the batch, in --grad-accum backward passes

@@ -38,11 +38,12 @@ def reference_only():
     return _reference_only
 
 
-def choose(function, on_gpu):
+def choose(function, on_gpu, bfloat16=False):
     """(forward, backward) for one call of `function` on arrays of the CPU or of a GPU: its fast
     pair for that device when it has one and the reference is not asked for, else its own pair.
-    The two are chosen together: a backward reads what its own forward saved."""
-    if not _reference_only:
+    The two are chosen together: a backward reads what its own forward saved. The CPU's fast
+    paths are for float32 and float64: bfloat16 inputs on the CPU run the reference."""
+    if not _reference_only and not (bfloat16 and not on_gpu):
         device = "gpu" if on_gpu else "cpu"
         forward = getattr(function, f"forward_{device}")
         if forward is not None:

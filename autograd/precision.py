@@ -1,0 +1,68 @@
+"""Precision policies: which floating type the activations and the matrix products use.
+
+    fp32   float32 throughout (the default)
+    tf32   float32 values; on a GPU, float32 matrix products run on TF32 tensor cores (inputs
+           rounded to 10 bits of mantissa, float32 accumulation); everything else float32
+    bf16   activations, and so the inputs of matrix products, in bfloat16 (ml_dtypes); the
+           weights, their gradients, Adam's moments, and the statistics of layer norm, softmax,
+           cross-entropy and reductions in float32
+
+Under bf16 a model's activations become bfloat16 where they start, at the embedding: its output
+is bfloat16, and every op after it follows its input's type. An op that holds float32 weights
+(linear, layer norm) reads them in its input's type and gives them float32 gradients; an op
+that needs statistics (layer norm, softmax, cross-entropy, attention's softmax, GELU) computes
+them in float32 and gives its output in its input's type; cross-entropy's loss is float32.
+
+A policy holds inside `with use_precision("bf16"): ...`, or for the forward pass of a Module whose
+`precision` is set. A training step holds it around the backward pass too, which is where TF32
+matters as much as in the forward pass.
+"""
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+
+from . import backend
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+POLICIES = ("fp32", "tf32", "bf16")
+_policy = "fp32"
+
+
+def current():
+    """The policy in force: "fp32", "tf32" or "bf16"."""
+    return _policy
+
+
+@contextlib.contextmanager
+def use_precision(policy):
+    """`with use_precision("bf16"): ...`: the policy holds inside the block (None: the one in force)."""
+    global _policy
+    if policy is not None and policy not in POLICIES:
+        raise ValueError(f"precision must be one of {', '.join(POLICIES)}, got {policy!r}")
+    before = _policy
+    _policy = before if policy is None else policy
+    tf32_before = backend.set_tf32(_policy == "tf32")
+    try:
+        yield _policy
+    finally:
+        _policy = before
+        backend.set_tf32(tf32_before)
+
+
+def is_floating(dtype):
+    """True for float16/32/64 and bfloat16 (whose NumPy kind is not "f", but "V")."""
+    return dtype.kind == "f" or dtype == bfloat16
+
+
+def activation_dtype(dtype):
+    """The type of the activations that start from values of `dtype` (an embedding's weights):
+    bfloat16 under bf16 for float32 weights, else `dtype` itself."""
+    return bfloat16 if _policy == "bf16" and dtype == np.float32 else np.dtype(dtype)
+
+
+def widened(array):
+    """A bfloat16 array as float32, for statistics and elementwise math (any other array as it
+    is): NumPy computes on bfloat16 slowly, and sums of bfloat16 lose what float32 keeps."""
+    return array.astype(np.float32) if array.dtype == bfloat16 else array
