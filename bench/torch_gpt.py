@@ -100,7 +100,7 @@ if torch is not None:
             self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
 
         def forward(self, ids):
-            positions = torch.arange(ids.shape[1])
+            positions = torch.arange(ids.shape[1], device=ids.device)
             x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
             for block in self.h:
                 x = block(x)

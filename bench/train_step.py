@@ -4,6 +4,7 @@
     python bench/train_step.py --config gpt1-width   # 2 x 768 wide, vocab 40478, batch 1 x 512
     python bench/train_step.py --config gpt1 --no-memory   # the full gpt1 preset, batch 1 x 512
     python bench/train_step.py --preset mini --batch 8 --seq 256 [--device cpu|cuda] [--json PATH]
+    python bench/train_step.py --preset gpt1 --batch 8 --device cuda --precision bf16 --no-memory
 
 Both models have the same architecture, config, batch, dropout and thread count. Their steps run
 in alternating rounds in this one process (so both see the same load on a shared machine) and
@@ -46,6 +47,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: n_ctx)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"), help="both sides")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both libraries")
     parser.add_argument("--steps", type=int, default=7, help="timed rounds (one step of each side per round)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each side first")
@@ -87,7 +89,7 @@ from tinygpt import GPT, GPTConfig  # noqa: E402
 LR, L2 = 2.5e-4, 0.01  # GPT-1's learning rate and L2
 
 
-def tinygpt_step(config, ids, device):
+def tinygpt_step(config, ids, device, precision="fp32"):
     """A function that runs one tinygpt training step and returns the loss; and the model."""
     ag.manual_seed(0)
     model = GPT(config).to(device).train()
@@ -95,21 +97,24 @@ def tinygpt_step(config, ids, device):
     ids = backend.to_device(ids, device)
 
     def step():
-        loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        with ag.use_precision(precision):
+            loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
         return loss.item()  # brings the loss to the host, so the step has finished
 
     return step, model
 
 
-def torch_step(config, ids, threads):
-    """The same step in PyTorch: AdamW with GPT-1's L2 on matrices only, as tinygpt's Adam does."""
+def torch_step(config, ids, threads, device="cpu", precision="fp32"):
+    """The same step in PyTorch: AdamW with GPT-1's L2 on matrices only, as tinygpt's Adam does;
+    tf32 through PyTorch's TF32 switches, bf16 through autocast, as a PyTorch user would."""
     torch = torch_gpt.require_torch()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = torch_gpt.GPT(config).train()
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    model = torch_gpt.GPT(config).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
         [
@@ -118,17 +123,38 @@ def torch_step(config, ids, threads):
         ],
         lr=LR,
     )
-    ids = torch.from_numpy(ids)
+    ids = torch.from_numpy(ids).to(device)
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step():
-        logits = model(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        with autocast:
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
+            )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         return loss.item()
 
     return step
+
+
+# Dense matrix-product peaks (TFLOP/s) of GPUs by name, for the model FLOPs utilisation (MFU)
+PEAK_TFLOPS = {"H100": {"fp32": 67, "tf32": 494, "bf16": 989}, "H200": {"fp32": 67, "tf32": 494, "bf16": 989}}
+
+
+def flops_per_token(config, n_parameters, seq):
+    """nanoGPT's count of a training step's FLOPs per token: 6N + 12 L D T."""
+    return 6 * n_parameters + 12 * config.n_layer * config.n_embd * seq
+
+
+def gpu_peak_memory_gb(side):
+    """The most memory a side's allocator has held on the GPU, in GB: CuPy's memory pool (which
+    keeps what it once allocated) for tinygpt, torch.cuda.max_memory_allocated for PyTorch."""
+    if side == "tinygpt":
+        return backend.cupy.get_default_memory_pool().total_bytes() / 1e9
+    return torch_gpt.torch.cuda.max_memory_allocated() / 1e9
 
 
 def memory_kib(field):
@@ -148,9 +174,9 @@ def peak_memory(side, args, config, ids):
         f.write("5")  # restart the high-water mark from the present resident size
     before = memory_kib("VmRSS")
     step = (
-        tinygpt_step(config, ids, args.device)[0]
+        tinygpt_step(config, ids, args.device, args.precision)[0]
         if side == "tinygpt"
-        else torch_step(config, ids, args.threads)
+        else torch_step(config, ids, args.threads, args.device, args.precision)
     )
     for _ in range(3):
         step()
@@ -194,17 +220,18 @@ def time_apart(sides, args):
 SETTLE_S = 0.5  # idle time before each timed step: the other library's threads stop spinning
 
 
-def time_rounds(steps, rounds, warmup, all_times=False):
+def time_rounds(steps, rounds, warmup, all_times=False, settle_s=SETTLE_S):
     """Median seconds per step of each named step (or all the times), timed in alternating rounds.
     BLAS and OpenMP threads keep spinning a while after their work; the pause before each step
-    lets them stop, so neither side is timed while the other's threads still hold the cores."""
+    lets them stop, so neither side is timed while the other's threads still hold the cores (a
+    GPU's steps need none: settle_s=0)."""
     for step in steps.values():
         for _ in range(warmup):
             step()
     times = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            time.sleep(SETTLE_S)
+            time.sleep(settle_s)
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
@@ -222,6 +249,11 @@ def machine():
     return f"{model}, {os.cpu_count()} cores"
 
 
+def gpu_name():
+    """The name of the current CUDA device, as the driver gives it."""
+    return backend.cupy.cuda.runtime.getDeviceProperties(backend.cupy.cuda.Device().id)["name"].decode()
+
+
 def versions():
     found = {"python": platform.python_version(), "numpy": np.__version__}
     if torch_gpt.torch is not None:
@@ -237,24 +269,24 @@ def main(args):
     if args.child and args.child_times:
         side = args.child
         step = (
-            tinygpt_step(config, ids, device)[0]
+            tinygpt_step(config, ids, device, args.precision)[0]
             if side == "tinygpt"
-            else torch_step(config, ids, args.threads)
+            else torch_step(config, ids, args.threads, device, args.precision)
         )
         times = time_rounds({side: step}, args.steps, args.warmup, all_times=True)[side]
         return print(json.dumps({"times": times}))
     if args.child:
         return peak_memory(args.child, args, config, ids)
 
-    with_torch = args.torch and device == "cpu"
+    with_torch = args.torch
     if with_torch:
         torch_gpt.require_torch()
-    tinygpt, model = tinygpt_step(config, ids, device)
+    tinygpt, model = tinygpt_step(config, ids, device, args.precision)
     steps = {"tinygpt": tinygpt}
     if with_torch:
-        steps["torch"] = torch_step(config, ids, args.threads)
+        steps["torch"] = torch_step(config, ids, args.threads, device, args.precision)
     load = {"before": [round(x, 2) for x in os.getloadavg()]}  # other processes on the machine
-    medians = time_rounds(steps, args.steps, args.warmup)
+    medians = time_rounds(steps, args.steps, args.warmup, settle_s=SETTLE_S if device == "cpu" else 0)
     load["after"] = [round(x, 2) for x in os.getloadavg()]
     tokens = args.batch * seq
     name = args.config or args.preset
@@ -266,7 +298,8 @@ def main(args):
         "parameters": model.num_parameters(),
         "batch": args.batch,
         "seq": seq,
-        "device": device if device == "cpu" else f"{device} ({platform.node()})",
+        "device": device if device == "cpu" else f"{device} ({gpu_name()})",
+        "precision": args.precision,
         "threads": args.threads,
         "rounds": args.steps,
         "load_average": load,
@@ -274,8 +307,13 @@ def main(args):
         "versions": versions(),
         "date": date.today().isoformat(),
     }
+    peak = next((p for name, p in PEAK_TFLOPS.items() if name in result["device"]), {}).get(args.precision)
+    flops = flops_per_token(config, result["parameters"], seq)
     for side, median in medians.items():
         result[side] = {"step_s": round(median, 4), "tok_s": round(tokens / median, 1)}
+        if device != "cpu":
+            result[side]["peak_mem_gb"] = round(gpu_peak_memory_gb(side), 2)
+            result[side]["mfu"] = round(tokens / median * flops / (peak * 1e12), 4) if peak else None
     if with_torch:
         result["ratio"] = round(medians["torch"] / medians["tinygpt"], 3)  # tinygpt tokens/s over torch's
     print(
@@ -283,7 +321,8 @@ def main(args):
         f"{args.threads} threads, median of {args.steps} rounds:"
     )
     for side, median in medians.items():
-        print(f"  {side:8s} {median:7.3f} s per step  {tokens / median:9,.0f} tokens/s")
+        gpu = f", peak {result[side]['peak_mem_gb']} GB, MFU {result[side]['mfu']}" if device != "cpu" else ""
+        print(f"  {side:8s} {median:7.3f} s per step  {tokens / median:9,.0f} tokens/s{gpu}")
     if with_torch:
         print(f"  tinygpt / torch tokens/s: {result['ratio']:.2f}")
     if args.apart and device == "cpu":
