@@ -19,6 +19,7 @@ from .attention import (  # noqa: F401 (offered as F.* with the rest)
 )
 from .backend import get_array_module
 from .kernels import cross_entropy as cross_entropy_kernels
+from .kernels import dropout as dropout_kernels
 from .kernels import gelu as gelu_kernels
 from .kernels import layer_norm as layer_norm_kernels
 from .kernels import linear as linear_kernels
@@ -362,6 +363,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 class Dropout(Function):
     """y = x keep / (1 - p), with keep a random mask of entries kept with probability 1 - p
     (inverted dropout: the mean is unchanged);  dx = dy keep / (1 - p)."""
+
+    forward_gpu, backward_gpu = dropout_kernels.forward_gpu, dropout_kernels.backward_gpu
 
     @staticmethod
     def forward(ctx, x, p, generator):

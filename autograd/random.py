@@ -87,26 +87,32 @@ class MaskStream:
         self.site = 0  # the next draw's
         self.rows_per_example = 1  # rows of a drawn array per example (see rows_per_example)
 
+    def next_key(self, p):
+        """The next draw, used up, as the numbers it is drawn from (a CUDA kernel that draws it
+        itself takes them: autograd/kernels/cuda/common.cuh): (seed, step mod 2^32, site, the
+        first example's index, the threshold round(p * 65536) of the 16-bit numbers kept)."""
+        site, self.site = self.site, self.site + 1
+        first = self.first_example * self.rows_per_example
+        return self.seed, self.step & 0xFFFFFFFF, site, first, round(p * 65536)
+
     def keep_mask(self, shape, p, xp=np):
         """The next draw: a boolean array of `shape` that keeps each entry with probability 1 - p.
         On the CPU the work is cut into pieces of rows and counters, run on all the cores."""
-        site, self.site = self.site, self.site + 1
+        seed, step, site, first, threshold = self.next_key(p)
         shape = tuple(shape)
         n_examples = shape[0] if len(shape) >= 2 else 1
         n_positions = int(np.prod(shape[1:] if len(shape) >= 2 else shape))
-        threshold = round(p * 65536)
         if threshold > 0xFFFF:  # p = 1: no 16-bit number is kept
             return xp.zeros(shape, dtype=bool)
         n_counters = -(-n_positions // 8)  # 8 positions per Philox output
-        key = (self.seed & 0xFFFFFFFF, self.step & 0xFFFFFFFF)
+        key = (seed & 0xFFFFFFFF, step)
         counters = xp.arange(n_counters, dtype=xp.uint32)  # j // 8
-        first = self.first_example * self.rows_per_example
         examples = xp.arange(n_examples, dtype=xp.uint32)[:, None] + xp.uint32(first)
         keep = xp.empty((n_examples, 8 * n_counters), dtype=bool)
 
         def draw(piece):
             rows, columns = piece
-            words = philox4x32_10((counters[columns], examples[rows], site, self.seed >> 32), key, xp)
+            words = philox4x32_10((counters[columns], examples[rows], site, seed >> 32), key, xp)
             # (rows, columns, 4) words seen as 8 16-bit numbers each, the low half first
             # (little-endian, as on every machine NumPy and CuPy run on)
             numbers = xp.stack(words, axis=-1).view(xp.uint16).reshape(len(words[0]), -1)

@@ -85,7 +85,7 @@ class Function:
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
         on_gpu = any(backend.get_array_module(t.data) is not np for t in tensors)
-        forward, backward = kernels.choose(cls, on_gpu, any(t.dtype == bfloat16 for t in tensors))
+        forward, backward = kernels.choose(cls, on_gpu, {t.dtype for t in tensors if is_floating(t.dtype)})
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
         out = _unpromoted(out, float_dtype)

@@ -38,13 +38,17 @@ def reference_only():
     return _reference_only
 
 
-def choose(function, on_gpu, bfloat16=False):
+FAST_DTYPES = {"cpu": {"float32", "float64"}, "gpu": {"float32", "bfloat16"}}
+
+
+def choose(function, on_gpu, float_dtypes=()):
     """(forward, backward) for one call of `function` on arrays of the CPU or of a GPU: its fast
-    pair for that device when it has one and the reference is not asked for, else its own pair.
-    The two are chosen together: a backward reads what its own forward saved. The CPU's fast
-    paths are for float32 and float64: bfloat16 inputs on the CPU run the reference."""
-    if not _reference_only and not (bfloat16 and not on_gpu):
-        device = "gpu" if on_gpu else "cpu"
+    pair for that device when it has one, takes the inputs' floating dtypes and the reference is
+    not asked for, else its own pair. The two are chosen together: a backward reads what its own
+    forward saved. The CPU's fast paths take float32 and float64, the GPU's float32 and bfloat16
+    (float64 on a GPU, as the gradient tests use, runs the reference)."""
+    device = "gpu" if on_gpu else "cpu"
+    if not _reference_only and all(str(dtype) in FAST_DTYPES[device] for dtype in float_dtypes):
         forward = getattr(function, f"forward_{device}")
         if forward is not None:
             return forward, getattr(function, f"backward_{device}")

@@ -25,8 +25,13 @@ from tests.autograd.test_registry import _import_all, _subclasses
 from tests.helpers import arrays, shapes
 
 FAST_PATH_TESTED = set()  # Functions whose fast paths a test below compares with the reference
-TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
+TOLERANCE = {
+    np.dtype(np.float32): dict(rtol=2e-5, atol=2e-6),
+    np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
+    ag.bfloat16: dict(rtol=2**-7, atol=2**-7),  # one bfloat16 rounding apart at most
+}
 DTYPES = [np.float32, np.float64]
+WITH_BF16 = [np.float32, np.float64, ag.bfloat16]  # the GPU's fast paths take bfloat16 too
 
 
 def compares_fast_path_of(*functions):
@@ -51,10 +56,11 @@ def assert_fast_equals_reference(fn, inputs, device, dtype):
         ["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference
     ):
         assert a.dtype == b.dtype == dtype, name
+        a, b, tolerance = a.astype(np.float64), b.astype(np.float64), TOLERANCE[np.dtype(dtype)]
         # rounding follows the largest values an entry is computed from (a row's sums), so the
         # absolute tolerance scales with the largest entry: a small one next to large ones may
         # come out of a cancellation
-        rtol, atol = TOLERANCE[dtype]["rtol"], TOLERANCE[dtype]["atol"] * max(1.0, float(np.abs(b).max()))
+        rtol, atol = tolerance["rtol"], tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
 
 
@@ -105,6 +111,14 @@ def test_layer_norm(device, dtype, affine, data):
     assert_fast_equals_reference(
         lambda x, *p: F.layer_norm(x, **dict(zip(affine, p))), [x, *params], device, dtype
     )
+
+
+@compares_fast_path_of(F.Dropout)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@given(arrays(shapes(max_dims=4), -3.0, 3.0), st.sampled_from([0.1, 0.5, 1.0]), SEEDS)
+def test_dropout(device, dtype, x, p, seed):
+    """The mask the kernel draws is the one the reference draws: the same entries dropped."""
+    assert_fast_equals_reference(lambda t: F.dropout(t, p, generator=fresh_stream(seed)), [x], device, dtype)
 
 
 @compares_fast_path_of(F.ScaledDotProductAttention)

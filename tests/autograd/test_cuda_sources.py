@@ -1,0 +1,143 @@
+"""Every CUDA source compiles under NVRTC, for sm_80 and sm_90, with no error and no warning. No GPU
+or driver is needed (CuPy's binding to NVRTC works without them): a compile error is found here,
+never first on a GPU. And the device helpers of common.cuh, built as plain C++ with g++, give the
+bits of autograd/random.py's dropout masks and of ml_dtypes' bfloat16 rounding."""
+
+import os
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autograd import random
+from autograd.kernels import gpu
+
+if os.environ.get("CI"):  # CI installs NVRTC: there a missing one must fail, not skip
+    from cupy_backends.cuda.libs import nvrtc
+else:
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
+
+SOURCES = sorted(path.stem for path in gpu.SOURCES.glob("*.cu"))
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+@pytest.mark.parametrize("name", SOURCES)
+def test_every_cuda_source_compiles_without_a_warning(name, arch):
+    program = nvrtc.createProgram(gpu.source(name), f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *gpu.OPTIONS])
+    except nvrtc.NVRTCError:
+        pytest.fail(nvrtc.getProgramLog(program))
+    assert nvrtc.getProgramLog(program).strip() == ""
+
+
+DRIVER = r"""
+#include <cstdio>
+int main() {
+    char mode;
+    while (std::scanf(" %c", &mode) == 1) {
+        if (mode == 'p') {  // p c0 c1 c2 c3 k0 k1: Philox4x32-10
+            unsigned int c[4], k0, k1;
+            std::scanf("%u %u %u %u %u %u", &c[0], &c[1], &c[2], &c[3], &k0, &k1);
+            philox4x32_10(c, k0, k1);
+            std::printf("%u %u %u %u\n", c[0], c[1], c[2], c[3]);
+        } else if (mode == 'd') {  // d seed step site threshold example j: a dropout decision
+            MaskKey key;
+            unsigned int example;
+            unsigned long long j;
+            std::scanf("%llu %u %u %u", &key.seed, &key.step, &key.site, &key.threshold);
+            std::scanf("%u %llu", &example, &j);
+            std::printf("%d\n", dropout_keeps(key, example, j) ? 1 : 0);
+        } else if (mode == 'b') {  // b bits: a float32 (as its bits) stored as bfloat16
+            unsigned int bits;
+            std::scanf("%u", &bits);
+            bf16 out;
+            store(&out, 0, bits_to_float(bits));
+            std::printf("%u\n", static_cast<unsigned int>(out));
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def common_on_host(tmp_path_factory):
+    """common.cuh with a driver that reads requests on stdin, built with g++; a function that
+    sends lines and returns the answers."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build common.cuh on the host")
+    folder = tmp_path_factory.mktemp("common")
+    (folder / "driver.cpp").write_text((gpu.SOURCES / "common.cuh").read_text() + DRIVER)
+    subprocess.run(
+        ["g++", "-std=c++17", "-O1", "-o", str(folder / "driver"), str(folder / "driver.cpp")], check=True
+    )
+
+    def ask(lines):
+        done = subprocess.run(
+            [str(folder / "driver")], input="\n".join(lines), capture_output=True, text=True, check=True
+        )
+        return done.stdout.split("\n")[: len(lines)]
+
+    return ask
+
+
+WORD = st.integers(0, 2**32 - 1)
+
+
+@settings(max_examples=10)
+@given(st.lists(st.tuples(*[WORD] * 6), min_size=1, max_size=20))
+def test_philox_on_the_host_gives_numpys_bits(common_on_host, requests):
+    answers = common_on_host([f"p {' '.join(map(str, r))}" for r in requests])
+    for (c0, c1, c2, c3, k0, k1), answer in zip(requests, answers):
+        expected = random.philox4x32_10(
+            (np.uint32(c0), np.uint32(c1), np.uint32(c2), np.uint32(c3)), (k0, k1)
+        )
+        assert [int(w) for w in answer.split()] == [int(w) for w in expected]
+
+
+@settings(max_examples=10)
+@given(
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 5),
+    st.integers(0, 1000),
+    st.sampled_from([0.0, 0.1, 0.5, 0.9]),
+    st.integers(1, 3),
+    st.integers(1, 40),
+)
+def test_dropout_decisions_on_the_host_are_the_masks_of_autograd_random(
+    common_on_host, seed, step, site, first, p, examples, per_example
+):
+    """Entry (b, j) kept by common.cuh's dropout_keeps exactly where MaskStream's mask keeps it."""
+    stream = random.MaskStream(seed, step, first)
+    stream.site = site
+    expected = stream.keep_mask((examples, per_example), p)
+    threshold = round(p * 65536)
+    lines = [
+        f"d {seed} {step & 0xFFFFFFFF} {site} {threshold} {first + b} {j}"
+        for b in range(examples)
+        for j in range(per_example)
+    ]
+    kept = np.array([int(a) for a in common_on_host(lines)], dtype=bool).reshape(examples, per_example)
+    np.testing.assert_array_equal(kept, expected)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # ml_dtypes, for the NaNs
+@settings(max_examples=10)
+@given(st.lists(WORD, min_size=1, max_size=50))
+def test_bfloat16_rounding_on_the_host_is_ml_dtypes(common_on_host, words):
+    """Any float32 (NaN, infinities, subnormals, halfway cases among them) rounds to the bfloat16
+    that ml_dtypes gives, bit for bit (a NaN to a NaN)."""
+    words += [0x3F808000, 0x3F818000, 0x7F800000, 0xFF800000, 0x00000001, 0x7FC00000, 0x7F800001]
+    answers = [int(a) for a in common_on_host([f"b {w}" for w in words])]
+    values = np.array(words, dtype=np.uint32).view(np.float32)
+    expected = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    for value, answer, bits in zip(values, answers, expected):
+        if np.isnan(value):
+            assert np.isnan(np.array([answer], np.uint16).view(ml_dtypes.bfloat16)[0])
+        else:
+            assert answer == bits, f"{value!r}: {answer:#06x} against {int(bits):#06x}"
