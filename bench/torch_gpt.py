@@ -44,9 +44,12 @@ if torch is not None:
             return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
 
     class Attention(nn.Module):
-        def __init__(self, config):
+        """Written out as transformers does, or (sdpa) through torch's scaled_dot_product_attention,
+        which picks a flash or memory-efficient kernel on a GPU: the strongest eager baseline."""
+
+        def __init__(self, config, sdpa=False):
             super().__init__()
-            self.n_head, self.attn_pdrop = config.n_head, config.attn_pdrop
+            self.n_head, self.attn_pdrop, self.sdpa = config.n_head, config.attn_pdrop, sdpa
             self.c_attn = Conv1D(config.n_embd, 3 * config.n_embd, config.initializer_range)
             self.c_proj = Conv1D(config.n_embd, config.n_embd, config.initializer_range)
             self.resid_dropout = nn.Dropout(config.resid_pdrop)
@@ -58,6 +61,10 @@ if torch is not None:
             batch, time, width = x.shape
             q, k, v = self.c_attn(x).split(width, dim=2)
             q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            if self.sdpa:
+                p = self.attn_pdrop if self.training else 0.0
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+                return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(batch, time, width)))
             scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
             scores = scores.masked_fill(~self.causal[:time, :time], float("-inf"))
             weights = F.dropout(scores.softmax(dim=-1), self.attn_pdrop, self.training)
@@ -75,9 +82,9 @@ if torch is not None:
             return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
     class Block(nn.Module):
-        def __init__(self, config):
+        def __init__(self, config, sdpa=False):
             super().__init__()
-            self.attn = Attention(config)
+            self.attn = Attention(config, sdpa)
             self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
             self.mlp = MLP(config)
             self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
@@ -87,9 +94,10 @@ if torch is not None:
             return self.ln_2(n + self.mlp(n))
 
     class GPT(nn.Module):
-        """GPT-1 for a tinygpt.GPTConfig; model(ids) gives the LM logits."""
+        """GPT-1 for a tinygpt.GPTConfig; model(ids) gives the LM logits. sdpa: attention through
+        torch's scaled_dot_product_attention."""
 
-        def __init__(self, config):
+        def __init__(self, config, sdpa=False):
             super().__init__()
             std = config.initializer_range
             self.tokens_embed = nn.Embedding(config.vocab_size, config.n_embd)
@@ -97,7 +105,7 @@ if torch is not None:
             nn.init.normal_(self.tokens_embed.weight, std=std)
             nn.init.normal_(self.positions_embed.weight, std=std)
             self.drop = nn.Dropout(config.embd_pdrop)
-            self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+            self.h = nn.ModuleList(Block(config, sdpa) for _ in range(config.n_layer))
 
         def forward(self, ids):
             positions = torch.arange(ids.shape[1], device=ids.device)
@@ -105,3 +113,33 @@ if torch is not None:
             for block in self.h:
                 x = block(x)
             return x @ self.tokens_embed.weight.T
+
+
+def transformers_gpt(config):
+    """transformers' OpenAIGPTLMHeadModel for a tinygpt.GPTConfig, as a user of it would build it,
+    with a forward that gives the LM logits; SystemExit naming the package where it is missing."""
+    try:
+        from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+    except ImportError:
+        raise SystemExit("the transformers baseline needs transformers: pip install transformers") from None
+    hf_config = OpenAIGPTConfig(
+        vocab_size=config.vocab_size,
+        n_positions=config.n_ctx,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        resid_pdrop=config.resid_pdrop,
+        embd_pdrop=config.embd_pdrop,
+        attn_pdrop=config.attn_pdrop,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+    )
+
+    class LogitsOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = OpenAIGPTLMHeadModel(hf_config)
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).logits
+
+    return LogitsOnly()

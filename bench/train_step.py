@@ -107,14 +107,22 @@ def tinygpt_step(config, ids, device, precision="fp32"):
     return step, model
 
 
-def torch_step(config, ids, threads, device="cpu", precision="fp32"):
+BASELINES = {  # name: how to build the PyTorch model
+    "torch": lambda config: torch_gpt.GPT(config),  # attention written out, as transformers does
+    "torch-sdpa": lambda config: torch_gpt.GPT(config, sdpa=True),  # the strongest eager baseline
+    "transformers": lambda config: torch_gpt.transformers_gpt(config),  # OpenAIGPTLMHeadModel
+}
+
+
+def torch_step(config, ids, threads, device="cpu", precision="fp32", baseline="torch"):
     """The same step in PyTorch: AdamW with GPT-1's L2 on matrices only, as tinygpt's Adam does;
     tf32 through PyTorch's TF32 switches, bf16 through autocast, as a PyTorch user would."""
     torch = torch_gpt.require_torch()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    model = torch_gpt.GPT(config).to(device).train()
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    model = BASELINES[baseline](config).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
         [
