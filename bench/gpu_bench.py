@@ -140,8 +140,9 @@ def main(argv=None):
     config = GPTConfig.preset(args.preset)
     device = gpu_check.describe("cuda")
     peaks = next((p for name, p in train_step.PEAK_TFLOPS.items() if name in device["name"]), {})
+    flops = train_step.flops_per_token(config, train_step.GPT(config).num_parameters(), args.seq)
     rows = [
-        measure(args, config, batch, precision, peaks.get(precision))
+        measure(args, config, batch, precision, flops, peaks.get(precision))
         for batch in args.batch
         for precision in args.precision
     ]
