@@ -20,6 +20,7 @@ from .attention import (  # noqa: F401 (offered as F.* with the rest)
 from .backend import get_array_module
 from .kernels import cross_entropy as cross_entropy_kernels
 from .kernels import dropout as dropout_kernels
+from .kernels import embedding as embedding_kernels
 from .kernels import gelu as gelu_kernels
 from .kernels import layer_norm as layer_norm_kernels
 from .kernels import linear as linear_kernels
@@ -100,6 +101,7 @@ class Embedding(Function):
 
     returns_new_arrays = True
     mixes_floats = True
+    forward_gpu, backward_gpu = embedding_kernels.forward_gpu, embedding_kernels.backward_gpu
 
     @staticmethod
     def forward(ctx, ids, weight, dtype):
@@ -193,6 +195,7 @@ class CrossEntropy(Function):
 
     mixes_floats = True
     forward_cpu, backward_cpu = cross_entropy_kernels.forward_cpu, cross_entropy_kernels.backward_cpu
+    forward_gpu, backward_gpu = cross_entropy_kernels.forward_gpu, cross_entropy_kernels.backward_gpu
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index):
@@ -258,6 +261,7 @@ class GELU(Function):
     """
 
     forward_cpu, backward_cpu = gelu_kernels.forward_cpu, gelu_kernels.backward_cpu
+    forward_gpu, backward_gpu = gelu_kernels.forward_gpu, gelu_kernels.backward_gpu
 
     @staticmethod
     def forward(ctx, x):
@@ -322,6 +326,7 @@ class LayerNorm(Function):
 
     mixes_floats = True
     forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
+    forward_gpu, backward_gpu = layer_norm_kernels.forward_gpu, layer_norm_kernels.backward_gpu
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import parallel
 from .backend import get_array_module
+from .kernels import adam as adam_kernels
 from .tensor import no_grad
 
 
@@ -54,10 +55,14 @@ class Adam:
 
         On the CPU the parameters are cut into blocks of a few ten thousand numbers, shared out
         among the cores: the update is a dozen passes over p, g, m and v, and on a block they run
-        in the cache rather than in main memory (three times faster on GPT-1's embedding). A
-        GPU's arrays go whole, one launch per operator.
+        in the cache rather than in main memory (three times faster on GPT-1's embedding). On a
+        GPU, float32 parameters go through one multi-tensor kernel (autograd/kernels/adam.py);
+        other arrays of a GPU go whole, one launch per operator.
         """
         self.step_count += 1
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if adam_kernels.takes([*(p.data for p in self.params), *self.m, *self.v, *grads]):
+            return adam_kernels.adam_step(self)
         blocks = []
         for p, m, v in zip(self.params, self.m, self.v):
             if p.grad is None:
@@ -129,11 +134,14 @@ def clip_grad_norm(params, max_norm):
 
     The norm, the factor and the scaling stay on the parameters' device: nothing waits for the
     GPU. Returns the norm before clipping, a 0-d array there (float() it to log it: a read); a
-    0-d NumPy zero when no parameter has a gradient.
+    0-d NumPy zero when no parameter has a gradient. Float32 gradients of a GPU go through three
+    multi-tensor kernels (autograd/kernels/adam.py).
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return np.zeros((), np.float32)
+    if adam_kernels.takes(grads):
+        return adam_kernels.clip_grad_norm(grads, max_norm)
     xp = get_array_module(grads[0])
     squares = xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads])  # each gradient's sum of squares
     norm = xp.asarray(xp.sqrt(squares.sum()))  # a 0-d array (NumPy's sum gives a scalar)

@@ -1,10 +1,19 @@
-"""Cross-entropy's CPU path. The forward goes through the logits in blocks of rows, so its exp
-lands in a small buffer, and keeps only each row's maximum and log-sum-exp; the backward writes
-softmax(logits) - onehot(target) straight into the one array it returns, block by block."""
+"""Cross-entropy's fast paths.
+
+CPU: the forward goes through the logits in blocks of rows, so its exp lands in a small buffer,
+and keeps only each row's maximum and log-sum-exp; the backward writes softmax(logits) -
+onehot(target) straight into the one array it returns, block by block.
+
+CUDA (autograd/kernels/cuda/cross_entropy.cu): one block per row reduces the row's maximum and
+sum of exp in float32 and keeps only those two numbers (the log-sum-exp, in the reference's two
+parts); the backward writes softmax(logits) - onehot(target) from the logits and them, in the
+logits' type.
+"""
 
 import numpy as np
 
-from .. import buffers, parallel
+from .. import backend, buffers, parallel
+from . import gpu
 
 
 def forward_cpu(ctx, logits, targets, ignore_index):
@@ -40,3 +49,40 @@ def backward_cpu(ctx, grad):
     parallel.run(softmax_times_weight, parallel.blocks(*grad_logits.shape))
     grad_logits[ctx.rows, ctx.targets] -= weight[:, 0]
     return grad_logits.reshape(ctx.shape), None
+
+
+def forward_gpu(ctx, logits, targets, ignore_index):
+    xp = backend.get_array_module(logits)
+    n_classes = logits.shape[-1]
+    if n_classes == 0:
+        raise ValueError("cross_entropy: logits with no classes have no log-sum-exp")
+    ctx.logits = xp.ascontiguousarray(logits)  # the input itself (a copy only if it is strided)
+    ctx.targets = xp.ascontiguousarray(targets.reshape(-1), dtype=xp.int64)
+    ctx.ignore_index, rows = ignore_index, len(ctx.targets)
+    losses = xp.empty(rows, xp.float32)
+    ctx.row_max, ctx.log_sum = xp.empty(rows, xp.float32), xp.empty(rows, xp.float32)  # for the backward
+    if rows:
+        kernel = gpu.kernel("cross_entropy", "cross_entropy_forward", logits.dtype)
+        written = (losses, ctx.row_max, ctx.log_sum)
+        kernel(
+            (rows,),
+            (gpu.THREADS,),
+            (ctx.logits, ctx.targets, *written, np.int64(n_classes), np.int64(ignore_index)),
+        )
+    return losses.reshape(targets.shape)
+
+
+def backward_gpu(ctx, grad):
+    xp = backend.get_array_module(grad)
+    grad = xp.ascontiguousarray(grad.reshape(-1), dtype=xp.float32)  # one loss gradient per row
+    grad_logits = xp.empty(ctx.logits.shape, ctx.logits.dtype)
+    rows, n_classes = len(ctx.targets), ctx.logits.shape[-1]
+    if rows:
+        kernel = gpu.kernel("cross_entropy", "cross_entropy_backward", grad_logits.dtype)
+        saved = (ctx.logits, ctx.targets, ctx.row_max, ctx.log_sum)
+        kernel(
+            (rows,),
+            (gpu.THREADS,),
+            (*saved, grad, grad_logits, np.int64(n_classes), np.int64(ctx.ignore_index)),
+        )
+    return grad_logits, None

@@ -166,12 +166,22 @@ def test_every_fast_path_is_compared_with_its_reference():
 # ----- the rule that picks the path
 
 
-def test_choose_gives_the_fast_pair_on_the_cpu_and_the_reference_when_asked():
-    assert kernels.choose(F.GELU, on_gpu=False) == (F.GELU.forward_cpu, F.GELU.backward_cpu)
+def test_choose_gives_the_fast_pair_for_its_device_and_dtypes_and_the_reference_when_asked():
+    f32, f64, bf16 = np.dtype(np.float32), np.dtype(np.float64), ag.bfloat16
+    reference = (F.GELU.forward, F.GELU.backward)
+    assert kernels.choose(F.GELU, on_gpu=False, float_dtypes={f32}) == (
+        F.GELU.forward_cpu,
+        F.GELU.backward_cpu,
+    )
+    assert kernels.choose(F.GELU, on_gpu=True, float_dtypes={bf16}) == (
+        F.GELU.forward_gpu,
+        F.GELU.backward_gpu,
+    )
+    assert kernels.choose(F.GELU, on_gpu=False, float_dtypes={bf16}) == reference  # the CPU's: f32, f64
+    assert kernels.choose(F.GELU, on_gpu=True, float_dtypes={f64}) == reference  # the GPU's: f32, bf16
     assert kernels.choose(F.Embedding, on_gpu=False) == (F.Embedding.forward, F.Embedding.backward)  # none
-    assert kernels.choose(F.GELU, on_gpu=True) == (F.GELU.forward, F.GELU.backward)  # no CUDA path yet
     with ag.use_reference():
-        assert kernels.choose(F.GELU, on_gpu=False) == (F.GELU.forward, F.GELU.backward)
+        assert kernels.choose(F.GELU, on_gpu=False, float_dtypes={f32}) == reference
 
 
 def test_use_reference_as_a_context_restores_the_choice_before_it():

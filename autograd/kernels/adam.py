@@ -1,0 +1,151 @@
+"""Adam and global-norm clipping on a GPU in a few launches (autograd/kernels/cuda/adam.cu).
+
+autograd/optim.py writes Adam.step and clip_grad_norm as whole-array formulas, one CuPy launch
+per operator and per parameter: GPT-1's 146 parameters make about 1,850 launches a step in Adam
+and 300 in clipping. Here all the parameters go through each kernel together: it reads tables of
+the tensors' device pointers and sizes, cut into chunks of CHUNK numbers, one block per chunk.
+
+Launches per step, whatever the number of parameters:
+
+    Adam.step        1 upload (the gradients' pointers) + 1 kernel
+    clip_grad_norm   1 upload (the gradients' pointers) + 3 kernels: each chunk's sum of squares;
+                     the norm and the clip factor, on the device (no host read); the scaling
+
+The gradients are new arrays each step, so their pointers go up each time (an upload, no read
+back). The other tables (parameters' and moments' pointers, sizes, the chunks) are uploaded on the
+first step and again only when those arrays change, as after load_state_dict. An array not in C
+order (the kernels index flat) costs one copy more, and one back where a kernel writes to it.
+
+optim.py keeps its own code as the reference: it runs wherever `takes` says no.
+"""
+
+import functools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import backend, kernels
+from . import gpu
+
+CHUNK = 4096  # numbers per block; a chunk lies in one tensor
+THREADS = 256  # threads per block: CLIP_THREADS of adam.cu, where the tree sums start halving
+
+
+def takes(arrays):
+    """The rule, in the spirit of kernels.choose: the kernels run on float32 CuPy arrays unless
+    the reference is asked for (kernels.use_reference); anything else runs optim.py's code."""
+    cupy = backend.cupy
+    return (
+        cupy is not None
+        and not kernels.reference_only()
+        and len(arrays) > 0
+        and all(isinstance(a, cupy.ndarray) and a.dtype == np.float32 for a in arrays)
+    )
+
+
+class Chunks(NamedTuple):
+    """Tensors of `sizes` cut into chunks of CHUNK numbers: chunk b is the numbers from start[b]
+    of tensor tensor[b]. All but `count` are device arrays."""
+
+    count: int
+    sizes: object  # int64, one per tensor
+    tensor: object  # int32, one per chunk
+    start: object  # int64, one per chunk
+
+
+def chunk_layout(sizes):
+    """For tensors of `sizes`: each chunk's tensor (int32) and first number there (int64), host arrays."""
+    counts = np.array([-(-n // CHUNK) for n in sizes], dtype=np.int64)
+    tensor = np.repeat(np.arange(len(sizes), dtype=np.int32), counts)
+    first = np.cumsum(counts) - counts  # each tensor's first chunk
+    start = (np.arange(len(tensor), dtype=np.int64) - np.repeat(first, counts)) * CHUNK
+    return tensor, start
+
+
+@functools.lru_cache(maxsize=16)
+def chunks(sizes, device_id):
+    """The chunks of tensors of `sizes` (a tuple), uploaded to the current device, `device_id`, once
+    per list of sizes."""
+    tensor, start = chunk_layout(sizes)
+    return Chunks(len(tensor), *map(backend.cupy.asarray, (np.array(sizes, np.int64), tensor, start)))
+
+
+@functools.lru_cache(maxsize=16)
+def table(values, dtype, device_id):
+    """`values` (a tuple: pointers, ranks) uploaded to the current device, `device_id`, once while
+    they do not change."""
+    return backend.cupy.asarray(np.array(values, dtype=dtype))
+
+
+def pointers(arrays):
+    """The device pointers of `arrays` (0 for a None) as a tuple."""
+    return tuple(0 if a is None else a.data.ptr for a in arrays)
+
+
+def in_c_order(array):
+    """`array` itself, or a copy in C order where it is strided: the kernels index it flat."""
+    return array if array is None or array.flags.c_contiguous else backend.cupy.ascontiguousarray(array)
+
+
+def copy_back(arrays, copies):
+    """What a kernel wrote into the C-order copy of a strided array, written into the array."""
+    for array, copy in zip(arrays, copies):
+        if copy is not array:
+            array[...] = copy
+
+
+def adam_step(opt):
+    """One step of `opt`, an autograd.optim.Adam whose step_count already counts it, on every
+    parameter with a gradient: one kernel (see optim.Adam for the math). A parameter whose grad
+    is None gets a null pointer, and the kernel leaves it and its moments alone."""
+    cupy, params = backend.cupy, [p.data for p in opt.params]
+    with params[0].device as device:
+        arrays = [[in_c_order(a) for a in group] for group in (params, opt.m, opt.v)]
+        grads = [in_c_order(p.grad) for p in opt.params]
+        parts = chunks(tuple(a.size for a in params), device.id)
+        if parts.count == 0:
+            return
+        p_table, m_table, v_table = (table(pointers(group), np.uint64, device.id) for group in arrays)
+        ranks = table(tuple(a.ndim for a in params), np.int32, device.id)
+        grad_table = cupy.asarray(np.array(pointers(grads), dtype=np.uint64))
+
+        t, (b1, b2), coupled = opt.step_count, opt.betas, opt.l2_mode == "coupled"
+        if coupled:  # the reference's own expressions, in double, then float32
+            root, step_size = math.sqrt(1 - b2**t), opt.lr / (1 - b1**t)
+        else:
+            root, step_size = 1.0, opt.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+        decays = bool(opt.l2)
+        args = (
+            *(p_table, grad_table, m_table, v_table, parts.sizes, ranks, parts.tensor, parts.start),
+            np.int64(CHUNK),
+            *map(np.float32, (b1, 1 - b1, b2, 1 - b2, opt.eps, opt.l2, step_size, root)),
+            np.int32(coupled),
+            np.int32(decays),  # tensors of two or more dimensions
+            np.int32(decays and (coupled or opt.vector_l2)),  # the others
+        )
+        gpu.kernel("adam", "adam_step", np.float32)((parts.count,), (THREADS,), args)
+        for originals, copies in zip((params, opt.m, opt.v), arrays):
+            copy_back(originals, copies)
+
+
+def clip_grad_norm(grads, max_norm):
+    """optim.clip_grad_norm on float32 gradients of a GPU (at least one): the norm before
+    clipping as a 0-d device array, every gradient scaled in place by
+    min(1, max_norm / (norm + 1e-6)), all in three kernels and without a read from the device."""
+    cupy = backend.cupy
+    with grads[0].device as device:
+        copies = [in_c_order(g) for g in grads]
+        parts = chunks(tuple(g.size for g in copies), device.id)
+        grad_table = cupy.asarray(np.array(pointers(copies), dtype=np.uint64))
+        partials = cupy.empty(parts.count, dtype=np.float32)
+        norm, scale = cupy.empty((), dtype=np.float32), cupy.empty((), dtype=np.float32)
+        by_chunk = (grad_table, parts.sizes, parts.tensor, parts.start, np.int64(CHUNK))
+        if parts.count:
+            gpu.kernel("adam", "chunk_squares", np.float32)((parts.count,), (THREADS,), (*by_chunk, partials))
+        factor_args = (partials, np.int64(parts.count), np.float32(max_norm), norm, scale)
+        gpu.kernel("adam", "clip_factor", np.float32)((1,), (THREADS,), factor_args)
+        if parts.count:
+            gpu.kernel("adam", "scale_chunks", np.float32)((parts.count,), (THREADS,), (*by_chunk, scale))
+        copy_back(grads, copies)
+    return norm

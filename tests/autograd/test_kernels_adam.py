@@ -1,0 +1,142 @@
+"""Adam and clip_grad_norm on their multi-tensor kernels (autograd/kernels/adam.py) give the numbers of
+optim.py's own code, the reference: over several steps, in both L2 modes, with vector_l2 on and off,
+with parameters left without a gradient, strided gradients, and clipping above and below the limit.
+
+On the CPU both runs take the reference (as every fast-path test does there); the chunk layout the
+kernels read and the rule that picks the path are checked here too."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import autograd as ag
+from autograd import backend
+from autograd.kernels import adam as adam_kernels
+from autograd.nn import Parameter
+from autograd.optim import Adam, clip_grad_norm
+from tests.autograd.test_kernels import TOLERANCE
+
+CHUNK = adam_kernels.CHUNK
+SIDES = st.sampled_from([1, 2, 3, 7, 63, 64, 65]) | st.integers(1, 100)  # 64 x 64 is one CHUNK
+LENGTHS = st.sampled_from([1, 5, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17]) | st.integers(1, 5000)
+SHAPES = st.one_of(st.just(()), st.tuples(LENGTHS), st.tuples(SIDES, SIDES))
+GPT1 = [(768,), (768, 2304), (768, 768), (3072,), (768, 3072), (512, 768), (40478, 7)]  # (40478, 7): odd
+CLIPS = [None, 0.5, 2.0]  # no clipping; max_norm half the gradients' norm (clipped); twice it (left alone)
+
+
+def options():
+    return st.fixed_dictionaries(
+        dict(
+            lr=st.floats(1e-3, 0.1),
+            betas=st.tuples(st.floats(0.0, 0.95), st.floats(0.5, 0.9999)),
+            eps=st.sampled_from([1e-8, 1e-3]),
+            l2=st.sampled_from([0.0, 0.01, 0.3]),
+        )
+    )
+
+
+def gradients(rng, shapes, device):
+    """One step's gradients, about one in four None; 2-D ones sometimes strided (a transposed copy)."""
+    grads = []
+    for shape in shapes:
+        if rng.random() < 0.25:
+            grads.append(None)
+            continue
+        g = (rng.standard_normal(shape) * rng.uniform(0.1, 10)).astype(np.float32)
+        strided = len(shape) == 2 and rng.random() < 0.3
+        grads.append(backend.to_device(g.T.copy(), device).T if strided else backend.to_device(g, device))
+    return grads
+
+
+def global_norm(grads):
+    return float(
+        np.sqrt(sum((backend.to_host(g).astype(np.float64) ** 2).sum() for g in grads if g is not None))
+    )
+
+
+def train(shapes, seed, steps, device, reference, clip=None, restart_at=None, **options):
+    """Float32 parameters of `shapes` stepped `steps` times by Adam(**options) on the kernels or on the
+    reference: lr rising each step as a schedule would, clip_grad_norm(max_norm = clip x the norm)
+    before each step when `clip`, and the optimizer rebuilt from its saved state at step
+    `restart_at` (new moment arrays). Returns host copies of the parameters, the moments and the norms."""
+    rng = np.random.default_rng(seed)
+    device = backend.parse_device(device)
+    params = [Parameter(backend.to_device(rng.standard_normal(s).astype(np.float32), device)) for s in shapes]
+    lr, norms = options.pop("lr"), []
+    with ag.use_reference(reference):
+        opt = Adam(params, lr=lr, **options)
+        for step in range(steps):
+            if step == restart_at:
+                state, opt = opt.state_dict(), Adam(params)
+                opt.load_state_dict(state)  # copies of the moments: new arrays
+            for p, g in zip(params, gradients(rng, shapes, device)):
+                p.grad = g
+            if clip is not None:
+                norms.append(
+                    backend.to_host(clip_grad_norm(params, clip * global_norm([p.grad for p in params])))
+                )
+            opt.lr = lr * (step + 1) / steps
+            opt.step()
+    return [p.numpy() for p in params], [backend.to_host(a) for a in opt.m + opt.v], norms
+
+
+def assert_close(fast, reference, what):
+    tolerance = TOLERANCE[np.dtype(np.float32)]
+    assert len(fast) == len(reference)
+    for i, (a, b) in enumerate(zip(fast, reference)):
+        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape, f"{what} {i}"
+        np.testing.assert_allclose(a, b, **tolerance, err_msg=f"{what} {i}")
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+@pytest.mark.parametrize("vector_l2", [False, True])
+@pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
+@given(st.lists(SHAPES, min_size=1, max_size=6), st.integers(0, 2**32 - 1), st.integers(2, 4), options())
+@example(GPT1, 0, 3, dict(lr=6.25e-5, betas=(0.9, 0.999), eps=1e-8, l2=0.01))
+def test_adam_and_clipping_on_the_kernels_equal_the_reference(
+    device, l2_mode, vector_l2, clip, shapes, seed, steps, opts
+):
+    """Parameters, moments and returned norms after several steps: kernels == reference."""
+    runs = [
+        train(shapes, seed, steps, device, reference, clip, l2_mode=l2_mode, vector_l2=vector_l2, **opts)
+        for reference in (False, True)
+    ]
+    (params, moments, norms), (ref_params, ref_moments, ref_norms) = runs
+    assert_close(params, ref_params, "parameter")
+    assert_close(moments, ref_moments, "moment")
+    assert_close(norms, ref_norms, "norm")
+
+
+@pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
+@given(st.lists(SHAPES, min_size=1, max_size=4), st.integers(0, 2**32 - 1), options())
+def test_adam_on_the_kernels_after_load_state_dict(device, l2_mode, shapes, seed, opts):
+    """A restored optimizer holds new moment arrays: the kernels read their pointers, not stale ones."""
+    runs = [
+        train(shapes, seed, 4, device, reference, restart_at=2, l2_mode=l2_mode, **opts)
+        for reference in (False, True)
+    ]
+    assert_close(runs[0][0], runs[1][0], "parameter")
+    assert_close(runs[0][1], runs[1][1], "moment")
+
+
+@given(st.lists(st.integers(0, 3 * CHUNK + 5), min_size=1, max_size=8))
+def test_chunks_cover_every_number_of_every_tensor_once(sizes):
+    """Chunk b is numbers [start, start + CHUNK) of tensor b's tensor, cut at the tensor's end: the
+    chunks cover each tensor in order, without gap or overlap, and an empty tensor has none."""
+    tensor, start = adam_kernels.chunk_layout(tuple(sizes))
+    assert tensor.dtype == np.int32 and start.dtype == np.int64
+    for i, size in enumerate(sizes):
+        starts = start[tensor == i]
+        np.testing.assert_array_equal(starts, np.arange(0, size, CHUNK))
+    assert np.all(np.diff(tensor) >= 0)
+
+
+def test_the_kernels_take_float32_arrays_of_a_gpu_unless_the_reference_is_asked_for(device):
+    on = backend.parse_device(device)
+    float32, float64 = (backend.to_device(np.zeros(3, dtype), on) for dtype in (np.float32, np.float64))
+    assert adam_kernels.takes([float32]) == (device == "cuda")
+    assert not adam_kernels.takes([float32, float64])
+    assert not adam_kernels.takes([])
+    with ag.use_reference():
+        assert not adam_kernels.takes([float32])

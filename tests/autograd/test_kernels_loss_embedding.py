@@ -1,0 +1,178 @@
+"""The fast paths of cross-entropy and of the embedding give their references' numbers: on the CPU
+(cross-entropy's NumPy path) and on a GPU (the CUDA kernels of cross_entropy.cu and embedding.cu),
+in float32, float64 (the reference on a GPU) and bfloat16, at GPT-1's sizes and at awkward ones.
+
+Both ops mix floating types (bfloat16 logits give float32 losses; a float32 table gives bfloat16
+activations under bf16 and keeps a float32 gradient), so the comparison here checks that the two
+paths give the same types, and the values within the tolerance of the inputs' type."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import autograd as ag
+from autograd import functional as F
+from tests.autograd.test_functional import SEEDS, on_device
+from tests.autograd.test_kernels import TOLERANCE, WITH_BF16, compares_fast_path_of, forward_and_backward
+
+GPT1_VOCAB, GPT1_WIDTH = 40478, 768
+BLOCK_EDGES = [1, 31, 32, 33, 255, 256, 257, 1023]  # around a warp and a block of 256 threads
+
+
+def both_paths(fn, inputs, device, dtype):
+    """(fast, reference): fn's output and its inputs' gradients on each path, as host arrays."""
+    return [forward_and_backward(fn, inputs, device, dtype, reference=on) for on in (False, True)]
+
+
+def assert_close(name, fast, reference, dtype, slack=0.0):
+    """Same type, and values within the TOLERANCE of `dtype` (the absolute part scaled by the
+    largest entry, as assert_fast_equals_reference does), plus `slack` (a scalar or an array)."""
+    assert fast.dtype == reference.dtype, f"{name}: {fast.dtype} against {reference.dtype}"
+    a, b, tolerance = fast.astype(np.float64), reference.astype(np.float64), TOLERANCE[np.dtype(dtype)]
+    atol = tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
+    excess = np.abs(a - b) - (atol + tolerance["rtol"] * np.abs(b) + slack)
+    assert not (excess > 0).any(), (
+        f"{name}: {np.count_nonzero(excess > 0)} entries out, by up to {excess.max()}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# cross-entropy
+
+
+@st.composite
+def logits_and_targets(draw):
+    """Logits (..., C) of 1 or 2 leading axes with C up to a few thousand (block edges among them),
+    at a scale from flat to peaked; targets of which some equal ignore_index (even all of them)."""
+    lead = draw(hnp.array_shapes(min_dims=1, max_dims=2, max_side=6))
+    n_classes = draw(st.one_of(st.integers(1, 40), st.sampled_from(BLOCK_EDGES), st.integers(1, 3000)))
+    rng, scale = np.random.default_rng(draw(SEEDS)), draw(st.sampled_from([0.1, 3.0, 30.0]))
+    logits = rng.standard_normal((*lead, n_classes)) * scale
+    ignore_index = draw(st.sampled_from([-100, -1, 0]))  # 0: a class that is ignored
+    targets = rng.integers(0, n_classes, lead)
+    targets[rng.random(lead) < draw(st.sampled_from([0.0, 0.3, 1.0]))] = ignore_index
+    return logits, targets, ignore_index
+
+
+def assert_cross_entropy_paths_agree(case, reduction, device, dtype):
+    logits, targets, ignore_index = case
+    targets = on_device(targets, device)
+
+    def loss(z):
+        return F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction)
+
+    (fast_loss, fast_grad), (loss_reference, grad_reference) = both_paths(loss, [logits], device, dtype)
+    assert fast_loss.dtype == (np.float32 if dtype == ag.bfloat16 else dtype)  # float32 sums, float32 losses
+    assert fast_grad.dtype == dtype
+    assert_close("losses", fast_loss, loss_reference, dtype)
+    assert_close("gradient of the logits", fast_grad, grad_reference, dtype)
+
+
+@compares_fast_path_of(F.CrossEntropy)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@given(logits_and_targets())
+def test_cross_entropy(device, dtype, reduction, case):
+    assert_cross_entropy_paths_agree(case, reduction, device, dtype)
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_over_gpt1s_vocabulary(device, dtype, reduction):
+    """(2, 3) rows of 40,478 classes, one of them peaked at its target and one ignored."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 3, GPT1_VOCAB)) * 4
+    targets = rng.integers(0, GPT1_VOCAB, (2, 3))
+    logits[0, 0, targets[0, 0]] = 60.0
+    targets[1, 2] = -100
+    assert_cross_entropy_paths_agree((logits, targets, -100), reduction, device, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# embedding
+
+
+@st.composite
+def ids_and_table(draw):
+    """A table (rows, dim), GPT-1's width and block edges among the widths, and ids of 0 to 3 axes
+    that pick only the first `distinct` rows: few distinct ids repeat a lot, and rows no id picks
+    get a zero gradient."""
+    n_rows = draw(st.one_of(st.integers(1, 8), st.sampled_from([257, 1000])))
+    dim = draw(st.one_of(st.integers(1, 40), st.sampled_from([*BLOCK_EDGES, GPT1_WIDTH])))
+    rng = np.random.default_rng(draw(SEEDS))
+    distinct = draw(st.integers(1, n_rows))
+    ids = rng.integers(0, distinct, draw(hnp.array_shapes(min_dims=0, max_dims=3, max_side=9)))
+    return ids, rng.standard_normal((n_rows, dim))
+
+
+def summation_slack(ids, upstream, n_rows, dtype):
+    """How far apart two sums of a table row's m gradient vectors, added in different orders, may
+    be: each is within (m - 1) u sum|g| of the exact sum (u: the unit roundoff of `dtype`, in which
+    the reference adds), so 2 m u sum|g|, per entry of the table."""
+    unit_roundoff = ml_dtypes.finfo(dtype).eps / 2
+    flat = upstream.reshape(-1, upstream.shape[-1])
+    magnitudes = np.zeros((n_rows, flat.shape[1]))
+    np.add.at(magnitudes, ids.reshape(-1), np.abs(flat))
+    repeats = np.bincount(ids.reshape(-1), minlength=n_rows)[:, None]
+    return 2 * repeats * unit_roundoff * magnitudes
+
+
+@compares_fast_path_of(F.Embedding)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+@given(ids_and_table())
+def test_embedding(device, dtype, policy, case):
+    """The rows gathered exactly (cast once to the activations' type: bfloat16 for a float32 table
+    under bf16), and the table's gradient, in the table's type, summed over repeated ids."""
+    ids, table = case
+    ids_on_device = on_device(ids, device)
+
+    def embed(weight):
+        with ag.use_precision(policy):
+            return F.embedding(ids_on_device, weight)
+
+    (out, grad), (out_reference, grad_reference) = both_paths(embed, [table], device, dtype)
+    out_dtype = ag.bfloat16 if policy == "bf16" and dtype == np.float32 else np.dtype(dtype)
+    assert out.dtype == out_reference.dtype == out_dtype
+    np.testing.assert_array_equal(out, out_reference)
+    upstream = np.random.default_rng(0).standard_normal(out.shape).astype(out_dtype).astype(np.float64)
+    slack = summation_slack(ids, upstream, len(table), dtype)
+    assert grad.dtype == dtype
+    assert_close("gradient of the table", grad, grad_reference, dtype, slack)
+
+
+# ----------------------------------------------------------------------------------------------
+# repeatability: no order of additions left to the hardware
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_cross_entropy_repeats_bit_for_bit(device, dtype):
+    rng = np.random.default_rng(1)
+    logits, targets = rng.standard_normal((64, GPT1_VOCAB)) * 5, rng.integers(0, GPT1_VOCAB, 64)
+    first, second = (
+        forward_and_backward(lambda z: F.cross_entropy(z, targets), [logits], device, dtype, reference=False)
+        for _ in range(2)
+    )
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_embedding_gradient_repeats_bit_for_bit(device, policy):
+    """4096 positions over 3 table rows, most of them on one: long runs added in a fixed order."""
+    rng = np.random.default_rng(2)
+    ids = np.where(rng.random((8, 512)) < 0.9, 1, rng.integers(0, 3, (8, 512)))
+    table = rng.standard_normal((3, GPT1_WIDTH))
+
+    def embed(weight):
+        with ag.use_precision(policy):
+            return F.embedding(ids, weight)
+
+    first, second = (
+        forward_and_backward(embed, [table], device, np.float32, reference=False) for _ in range(2)
+    )
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,171 @@
+"""The fast paths of layer norm and of GPT-1's GELU give their references' numbers: on the CPU (the
+NumPy paths) and on a GPU (the CUDA kernels of layer_norm.cu and gelu.cu), in float32, float64 (the
+reference on a GPU) and bfloat16, at GPT-1's sizes and at awkward ones.
+
+Layer norm mixes floating types: under bf16 its x is bfloat16 and its weight and bias float32, so
+its comparison builds each input in its own type and checks that both paths give the same types
+(y and dx in x's, dw and db in the weights'), and values within the tolerance of each one's type."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import autograd as ag
+from autograd import backend, kernels
+from autograd import functional as F
+from autograd.kernels import gelu as gelu_kernels
+from autograd.kernels import gpu
+from autograd.kernels import layer_norm as layer_norm_kernels
+from tests.autograd.test_functional import SEEDS
+from tests.autograd.test_kernels import TOLERANCE, WITH_BF16, compares_fast_path_of
+from tests.helpers import shapes
+
+GPT1_WIDTH, GPT1_CONTEXT, GPT1_INNER = 768, 512, 3072
+AFFINE = [(), ("weight",), ("bias",), ("weight", "bias")]
+# widths around a warp's and a block's registers (1024: a warp per row; 16384: a block per row; wider:
+# the reference), GPT-1's, and odd ones
+WIDTHS = [1, 2, 3, 31, 32, 33, 767, GPT1_WIDTH, 1023, 1024, 1025, 3000, 16384, 16385]
+# leading axes: one row, rows around a block of 8 warps and a chunk of 32 rows of dw and db, two axes
+LEADS = [(), (1,), (3,), (8,), (9,), (31,), (33,), (65,), (2, 5), (3, 33)]
+
+
+def run(fn, inputs, dtypes, device, reference):
+    """fn's output and its inputs' gradients (each input in its own dtype) for a fixed random
+    upstream, as host arrays, on the reference path or on the fast ones."""
+    with ag.use_reference(reference):
+        tensors = [ag.tensor(a, requires_grad=True, dtype=d, device=device) for a, d in zip(inputs, dtypes)]
+        out = fn(*tensors)
+        out.backward(np.random.default_rng(0).standard_normal(out.shape))
+    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
+
+
+def assert_paths_agree(fn, inputs, dtypes, device):
+    """The fast path's output and gradients have the reference's types, and values within the
+    TOLERANCE of their type, its absolute part scaled by the largest entry (a small entry next to
+    large ones may come out of a cancellation), as assert_fast_equals_reference has it."""
+    fast, reference = (run(fn, inputs, dtypes, device, on) for on in (False, True))
+    names = ["output"] + [f"gradient of input {i}" for i in range(len(inputs))]
+    for name, a, b in zip(names, fast, reference):
+        assert a.dtype == b.dtype, f"{name}: {a.dtype} against {b.dtype}"
+        tolerance = TOLERANCE[np.dtype(a.dtype)]
+        atol = tolerance["atol"] * max(1.0, float(np.abs(b.astype(np.float64)).max(initial=0)))
+        np.testing.assert_allclose(
+            a.astype(np.float64), b.astype(np.float64), rtol=tolerance["rtol"], atol=atol
+        )
+
+
+def normal(rng, shape, scale=1.0, shift=0.0):
+    return rng.standard_normal(shape) * scale + shift
+
+
+# ----------------------------------------------------------------------------------------------
+# layer norm
+
+
+@st.composite
+def layer_norm_inputs(draw):
+    """x (lead..., width) at a scale, shifted (the mean matters) where the shift is not many times the
+    spread: rounding in the mean, which the two paths sum in different orders, grows by 1 / std in
+    the output; and a weight and a bias of (width,). Wide rows come in few of them."""
+    width = draw(st.one_of(st.integers(1, 40), st.sampled_from(WIDTHS)))
+    lead = draw(st.sampled_from(LEADS if width <= 4096 else [(), (1,), (3,)]))
+    rng = np.random.default_rng([draw(SEEDS), 1])  # not run's upstream: a dy along x cancels dx away
+    scale, shift = draw(st.sampled_from([(0.1, 0.0), (1.0, 0.0), (10.0, 0.0), (1.0, 3.0), (10.0, -5.0)]))
+    x = normal(rng, (*lead, width), scale, shift)
+    return x, normal(rng, width, 1.0, 1.0), normal(rng, width, 0.5)
+
+
+def layer_norm_dtypes(dtype, n_params):
+    """x in `dtype`; the weight and bias float32 for bfloat16 x (the bf16 policy), else `dtype`."""
+    return [dtype] + [np.float32 if dtype == ag.bfloat16 else dtype] * n_params
+
+
+@compares_fast_path_of(F.LayerNorm)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("affine", AFFINE)
+@given(layer_norm_inputs())
+def test_layer_norm(device, dtype, affine, case):
+    """Each of the four cases of weight and bias, at widths a warp or a block holds and wider."""
+    x, weight, bias = case
+    params = [{"weight": weight, "bias": bias}[name] for name in affine]
+    assert_paths_agree(
+        lambda x, *p: F.layer_norm(x, **dict(zip(affine, p))),
+        [x, *params],
+        layer_norm_dtypes(dtype, len(params)),
+        device,
+    )
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+def test_layer_norm_at_gpt1s_size(device, dtype):
+    """(2, 512, 768): 1024 rows of GPT-1's width, with GPT-1's eps."""
+    rng = np.random.default_rng(3)
+    x = normal(rng, (2, GPT1_CONTEXT, GPT1_WIDTH), 2.0, 0.5)
+    weight, bias = normal(rng, GPT1_WIDTH, 0.2, 1.0), normal(rng, GPT1_WIDTH, 0.1)
+    assert_paths_agree(F.layer_norm, [x, weight, bias], layer_norm_dtypes(dtype, 2), device)
+
+
+def test_layer_norm_with_bfloat16_weights(device):
+    """bfloat16 x with bfloat16 weight and bias (not the bf16 policy's, but allowed): dw and db
+    come back in bfloat16, as the reference gives them."""
+    rng = np.random.default_rng(4)
+    x, weight, bias = normal(rng, (5, 40)), normal(rng, 40, 1.0, 1.0), normal(rng, 40)
+    assert_paths_agree(F.layer_norm, [x, weight, bias], [ag.bfloat16] * 3, device)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+@pytest.mark.parametrize("width", [GPT1_WIDTH, 3000])
+def test_layer_norm_repeats_bit_for_bit(device, dtype, width):
+    """dw and db sum 2048 rows in a fixed order: two runs give the same bits, a warp or a block per row."""
+    rng = np.random.default_rng(5)
+    inputs = [normal(rng, (4, 512, width)), normal(rng, width, 1.0, 1.0), normal(rng, width)]
+    first, second = (
+        run(F.layer_norm, inputs, layer_norm_dtypes(dtype, 2), device, reference=False) for _ in range(2)
+    )
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# GELU
+
+
+@st.composite
+def gelu_inputs(draw):
+    """x of up to 4 axes, or a flat x around a block of 256 threads, at a scale that reaches where
+    tanh saturates."""
+    shape = draw(st.one_of(shapes(max_dims=4), st.sampled_from([(255,), (256,), (257,), (3, 1000)])))
+    rng = np.random.default_rng(draw(SEEDS))
+    return normal(rng, shape, draw(st.sampled_from([0.5, 3.0, 30.0])))
+
+
+@compares_fast_path_of(F.GELU)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@given(gelu_inputs())
+def test_gelu(device, dtype, x):
+    assert_paths_agree(F.gelu, [x], [dtype], device)
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+def test_gelu_at_gpt1s_size(device, dtype):
+    """(2, 512, 3072): the MLP's inner activations."""
+    x = normal(np.random.default_rng(6), (2, GPT1_CONTEXT, GPT1_INNER), 2.0)
+    assert_paths_agree(F.gelu, [x], [dtype], device)
+
+
+def test_gelu_over_more_entries_than_a_grid_has_threads(device):
+    """Each thread of the grid-stride loop takes a second entry, some of them."""
+    x = normal(np.random.default_rng(7), gpu.blocks(2**40) * gpu.THREADS + 1000, 2.0)
+    assert_paths_agree(F.gelu, [x], [np.float32], device)
+
+
+# ----------------------------------------------------------------------------------------------
+# the paths chosen
+
+
+def test_a_gpu_runs_the_kernels_for_float32_and_bfloat16_and_the_reference_for_float64():
+    for function, module in [(F.LayerNorm, layer_norm_kernels), (F.GELU, gelu_kernels)]:
+        for dtypes in [{np.dtype(np.float32)}, {ag.bfloat16, np.dtype(np.float32)}]:
+            assert kernels.choose(function, True, dtypes) == (module.forward_gpu, module.backward_gpu)
+        assert kernels.choose(function, True, {np.dtype(np.float64)}) == (function.forward, function.backward)
