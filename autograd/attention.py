@@ -65,6 +65,8 @@ class ScaledDotProductAttention(Function):
 
     forward_cpu = attention_kernels.scaled_dot_product_forward_cpu
     backward_cpu = attention_kernels.scaled_dot_product_backward_cpu
+    forward_gpu = attention_kernels.scaled_dot_product_forward_gpu
+    backward_gpu = attention_kernels.scaled_dot_product_backward_gpu
 
     @staticmethod
     def forward(ctx, q, k, v, causal, dropout_p, generator):
@@ -110,6 +112,8 @@ class MultiHeadAttention(Function):
 
     forward_cpu = attention_kernels.multi_head_forward_cpu
     backward_cpu = attention_kernels.multi_head_backward_cpu
+    forward_gpu = attention_kernels.multi_head_forward_gpu
+    backward_gpu = attention_kernels.multi_head_backward_gpu
 
     @staticmethod
     def forward(ctx, qkv, n_head, dropout_p, generator):

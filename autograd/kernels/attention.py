@@ -1,14 +1,22 @@
-"""Attention's CPU path, for both attention Functions: stacks of heads, (heads, time, width)
-arrays, go through a few heads at a time, so that each head's T x S scores stay in cache from the
-matrix product through the softmax to the next product, and the pieces run on all the cores.
-The scale goes on q (T x d) rather than on the scores (T x S)."""
+"""Attention's fast paths, for both attention Functions.
+
+The CPU path: stacks of heads, (heads, time, width) arrays, go through a few heads at a time, so
+that each head's T x S scores stay in cache from the matrix product through the softmax to the
+next product, and the pieces run on all the cores. The scale goes on q (T x d) rather than on the
+scores (T x S).
+
+The CUDA path (below): flash attention, autograd/kernels/cuda/attention.cu. The T x S matrices are
+never stored: the forward keeps each row's log-sum-exp, from which the backward recomputes them,
+and dropout's mask is drawn inside the kernels, the reference's mask bit for bit."""
 
 import math
 
 import numpy as np
 
 from .. import buffers, masks, parallel
+from ..backend import get_array_module
 from ..ops import unbroadcast
+from . import gpu
 
 
 def _dropped(ctx, heads, probs):
@@ -113,3 +121,157 @@ def multi_head_backward_cpu(ctx, grad):
     for i, g in enumerate(_attend_backward(ctx, grad)):
         grad_qkv[:, :, i] = g.reshape(batch, n_head, time, head_width).transpose(0, 2, 1, 3)
     return grad_qkv.reshape(batch, time, -1)
+
+
+# ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
+
+WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in the first that holds it
+# rows a block takes per tile (attention.cu's Tiles): queries in the forward, keys in the backward over
+# keys, queries in the backward over queries. The kernels stride over their tiles: any grid gives the
+# same numbers.
+TILE_ROWS = {64: (64, 32, 32), 128: (32, 16, 16)}
+TILE_THREADS = 128
+MAX_GRID_Y = 65535
+
+
+def _kernel_width(d, e):
+    """The kernels' head width for q and k of width d and v of width e; None when wider than any."""
+    return next((width for width in WIDTHS if max(d, e) <= width), None)
+
+
+def _layout(a, n_head):
+    """The (batch, head, row) strides, in elements, of a (batch, rows, n_head * width) array whose last
+    axis is contiguous: from a head's row to the same row of the next batch entry, of the next head, and
+    to the next row."""
+    batch, row, _ = (stride // a.itemsize for stride in a.strides)
+    return np.int64(batch), np.int64(a.shape[2] // n_head), np.int64(row)
+
+
+def _launch(ctx, kernel, tile, n_rows, arrays):
+    """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y)."""
+    rows = TILE_ROWS[ctx.width][tile]
+    grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
+    gpu.kernel("attention", f"{kernel}_d{ctx.width}", ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
+
+
+def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_example):
+    """y (batch, T, n_head * e) for the n_head heads of q (batch, T, n_head * d), k (batch, S, n_head * d)
+    and v (batch, S, n_head * e), whose last axes are contiguous: one launch, which also writes each row's
+    log-sum-exp (and y in float32 where y is bfloat16: the backward's rowsum(dy y) reads it). The dropout
+    mask's examples are rows_per_example rows each of the heads' T x S scores in order (masks.keep_mask's
+    example axis is the scores' first). Keeps on ctx what _flash_backward reads."""
+    xp = get_array_module(q)
+    batch, n_queries, n_keys = q.shape[0], q.shape[1], k.shape[1]
+    d, e = q.shape[2] // n_head, v.shape[2] // n_head
+    out = xp.empty((batch, n_queries, n_head * e), q.dtype)
+    seed, step, site, first, threshold = generator.next_key(dropout_p) if dropout_p > 0 else (0, 0, 0, 0, 0)
+    ctx.dtype, ctx.width, ctx.n_head, ctx.n_heads = q.dtype, _kernel_width(d, e), n_head, batch * n_head
+    ctx.args = (
+        *_layout(q, n_head),
+        *_layout(k, n_head),
+        *_layout(v, n_head),
+        *_layout(out, n_head),
+        np.int32(n_head),
+        np.int32(n_queries),
+        np.int32(n_keys),
+        np.int32(d),
+        np.int32(e),
+        np.int32(causal),
+        np.float32(1 / math.sqrt(d)),
+        np.float32(masks.keep_scale(dropout_p)),
+        np.uint64(seed),
+        np.uint32(step),
+        np.uint32(site),
+        np.uint32(threshold),
+        np.uint32(first),
+        np.uint32(rows_per_example),
+    )
+    ctx.lse = xp.empty((batch * n_head, n_queries), np.float32)
+    ctx.out_float = out if out.dtype == np.float32 else xp.empty(out.shape, np.float32)  # y in float32
+    _launch(ctx, "attention_forward", 0, n_queries, (q, k, v, out, ctx.out_float, ctx.lse))
+    ctx.q, ctx.k, ctx.v = q, k, v
+    return out
+
+
+def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
+    """Writes the gradients of the forward's q, k and v into grad_q, grad_k and grad_v (laid out as those
+    are) for y's gradient `grad` (laid out as y): D = rowsum(dy y) first, then dk and dv, then dq: three
+    launches."""
+    xp = get_array_module(grad)
+    dot = xp.empty_like(ctx.lse)
+    n_queries, e = ctx.out_float.shape[1], ctx.out_float.shape[2] // ctx.n_head
+    args = (ctx.out_float, grad, dot, *_layout(ctx.out_float, ctx.n_head))
+    args += (np.int32(ctx.n_head), np.int32(n_queries), np.int32(e), np.int64(dot.size))
+    row_dot = gpu.kernel("attention", "attention_row_dot", ctx.dtype)
+    row_dot((gpu.blocks(32 * dot.size),), (gpu.THREADS,), args)  # a warp per row
+    inputs = (ctx.q, ctx.k, ctx.v, grad, ctx.lse, dot)
+    _launch(ctx, "attention_backward_keys", 1, ctx.k.shape[1], (*inputs, grad_k, grad_v))
+    _launch(ctx, "attention_backward_queries", 2, n_queries, (*inputs, grad_q))
+
+
+def scaled_dot_product_forward_gpu(ctx, q, k, v, causal, dropout_p, generator):
+    """The kernels take the heads of q k^T, broadcast (copied) where q or k shares them; where v adds heads of
+    its own (they would share a dropout mask), or a head is wider than 128, the reference runs."""
+    xp = get_array_module(q)
+    heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    ctx.on_reference = (
+        np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) != heads
+        or _kernel_width(q.shape[-1], v.shape[-1]) is None
+        or 0 in (q.size, k.size, v.size)
+    )
+    if ctx.on_reference:
+        from ..attention import ScaledDotProductAttention  # here: autograd.attention imports this module
+
+        return ScaledDotProductAttention.forward(ctx, q, k, v, causal, dropout_p, generator)
+    ctx.shapes, ctx.heads = (q.shape, k.shape, v.shape), heads
+    q, k, v = (
+        xp.ascontiguousarray(xp.broadcast_to(a, heads + a.shape[-2:])).reshape(-1, *a.shape[-2:])
+        for a in (q, k, v)
+    )
+    rows_per_example = math.prod(heads[1:]) * q.shape[1] if heads else 1  # (T, S) scores: a row per example
+    out = _flash_forward(ctx, q, k, v, 1, causal, dropout_p, generator, rows_per_example)
+    return out.reshape(heads + out.shape[1:])
+
+
+def scaled_dot_product_backward_gpu(ctx, grad):
+    if ctx.on_reference:
+        from ..attention import ScaledDotProductAttention
+
+        return ScaledDotProductAttention.backward(ctx, grad)
+    xp = get_array_module(grad)
+    grads = tuple(xp.empty_like(a) for a in (ctx.q, ctx.k, ctx.v))
+    _flash_backward(ctx, xp.ascontiguousarray(grad).reshape(ctx.out_float.shape), *grads)
+    return tuple(
+        unbroadcast(g.reshape(ctx.heads + g.shape[1:]), shape) if need else None
+        for g, shape, need in zip(grads, ctx.shapes, ctx.needs_input_grad)
+    )
+
+
+def multi_head_forward_gpu(ctx, qkv, n_head, dropout_p, generator):
+    """q, k and v read straight out of qkv (batch, time, 3 * width); heads over 128 wide run the reference."""
+    xp = get_array_module(qkv)
+    batch, time, width3 = qkv.shape
+    width = width3 // 3
+    ctx.on_reference = _kernel_width(width // n_head, width // n_head) is None or qkv.size == 0
+    if ctx.on_reference:
+        from ..attention import MultiHeadAttention  # here: autograd.attention imports this module
+
+        return MultiHeadAttention.forward(ctx, qkv, n_head, dropout_p, generator)
+    qkv = xp.ascontiguousarray(qkv)
+    q, k, v = (qkv[:, :, i * width : (i + 1) * width] for i in range(3))
+    # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
+    return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * time)
+
+
+def multi_head_backward_gpu(ctx, grad):
+    """The gradients of q, k and v written straight into one array like qkv."""
+    if ctx.on_reference:
+        from ..attention import MultiHeadAttention
+
+        return MultiHeadAttention.backward(ctx, grad)
+    xp = get_array_module(grad)
+    batch, time, width = grad.shape
+    grad_qkv = xp.empty((batch, time, 3 * width), ctx.dtype)
+    grads = (grad_qkv[:, :, i * width : (i + 1) * width] for i in range(3))
+    _flash_backward(ctx, xp.ascontiguousarray(grad), *grads)
+    return grad_qkv

@@ -1,9 +1,11 @@
 """The fast paths of autograd/kernels give the numbers of their ops' reference paths, and the
 rule that picks a path does what it says."""
 
+import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,10 +59,13 @@ def assert_fast_equals_reference(fn, inputs, device, dtype):
     ):
         assert a.dtype == b.dtype == dtype, name
         a, b, tolerance = a.astype(np.float64), b.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-        # rounding follows the largest values an entry is computed from (a row's sums), so the
-        # absolute tolerance scales with the largest entry: a small one next to large ones may
-        # come out of a cancellation
-        rtol, atol = tolerance["rtol"], tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
+        # rounding follows the largest values an entry is computed from (a row's sums, the inputs),
+        # so the absolute tolerance scales with the largest of them: a small entry next to large
+        # ones may come out of a cancellation
+        scale = max(
+            [1.0, float(np.abs(b).max(initial=0))] + [float(np.abs(x).max(initial=0)) for x in inputs]
+        )
+        rtol, atol = tolerance["rtol"], tolerance["atol"] * scale
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
 
 
@@ -155,7 +160,10 @@ def test_multi_head_attention(device, dtype, case, dropout_p, seed):
 
 
 def test_every_fast_path_is_compared_with_its_reference():
-    """A Function given forward_cpu or forward_gpu without a test above makes this fail."""
+    """A Function given forward_cpu or forward_gpu without a test, above or in a test_kernels_*.py
+    beside this file, makes this fail."""
+    for path in Path(__file__).parent.glob("test_kernels_*.py"):
+        importlib.import_module(f"tests.autograd.{path.stem}")  # their tests register themselves
     _import_all(ag)
     fast = {f for f in _subclasses(ag.Function) if f.forward_cpu is not None or f.forward_gpu is not None}
     assert fast, "found no Function with a fast path"

@@ -1,0 +1,419 @@
+// Flash attention (Dao et al. 2022, 2023): the numbers of autograd/attention.py's _attend and _attend_backward,
+//   S = q k^T * scale (-inf where the causal mask hides a key),  P = softmax(S),  W = dropout(P),  y = W v
+//   dv = W^T dy,  dP = dropout(dy v^T),  dS = P (dP - D),  dq = dS k * scale,  dk = dS^T q * scale
+// with D = rowsum(dP P) = rowsum(dy y), without ever storing the T x S matrices: the forward keeps each row's
+// log-sum-exp, L = max + log(sum exp(S - max)), from which the backward recomputes P = exp(S - L), and dropout's
+// mask is drawn again wherever it is needed (common.cuh's Philox, the layout of autograd/random.py).
+//
+// The heads of a call are bh = 0 .. batch * n_head - 1 (blockIdx.x). Row t of head bh of a tensor starts at
+//   (bh / n_head) * batch + (bh % n_head) * head + t * row     (a Layout, in elements; its last axis contiguous)
+// so that q, k and v are read straight out of the packed qkv of MultiHeadAttention (and the gradients written
+// into one array like it), or out of contiguous (heads, rows, width) arrays. The gradients of q, k, v share
+// their layouts; dy shares y's. A head of width d (q, k) and e (v) runs in a kernel built for width D >= both,
+// its tiles zero-padded: zeros add nothing to a dot product. All arithmetic is float32, whatever the storage.
+//
+// The tile kernels run 128 threads as 16 x 8: ty = threadIdx.x / 8 takes rows of a tile, tx = threadIdx.x % 8
+// columns, so that the 8 threads of a row are 8 consecutive lanes of one warp (rows reduce by shuffles). Every
+// tile kernel loops over its tiles with a stride of gridDim.y: any grid gives the same numbers. No atomics:
+// each output element is written once by one thread, after sums in a fixed order.
+
+constexpr int TILE_THREADS = 128;
+
+// Queries (rows) and keys of a tile, per head width, so that a block's float32 tiles fit 48 KB of shared
+// memory. Both backward kernels use the backward pair.
+template <int D>
+struct Tiles;
+template <>
+struct Tiles<64> {
+    static constexpr int forward_queries = 64, forward_keys = 32, backward_queries = 32, backward_keys = 32;
+};
+template <>
+struct Tiles<128> {
+    static constexpr int forward_queries = 32, forward_keys = 16, backward_queries = 16, backward_keys = 16;
+};
+
+TG_DEVICE float minus_infinity() { return bits_to_float(0xFF800000u); }
+
+struct Layout {
+    long long batch, head, row;
+};
+
+// One call: its sizes, the layouts of q, k, v and y, and dropout on the weights (threshold 0: none dropped).
+struct Attention {
+    Layout q, k, v, o;
+    int n_head, n_queries, n_keys, d, e;
+    bool causal;
+    float scale, keep_scale;  // 1 / sqrt(d);  1 / (1 - p), 1 without dropout, 0 when p = 1
+    MaskKey mask;
+    unsigned int first_example, rows_per_example;
+
+    TG_DEVICE long long head_start(const Layout& layout, int bh) const {
+        return (bh / n_head) * layout.batch + (bh % n_head) * layout.head;
+    }
+    // Query t sees keys 0 .. t + S - T: the T queries are the last T of the S positions.
+    TG_DEVICE bool sees(int t, int s) const { return s < n_keys && (!causal || s <= t + n_keys - n_queries); }
+    // The keys that queries before `query_end` may see: 0 .. keys_end - 1.
+    TG_DEVICE int keys_end(int query_end) const {
+        return causal ? min(n_keys, query_end + n_keys - n_queries) : n_keys;
+    }
+};
+
+// The dropout mask of the weights is masks.keep_mask's draw for the scores' shape, whose first axis is the
+// example axis: row r = bh * T + t of the scores is in example r / rows_per_example, its entry s at position
+// (r % rows_per_example) * S + s of that example (a row never straddles two examples).
+struct MaskRow {
+    unsigned int example;
+    unsigned long long start;
+};
+
+TG_DEVICE MaskRow mask_row(const Attention& a, int bh, int t) {
+    unsigned int r = static_cast<unsigned int>(bh) * a.n_queries + t;
+    return {a.first_example + r / a.rows_per_example,
+            static_cast<unsigned long long>(r % a.rows_per_example) * a.n_keys};
+}
+
+// One row's decisions along increasing keys: one Philox draw serves 8 consecutive positions.
+struct MaskWalk {
+    unsigned long long group = ~0ull;
+    unsigned int words[4];
+
+    TG_DEVICE bool keeps(const Attention& a, const MaskRow& row, int s) {
+        if (a.mask.threshold == 0) return true;
+        unsigned long long j = row.start + s;
+        if (j / 8 != group) {
+            group = j / 8;
+            dropout_bits(a.mask, row.example, j, words);
+        }
+        return dropout_keeps_of(words, j, a.mask.threshold);
+    }
+};
+
+// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) as float32 into tile[R][LD], zero
+// past n_rows and past the width.
+template <int R, int W, int LD, typename T>
+TG_DEVICE void load_rows(float* tile, const T* head, long long row, int r0, int n_rows, int width) {
+    for (int i = threadIdx.x; i < R * W; i += TILE_THREADS) {
+        int r = i / W, c = i % W;
+        tile[r * LD + c] = (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) : 0.0f;
+    }
+}
+
+// acc[i][j] += sum over k < KN of A(i, k) B(k, j), from shared memory: A(i, k) = a[i * A_ROW + k * A_K],
+// B(k, j) = b[k * B_K + j * B_COL], a and b already at the thread's first row and column.
+template <int RM, int CN, int KN, int A_ROW, int A_K, int B_K, int B_COL>
+TG_DEVICE void multiply_add(float (&acc)[RM][CN], const float* a, const float* b) {
+#pragma unroll 8
+    for (int k = 0; k < KN; ++k) {
+        float a_k[RM], b_k[CN];
+#pragma unroll
+        for (int i = 0; i < RM; ++i) a_k[i] = a[i * A_ROW + k * A_K];
+#pragma unroll
+        for (int j = 0; j < CN; ++j) b_k[j] = b[k * B_K + j * B_COL];
+#pragma unroll
+        for (int i = 0; i < RM; ++i)
+#pragma unroll
+            for (int j = 0; j < CN; ++j) acc[i][j] = fmaf(a_k[i], b_k[j], acc[i][j]);
+    }
+}
+
+// The float32 y that the backward's D = rowsum(dy y) reads: a bfloat16 y keeps a float32 copy (from y rounded
+// to bfloat16, D would be off by that rounding, where the reference's rowsum(dP P) is float32 throughout); a
+// float32 y is its own.
+TG_DEVICE void store_float32(const float*, float*, long long, float) {}
+TG_DEVICE void store_float32(const bf16*, float* copy, long long i, float value) { copy[i] = value; }
+
+// The maximum and the sum over the 8 threads of a row (lanes differing in their 3 low bits), in a fixed order.
+TG_DEVICE float row_max(float x) {
+    for (int lanes = 1; lanes < 8; lanes *= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, lanes));
+    return x;
+}
+TG_DEVICE float row_sum(float x) {
+    for (int lanes = 1; lanes < 8; lanes *= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, lanes);
+    return x;
+}
+
+// Forward: y and L for one head per blockIdx.x and a tile of BR queries at a time (the longest causal rows
+// first). K and V come through shared memory BC keys at a time; each row keeps its running max m, sum l and
+// output acc (online softmax: when m grows, l and acc shrink by exp(m_old - m_new)); the tile's probabilities,
+// dropped out, go through shared memory into acc += W V. Then y = acc * keep_scale / l (also kept in float32
+// for a bfloat16 y) and L = m + log(l): the normaliser is the undropped sum, as the reference's. Thread
+// (ty, tx): rows ty * RM .., keys tx * CN .. of a tile, output columns tx, tx + 8, ...
+template <typename T, int D, int BR, int BC>
+__device__ void attention_forward(const Attention& a, const T* q, const T* k, const T* v, T* out, float* out_float,
+                                  float* lse) {
+    constexpr int RM = BR / 16, CN = BC / 8, EN = D / 8;
+    __shared__ float sq[BR][D + 1], sk[BC][D + 1], sv[BC][D], sp[BR][BC + 1];
+    const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    out += a.head_start(a.o, bh);
+    out_float += a.head_start(a.o, bh);
+    const int n_tiles = (a.n_queries + BR - 1) / BR;
+    for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
+        const int q0 = tile * BR;
+        load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
+        float m[RM], l[RM], acc[RM][EN];
+        MaskRow rows[RM];
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            m[i] = minus_infinity();
+            l[i] = 0.0f;
+            rows[i] = mask_row(a, bh, q0 + ty * RM + i);
+#pragma unroll
+            for (int j = 0; j < EN; ++j) acc[i][j] = 0.0f;
+        }
+        const int keys_end = a.keys_end(q0 + BR);
+        for (int k0 = 0; k0 < keys_end; k0 += BC) {
+            __syncthreads();  // the last tile's products are done with sk, sv, sp (and sq is written)
+            load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
+            load_rows<BC, D, D>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+            __syncthreads();
+            float s[RM][CN] = {};
+            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, &sq[ty * RM][0], &sk[tx * CN][0]);
+#pragma unroll
+            for (int i = 0; i < RM; ++i) {
+                // a row past T sees every key (t + S - T >= S), so that no row is all -inf
+                const int t = q0 + ty * RM + i;
+                float tile_max = minus_infinity();
+#pragma unroll
+                for (int j = 0; j < CN; ++j) {
+                    s[i][j] = a.sees(t, k0 + tx * CN + j) ? s[i][j] * a.scale : minus_infinity();
+                    tile_max = fmaxf(tile_max, s[i][j]);
+                }
+                const float m_new = fmaxf(m[i], row_max(tile_max)), shrink = expf(m[i] - m_new);
+                float sum = 0.0f;
+                MaskWalk walk;
+#pragma unroll
+                for (int j = 0; j < CN; ++j) {
+                    const float p = expf(s[i][j] - m_new);
+                    sum += p;
+                    sp[ty * RM + i][tx * CN + j] = (p > 0.0f && walk.keeps(a, rows[i], k0 + tx * CN + j)) ? p : 0.0f;
+                }
+                l[i] = l[i] * shrink + row_sum(sum);
+                m[i] = m_new;
+#pragma unroll
+                for (int j = 0; j < EN; ++j) acc[i][j] *= shrink;
+            }
+            __syncthreads();
+            multiply_add<RM, EN, BC, BC + 1, 1, D, 8>(acc, &sp[ty * RM][0], &sv[0][tx]);
+        }
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const int t = q0 + ty * RM + i;
+            if (t >= a.n_queries) continue;
+            const float norm = a.keep_scale / l[i];
+#pragma unroll
+            for (int j = 0; j < EN; ++j) {
+                if (tx + 8 * j >= a.e) continue;
+                store(out, t * a.o.row + tx + 8 * j, acc[i][j] * norm);
+                store_float32(out, out_float, t * a.o.row + tx + 8 * j, acc[i][j] * norm);
+            }
+            if (tx == 0) lse[static_cast<long long>(bh) * a.n_queries + t] = m[i] + logf(l[i]);
+        }
+    }
+}
+
+// D = rowsum(dy * y) for every row r = bh * T + t, into dot[r], from the forward's float32 y: one warp per
+// row (grid-stride), lanes over the columns, then shuffles in a fixed order.
+template <typename T>
+__device__ void attention_row_dot(const float* out, const T* grad, float* dot, long long o_batch, long long o_head,
+                                  long long o_row, int n_head, int n_queries, int e, long long n_rows) {
+    const int lane = threadIdx.x % 32;
+    const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / 32);
+    for (long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < n_rows; r += warps) {
+        const long long bh = r / n_queries, t = r % n_queries;
+        const long long start = (bh / n_head) * o_batch + (bh % n_head) * o_head + t * o_row;
+        float sum = 0.0f;
+        for (int c = lane; c < e; c += 32) sum += out[start + c] * to_float(grad[start + c]);
+        for (int lanes = 16; lanes > 0; lanes /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, lanes);
+        if (lane == 0) dot[r] = sum;
+    }
+}
+
+// Backward over keys: dk and dv for one head per blockIdx.x and a tile of BC keys at a time, summed in
+// registers over the tiles of BR queries that see them. Per query tile, the transposed tile S^T = K Q^T and
+// dW^T = V dy^T give P^T = exp(S^T - L) and dS^T = P^T (dP^T - D), which go through shared memory into
+// dv += W^T dy and dk += dS^T q (times scale at the end). Thread (ty, tx): keys ty * RM .., queries tx * CN ..
+// of the S^T tile, output columns tx, tx + 8, ... of its keys.
+template <typename T, int D, int BR, int BC>
+__device__ void attention_backward_keys(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
+                                        const float* lse, const float* dot, T* grad_k, T* grad_v) {
+    constexpr int RM = BC / 16, CN = BR / 8, EN = D / 8;
+    __shared__ float sk[BC][D + 1], sv[BC][D + 1], sq[BR][D + 1], sg[BR][D + 1];
+    __shared__ float sw[BC][BR + 1], sds[BC][BR + 1], sl[BR], sdot[BR];
+    const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    grad += a.head_start(a.o, bh);
+    grad_k += a.head_start(a.k, bh);
+    grad_v += a.head_start(a.v, bh);
+    lse += static_cast<long long>(bh) * a.n_queries;
+    dot += static_cast<long long>(bh) * a.n_queries;
+    const int n_tiles = (a.n_keys + BC - 1) / BC;
+    for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
+        const int k0 = tile * BC;
+        __syncthreads();  // the last tile's products are done with every buffer
+        load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
+        load_rows<BC, D, D + 1>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+        float gk[RM][EN] = {}, gv[RM][EN] = {};
+        // the first query that sees key k0: k0 - (S - T) under the causal mask
+        const int first = a.causal ? max(0, k0 - (a.n_keys - a.n_queries)) : 0;
+        for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
+            __syncthreads();  // the last step's products are done with sq, sg, sw, sds
+            load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
+            load_rows<BR, D, D + 1>(&sg[0][0], grad, a.o.row, q0, a.n_queries, a.e);
+            for (int i = threadIdx.x; i < BR; i += TILE_THREADS) {
+                sl[i] = q0 + i < a.n_queries ? lse[q0 + i] : 0.0f;
+                sdot[i] = q0 + i < a.n_queries ? dot[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+            float st[RM][CN] = {}, gwt[RM][CN] = {};
+            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(st, &sk[ty * RM][0], &sq[tx * CN][0]);
+            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(gwt, &sv[ty * RM][0], &sg[tx * CN][0]);
+#pragma unroll
+            for (int j = 0; j < CN; ++j) {
+                const int col = tx * CN + j, t = q0 + col;
+                const MaskRow row = mask_row(a, bh, t);
+                MaskWalk walk;
+#pragma unroll
+                for (int i = 0; i < RM; ++i) {
+                    const int key = k0 + ty * RM + i;
+                    const float p = (t < a.n_queries && a.sees(t, key)) ? expf(st[i][j] * a.scale - sl[col]) : 0.0f;
+                    const bool kept = p > 0.0f && walk.keeps(a, row, key);
+                    const float grad_p = kept ? gwt[i][j] * a.keep_scale : 0.0f;
+                    sw[ty * RM + i][col] = kept ? p * a.keep_scale : 0.0f;
+                    sds[ty * RM + i][col] = p * (grad_p - sdot[col]);
+                }
+            }
+            __syncthreads();
+            multiply_add<RM, EN, BR, BR + 1, 1, D + 1, 8>(gv, &sw[ty * RM][0], &sg[0][tx]);
+            multiply_add<RM, EN, BR, BR + 1, 1, D + 1, 8>(gk, &sds[ty * RM][0], &sq[0][tx]);
+        }
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const int key = k0 + ty * RM + i;
+            if (key >= a.n_keys) continue;
+#pragma unroll
+            for (int j = 0; j < EN; ++j) {
+                const int c = tx + 8 * j;
+                if (c < a.d) store(grad_k, key * a.k.row + c, gk[i][j] * a.scale);
+                if (c < a.e) store(grad_v, key * a.v.row + c, gv[i][j]);
+            }
+        }
+    }
+}
+
+// Backward over queries: dq for one head per blockIdx.x and a tile of BR queries at a time (the longest
+// causal rows first), summed in registers over the tiles of BC keys they see: S = Q K^T and dW = dy V^T give
+// dS = P (dP - D), which goes through shared memory into dq += dS k (times scale at the end). Thread (ty, tx):
+// rows ty * RM .., keys tx * CN .. of a tile, output columns tx, tx + 8, ...
+template <typename T, int D, int BR, int BC>
+__device__ void attention_backward_queries(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
+                                           const float* lse, const float* dot, T* grad_q) {
+    constexpr int RM = BR / 16, CN = BC / 8, EN = D / 8;
+    __shared__ float sq[BR][D + 1], sg[BR][D + 1], sk[BC][D + 1], sv[BC][D + 1], sds[BR][BC + 1];
+    const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    grad += a.head_start(a.o, bh);
+    grad_q += a.head_start(a.q, bh);
+    lse += static_cast<long long>(bh) * a.n_queries;
+    dot += static_cast<long long>(bh) * a.n_queries;
+    const int n_tiles = (a.n_queries + BR - 1) / BR;
+    for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
+        const int q0 = tile * BR;
+        __syncthreads();  // the last tile's products are done with sq, sg
+        load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
+        load_rows<BR, D, D + 1>(&sg[0][0], grad, a.o.row, q0, a.n_queries, a.e);
+        float row_lse[RM], row_dot[RM], gq[RM][EN] = {};
+        MaskRow rows[RM];
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const int t = q0 + ty * RM + i;
+            row_lse[i] = t < a.n_queries ? lse[t] : 0.0f;
+            row_dot[i] = t < a.n_queries ? dot[t] : 0.0f;
+            rows[i] = mask_row(a, bh, t);
+        }
+        const int keys_end = a.keys_end(q0 + BR);
+        for (int k0 = 0; k0 < keys_end; k0 += BC) {
+            __syncthreads();  // the last step's product is done with sk, sds (and sq, sg are written)
+            load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
+            load_rows<BC, D, D + 1>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+            __syncthreads();
+            float s[RM][CN] = {}, gw[RM][CN] = {};
+            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, &sq[ty * RM][0], &sk[tx * CN][0]);
+            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(gw, &sg[ty * RM][0], &sv[tx * CN][0]);
+#pragma unroll
+            for (int i = 0; i < RM; ++i) {
+                const int t = q0 + ty * RM + i;
+                MaskWalk walk;
+#pragma unroll
+                for (int j = 0; j < CN; ++j) {
+                    const int key = k0 + tx * CN + j;
+                    const float p = (t < a.n_queries && a.sees(t, key)) ? expf(s[i][j] * a.scale - row_lse[i]) : 0.0f;
+                    const bool kept = p > 0.0f && walk.keeps(a, rows[i], key);
+                    const float grad_p = kept ? gw[i][j] * a.keep_scale : 0.0f;
+                    sds[ty * RM + i][tx * CN + j] = p * (grad_p - row_dot[i]);
+                }
+            }
+            __syncthreads();
+            multiply_add<RM, EN, BC, BC + 1, 1, D + 1, 8>(gq, &sds[ty * RM][0], &sk[0][tx]);
+        }
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            const int t = q0 + ty * RM + i;
+            if (t >= a.n_queries) continue;
+#pragma unroll
+            for (int j = 0; j < EN; ++j) {
+                if (tx + 8 * j < a.d) store(grad_q, t * a.q.row + tx + 8 * j, gq[i][j] * a.scale);
+            }
+        }
+    }
+}
+
+// The exported kernels: every tile kernel takes the call's scalars (ATTENTION_PARAMS) and makes its Attention.
+#define ATTENTION_PARAMS                                                                                          \
+    long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head, long long k_row,     \
+        long long v_batch, long long v_head, long long v_row, long long o_batch, long long o_head, long long o_row, \
+        int n_head, int n_queries, int n_keys, int d, int e, int causal, float scale, float keep_scale,           \
+        unsigned long long seed, unsigned int step, unsigned int site, unsigned int threshold,                    \
+        unsigned int first_example, unsigned int rows_per_example
+#define ATTENTION_OF_PARAMS                                                                                       \
+    Attention{{q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row},                       \
+              {o_batch, o_head, o_row}, n_head, n_queries, n_keys, d, e, causal != 0, scale, keep_scale,          \
+              MaskKey{seed, step, site, threshold}, first_example, rows_per_example}
+
+#define ATTENTION_KERNELS(D, suffix, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_d##D##_##suffix(                 \
+        const T* q, const T* k, const T* v, T* out, float* out_float, float* lse, ATTENTION_PARAMS) {            \
+        attention_forward<T, D, Tiles<D>::forward_queries, Tiles<D>::forward_keys>(ATTENTION_OF_PARAMS, q, k, v,  \
+                                                                                   out, out_float, lse);          \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_d##D##_##suffix(           \
+        const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_k,         \
+        T* grad_v, ATTENTION_PARAMS) {                                                                            \
+        attention_backward_keys<T, D, Tiles<D>::backward_queries, Tiles<D>::backward_keys>(                       \
+            ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_k, grad_v);                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_d##D##_##suffix(        \
+        const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_q,         \
+        ATTENTION_PARAMS) {                                                                                       \
+        attention_backward_queries<T, D, Tiles<D>::backward_queries, Tiles<D>::backward_keys>(                    \
+            ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_q);                                                \
+    }
+ATTENTION_KERNELS(64, f32, float)
+ATTENTION_KERNELS(64, bf16, bf16)
+ATTENTION_KERNELS(128, f32, float)
+ATTENTION_KERNELS(128, bf16, bf16)
+
+#define ATTENTION_ROW_DOT(suffix, T)                                                                              \
+    extern "C" __global__ void attention_row_dot_##suffix(const float* out, const T* grad, float* dot,           \
+                                                          long long o_batch, long long o_head, long long o_row,  \
+                                                          int n_head, int n_queries, int e, long long n_rows) {   \
+        attention_row_dot<T>(out, grad, dot, o_batch, o_head, o_row, n_head, n_queries, e, n_rows);              \
+    }
+ATTENTION_ROW_DOT(f32, float)
+ATTENTION_ROW_DOT(bf16, bf16)

@@ -1,0 +1,116 @@
+"""Attention's fast paths give the numbers of the reference (autograd/attention.py): on the CPU its
+blocked NumPy path, on a GPU the flash attention kernels (autograd/kernels/cuda/attention.cu), forward
+and backward, causal and not, with dropout's mask drawn from the same stream; for T and S that are no
+multiple of a tile, heads 1 to 128 wide, float32 and bfloat16, and at GPT-1's size."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import autograd as ag
+from autograd import backend
+from autograd import functional as F
+from tests.autograd.test_functional import SEEDS, fresh_stream
+from tests.autograd.test_kernels import WITH_BF16, assert_fast_equals_reference, compares_fast_path_of
+from tests.helpers import shapes
+
+SIZES = st.integers(1, 130)  # the kernels' tiles are 16 to 64 rows: most sizes leave a partial one
+HEAD_WIDTHS = st.one_of(st.sampled_from([1, 64, 128]), st.integers(1, 128))  # zero-padded to 64 or 128
+DROPOUT = st.sampled_from([0.0, 0.3])
+
+
+def normal(seed, *shapes):
+    """Standard normal arrays of the shapes, from one seed (faster than drawing each entry)."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for shape in shapes]
+
+
+@st.composite
+def attention_case(draw):
+    """q (..., T, d), k (..., S, d), v (..., S, e) and causal: 0 to 2 head axes, each of which q, k or v
+    may share (size 1, broadcast); S >= T when causal."""
+    causal = draw(st.booleans())
+    n_queries = draw(SIZES)
+    n_keys = draw(st.integers(n_queries, 130) if causal else SIZES)
+    d, e = draw(HEAD_WIDTHS), draw(HEAD_WIDTHS)
+    heads = draw(shapes(min_dims=0, max_dims=2, max_side=3))
+
+    def heads_of_one_input():
+        return tuple(1 if draw(st.booleans()) else n for n in heads)
+
+    q, k, v = normal(
+        draw(SEEDS),
+        heads_of_one_input() + (n_queries, d),
+        heads_of_one_input() + (n_keys, d),
+        heads_of_one_input() + (n_keys, e),
+    )
+    return q, k, v, causal
+
+
+def attend(causal, dropout_p, seed):
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(
+            q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_stream(seed)
+        )
+
+    return attend
+
+
+def attend_packed(n_head, dropout_p, seed):
+    def attend(qkv):
+        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed))
+
+    return attend
+
+
+@compares_fast_path_of(F.ScaledDotProductAttention)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@given(attention_case(), DROPOUT, SEEDS)
+# one query over keys of no full tile; heads that v alone adds (the GPU runs the reference there)
+@example(case=(*normal(0, (1, 3), (7, 3), (7, 2)), False), dropout_p=0.3, seed=1)
+@example(case=(*normal(1, (1, 5, 8), (1, 5, 8), (2, 5, 8)), True), dropout_p=0.3, seed=2)
+def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
+    q, k, v, causal = case
+    assert_fast_equals_reference(attend(causal, dropout_p, seed), [q, k, v], device, dtype)
+
+
+@compares_fast_path_of(F.MultiHeadAttention)
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@given(st.integers(1, 2), SIZES, st.integers(1, 3), HEAD_WIDTHS, DROPOUT, SEEDS)
+def test_multi_head_attention(device, dtype, batch, time, n_head, head_width, dropout_p, seed):
+    (qkv,) = normal(seed, (batch, time, 3 * n_head * head_width))
+    assert_fast_equals_reference(attend_packed(n_head, dropout_p, seed), [qkv], device, dtype)
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_multi_head_attention_at_gpt1_size(device, dtype, dropout_p):
+    """GPT-1's attention: 2 sequences of 512 tokens, 12 heads of 64, with its attention dropout."""
+    (qkv,) = normal(0, (2, 512, 3 * 768))
+    assert_fast_equals_reference(attend_packed(12, dropout_p, 7), [qkv], device, dtype)
+
+
+@pytest.mark.parametrize("case", ["wide heads", "heads of v's own"])
+def test_what_the_kernels_do_not_take_runs_the_reference(device, case):
+    """Heads wider than 128, and heads that v alone adds (which share a mask), run the reference."""
+    if case == "wide heads":
+        (qkv,) = normal(0, (1, 9, 3 * 2 * 130))
+        assert_fast_equals_reference(attend_packed(2, 0.3, 3), [qkv], device, np.float32)
+    else:
+        inputs = normal(0, (1, 9, 4), (1, 9, 4), (3, 9, 4))
+        assert_fast_equals_reference(attend(True, 0.3, 3), inputs, device, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_attention_repeats_bit_for_bit(device, dtype):
+    """No atomics in the kernels: the same inputs give the same output and gradient, bit for bit."""
+    (qkv,) = normal(0, (2, 130, 3 * 2 * 64))
+    results = []
+    for _ in range(2):
+        x = ag.tensor(qkv, requires_grad=True, dtype=dtype, device=device)
+        out = attend_packed(2, 0.3, 5)(x)
+        out.backward(np.cos(np.arange(out.size)).reshape(out.shape))
+        results.append((out.numpy(), backend.to_host(x.grad)))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
