@@ -23,12 +23,22 @@ from .tasks import IGNORE, SpecialTokens
 def resize(transformer, tokenizer):
     """Add the tokenizer's extra tokens (the paper's _start_, _delimiter_, _classify_) to a GPT
     whose vocabulary is smaller, as when fine-tuning a pre-trained GPT-1. Returns how many rows
-    were added (0 when the model already has them all)."""
+    were added (0 when the model already has them all).
+
+    The tokenizer must be the model's: as many tokens as its embedding table has rows, or more by
+    special tokens alone (the ids past the table). Any other size is a ValueError with both."""
     SpecialTokens.of(tokenizer)  # a ValueError if the tokenizer lacks any of them
-    added = tokenizer.vocab_size - transformer.config.vocab_size
-    if added > 0:
-        transformer.resize_token_embeddings(tokenizer.vocab_size)
-    return max(added, 0)
+    rows, size = transformer.config.vocab_size, tokenizer.vocab_size
+    beyond = set(range(rows, size))
+    if size < rows or not beyond <= set(tokenizer.special_tokens.values()):
+        raise ValueError(
+            f"the tokenizer has {size} tokens and the model's embedding table {rows} rows: only special "
+            f"tokens may be added to it (at most {len(tokenizer.special_tokens)} here), so this is not "
+            f"the tokenizer the model was trained with"
+        )
+    if beyond:
+        transformer.resize_token_embeddings(size)
+    return len(beyond)
 
 
 def lm_loss(lm_logits, targets):

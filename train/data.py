@@ -2,18 +2,25 @@
 
 The corpus is tokenized once and kept as a binary file of ids (memory-mapped when read back),
 named by a hash of the text and of the tokenizer, so the next run with the same pair skips the
-work. As in the paper, the model trains on contiguous windows of n_ctx + 1 tokens (inputs and
+work. The file opens with a header (a magic string, the number of ids, a SHA-256 of their bytes),
+so that one cut short by a crash or a full disk, or damaged since, is noticed, named in a warning,
+and written again. As in the paper, the model trains on contiguous windows of n_ctx + 1 tokens (inputs and
 next-token targets). The order of the windows is a function of (seed, epoch) alone, so the
 batch of any step can be rebuilt, which is what makes resuming exact.
 """
 
 import hashlib
 import os
+import struct
+import warnings
 
 import numpy as np
 
 from autograd.functional import IGNORE_INDEX
 from tinygpt.tokenizer.bpe import find_text_files, read_text_file
+
+CACHE_MAGIC = b"tinygpt-tokens-1"
+CACHE_HEADER = struct.Struct("<16sQ32s")  # the magic string, the number of ids, the SHA-256 of their bytes
 
 
 def default_corpus():
@@ -58,13 +65,36 @@ def tokenize_corpus(texts, tokenizer, cache=None):
     folder = cache or os.path.join(cache_dir(), "tokens")
     path = os.path.join(folder, f"{digest.hexdigest()[:32]}.{np.dtype(dtype).name}")
     if os.path.isfile(path):
-        return np.memmap(path, dtype=dtype, mode="r"), path, True
+        ids, problem = read_token_cache(path, dtype)
+        if problem is None:
+            return ids, path, True
+        warnings.warn(
+            f"{path}: not a whole token cache ({problem}); tokenizing the corpus again", stacklevel=2
+        )
     ids = np.fromiter((i for text in texts for i in tokenizer.encode(text)), dtype=dtype)
     os.makedirs(folder, exist_ok=True)
     temporary = f"{path}.partial-{os.getpid()}"
-    ids.tofile(temporary)
+    with open(temporary, "wb") as f:
+        f.write(CACHE_HEADER.pack(CACHE_MAGIC, len(ids), hashlib.sha256(ids).digest()))
+        ids.tofile(f)
     os.replace(temporary, path)
     return ids, path, False
+
+
+def read_token_cache(path, dtype):
+    """(the ids of a cache file, memory-mapped, None), or (None, what is wrong with the file)."""
+    with open(path, "rb") as f:
+        header = f.read(CACHE_HEADER.size)
+    if len(header) < CACHE_HEADER.size or not header.startswith(CACHE_MAGIC):
+        return None, "no header: damaged, or written by an older tinygpt"
+    _, count, checksum = CACHE_HEADER.unpack(header)
+    size, expected = os.path.getsize(path), CACHE_HEADER.size + count * np.dtype(dtype).itemsize
+    if size != expected:
+        return None, f"{size:,} bytes where its header promises {expected:,}"
+    ids = np.memmap(path, dtype=dtype, mode="r", offset=CACHE_HEADER.size, shape=(count,))
+    if hashlib.sha256(ids).digest() != checksum:
+        return None, "its ids do not match their checksum"
+    return ids, None
 
 
 class Windows:

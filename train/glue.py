@@ -9,20 +9,27 @@ your own data, one JSON object per line, in any one of these layouts:
 
 A class's id is its index in the dataset's label names: the documented order for the named tasks,
 the sorted labels of the file for jsonl. Save them with save_labels and pass them back as
-`labels=` when reading a dev set, so that its ids are the train set's.
+`labels=` when reading a dev set, so that its ids are the train set's. A jsonl file's labels are
+all strings or all integers: `1` and `"1"` in one file would be two classes, so the first row's
+type decides and a row with the other is a bad row (nothing is converted behind your back).
 
-A row with the wrong number of columns or fields, or an unknown label, stops reading with a
-ValueError naming the file and line; with skip_bad_rows=True it is left out and counted. Rows the
-dataset itself marks unusable (SNLI's gold_label "-") are always left out and counted.
+A row with the wrong number of columns or fields, a field of the wrong type, a score that is not a
+finite number, or an unknown label, stops reading with a ValueError naming the file and line; with
+skip_bad_rows=True it is left out and counted. Rows the dataset itself marks unusable (SNLI's
+gold_label "-") are always left out and counted. A file that is not UTF-8 is refused with the line
+of its first bad byte, and a label file (save_labels) that is not a list of names with its name.
 """
 
 import csv
+import io
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from tinygpt.files import read_json
 from tinygpt.tasks import KINDS, kind_of
 
 
@@ -125,7 +132,7 @@ def read(task, path, labels=None, skip_bad_rows=False):
         has_classes = kind != "multiple_choice" and "label" in first
 
     if has_classes:
-        labels = list(labels if labels is not None else documented or _sorted({e["label"] for _, e in rows}))
+        labels = list(labels if labels is not None else documented or sorted({e["label"] for _, e in rows}))
         ids = {label: i for i, label in enumerate(labels)}
         rows = reading.keep(_converted(rows, lambda example: _with_label_id(example, ids)))
     return Dataset(
@@ -144,10 +151,17 @@ def save_labels(labels, path):
 
 
 def load_labels(path):
-    """The label names saved by save_labels."""
-    labels = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(labels, list) or len(set(map(repr, labels))) != len(labels):
-        raise ValueError(f"{path}: expected a JSON list of distinct label names")
+    """The label names saved by save_labels: distinct strings, or distinct integers."""
+    labels = read_json(path)
+    if (
+        not isinstance(labels, list)
+        or len({type(label) for label in labels}) > 1
+        or not all(type(label) in (str, int) for label in labels)
+        or len(set(labels)) != len(labels)
+    ):
+        raise ValueError(
+            f"{path}: expected a JSON list of distinct label names (all strings or all integers)"
+        )
     return labels
 
 
@@ -192,30 +206,23 @@ def _with_label_id(example, ids):
     return {**example, "label": ids[example["label"]]}
 
 
-def _sorted(labels):
-    """Label names sorted: numbers in order, then strings."""
-    return sorted(labels, key=lambda label: (isinstance(label, str), label))
-
-
 # ----- GLUE's TSVs ---------------------------------------------------------------------------
 def _tsv_rows(path, layout):
     """(line, example or refusal) for each row of a TSV file. Quoting is off (an RTE cell opens
     with a bare quote) and a BOM is dropped (MRPC has one)."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if layout.width:
-            width, positions = layout.width, layout.columns
-        else:
-            header = next(reader, [])
-            missing = [name for name in layout.columns.values() if name not in header]
-            if missing:
-                raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
-            width, positions = (
-                len(header),
-                {field: header.index(name) for field, name in layout.columns.items()},
-            )
-        rows = ((reader.line_num, cells) for cells in reader)
-        yield from _converted(rows, lambda cells: _tsv_example(cells, width, positions))
+    rows = _csv_rows(path, delimiter="\t", quoting=csv.QUOTE_NONE)
+    if layout.width:
+        width, positions = layout.width, layout.columns
+    else:
+        _, header = next(rows, (1, []))
+        missing = [name for name in layout.columns.values() if name not in header]
+        if missing:
+            raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
+        width, positions = (
+            len(header),
+            {field: header.index(name) for field, name in layout.columns.items()},
+        )
+    yield from _converted(rows, lambda cells: _tsv_example(cells, width, positions))
 
 
 def _tsv_example(cells, width, positions):
@@ -229,21 +236,31 @@ def _tsv_example(cells, width, positions):
 
 def _number(text):
     try:
-        return float(text)
+        return _finite(float(text))
     except ValueError:
         raise BadRow(f"the score {text!r} is not a number") from None
+
+
+def _finite(score):
+    """The score as a float, if it is one that training can use (not nan, inf, or out of range)."""
+    try:
+        score = float(score)
+    except OverflowError:  # an integer past float's range
+        score = math.inf
+    if not math.isfinite(score):
+        raise BadRow(f"the score {score!r} is not a finite number")
+    return score
 
 
 # ----- the Story Cloze CSV -------------------------------------------------------------------
 def _story_rows(path):
     """(line, example or refusal) for each story: the four sentences joined are the context,
     the two endings the choices, and AnswerRightEnding (1 or 2) picks one."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
-        header = tuple(name.strip() for name in next(reader, []))
-        if header != STORY_COLUMNS:
-            raise ValueError(f"{path}: line 1: expected the header {','.join(STORY_COLUMNS)}")
-        yield from _converted(((reader.line_num, cells) for cells in reader), _story_example)
+    rows = _csv_rows(path)
+    _, header = next(rows, (1, []))
+    if tuple(name.strip() for name in header) != STORY_COLUMNS:
+        raise ValueError(f"{path}: line 1: expected the header {','.join(STORY_COLUMNS)}")
+    yield from _converted(rows, _story_example)
 
 
 def _story_example(cells):
@@ -255,11 +272,39 @@ def _story_example(cells):
     return {"context": " ".join(cells[1:5]), "choices": cells[5:7], "label": int(cells[7]) - 1}
 
 
-# ----- JSON lines: SNLI and your own data ------------------------------------------------------
+# ----- reading text ---------------------------------------------------------------------------
+def _text_lines(path):
+    """The lines of a UTF-8 file, ends kept, cut at \\n, \\r\\n or \\r as open(newline="") cuts them
+    (a BOM dropped); a bad byte is a ValueError naming the file and its line."""
+    number = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                text = raw.decode("utf-8-sig" if number == 0 else "utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}: line {number + 1}: not valid UTF-8 ({error.reason})") from None
+            for line in io.StringIO(text, newline=""):
+                number += 1
+                yield line
+
+
+def _csv_rows(path, **dialect):
+    """(line, cells) for each row of a CSV (or, with the dialect's arguments, TSV) file; what the
+    csv module cannot read (a field past its size limit, say) is a ValueError naming the line."""
+    reader = csv.reader(_text_lines(path), **dialect)
+    try:
+        for cells in reader:
+            yield reader.line_num, cells
+    except csv.Error as error:
+        raise ValueError(f"{path}: line {reader.line_num}: {error}") from None
+
+
 def _lines(path):
     """(line, text) for each line that is not blank."""
-    with open(path, encoding="utf-8-sig") as f:
-        yield from ((number, text) for number, text in enumerate(f, start=1) if text.strip())
+    return ((number, text) for number, text in enumerate(_text_lines(path), start=1) if text.strip())
+
+
+# ----- JSON lines: SNLI and your own data ------------------------------------------------------
 
 
 def _json_object(text):
@@ -267,6 +312,8 @@ def _json_object(text):
         row = json.loads(text)
     except json.JSONDecodeError as error:
         raise BadRow(f"not valid JSON ({error.msg})") from None
+    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
+        raise BadRow(f"not readable JSON ({error})") from None
     if not isinstance(row, dict):
         raise BadRow("expected a JSON object")
     return row
@@ -282,6 +329,8 @@ def _pick(row, fields):
 
 def _snli_example(text):
     row = _pick(_json_object(text), ("sentence1", "sentence2", "gold_label"))
+    if not all(isinstance(value, str) for value in row.values()):
+        raise BadRow("sentence1, sentence2 and gold_label must be strings")
     if row["gold_label"] == "-":
         raise SkipRow(NO_GOLD_LABEL)
     return {"premise": row["sentence1"], "hypothesis": row["sentence2"], "label": row["gold_label"]}
@@ -305,9 +354,11 @@ def _jsonl_example(text):
             raise BadRow(f"the label {value!r} is not the index of one of the {len(choices)} choices")
     if not all(isinstance(example[field], str) for field in KINDS[kind] if field != "choices"):
         raise BadRow(f"{' and '.join(KINDS[kind])} must be strings")
-    if target == "score" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+    if target == "score" and type(value) not in (int, float):
         raise BadRow(f"the score {value!r} is not a number")
-    if target == "label" and not isinstance(value, (str, int)):
+    if target == "score":
+        example["score"] = _finite(value)
+    if target == "label" and type(value) not in (str, int):
         raise BadRow(f"the label {value!r} must be a string or an integer")
     return example
 
@@ -320,4 +371,11 @@ def _same_layout(example, first):
 
     if layout(example) != layout(first):
         raise BadRow(f"fields {layout(example)} differ from the first row's {layout(first)}")
+    label, first_label = example.get("label"), first.get("label")
+    if type(label) is not type(first_label):
+        kind = {str: "a string", int: "an integer"}
+        raise BadRow(
+            f"the label {label!r} is {kind[type(label)]}, the first row's {first_label!r} "
+            f"{kind[type(first_label)]}: a file's labels are all strings or all integers"
+        )
     return example

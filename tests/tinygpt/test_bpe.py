@@ -1,6 +1,7 @@
 """The byte-level BPE tokenizer: round trips, special tokens, merge order, training, files, errors."""
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -284,7 +285,7 @@ def test_malformed_merges_name_file_and_line(tmp_path, merges_text, line, messag
 @pytest.mark.parametrize(
     "vocab_text, message",
     [
-        ('{"a": 0,\n "b": }', r"vocab\.json, line 2 column"),
+        ('{"a": 0,\n "b": }', r"vocab\.json: line 2 column"),
         ('["a"]', r"vocab\.json: expected a JSON object"),
         ('{"a": 0, "b": 0}', r"vocab\.json: entries 'a' and 'b' share id 0"),
         ('{"a": 0, "b": 2}', r"vocab\.json: ids must run 0 \.\. 1 without gaps; id 1 is missing"),
@@ -299,6 +300,41 @@ def test_malformed_vocab_names_file_and_entry(tmp_path, vocab_text, message):
     (tmp_path / "vocab.json").write_text(vocab_text, encoding="utf-8")
     (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
     with pytest.raises(ValueError, match=message):
+        BPETokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize("kept", [None, 0, 75])
+def test_a_merges_file_that_does_not_make_the_vocabulary_is_refused(tokenizer, tmp_path, kept):
+    """An empty merges.txt, or one cut short (just its version line, or half its merges), would load
+    as a tokenizer that never makes most of its tokens: refused, naming the file and a token."""
+    tokenizer.save(tmp_path)
+    lines = (tmp_path / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "merges.txt").write_text("" if kept is None else "\n".join(lines[: 1 + kept]) + "\n")
+    why = "the file is empty" if kept is None else "no merge makes the token"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'merges.txt'))}: {why}"):
+        BPETokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, text, why",
+    [
+        ("vocab.json", None, "an entry is the empty string"),
+        ("vocab.json", b'{"a": 0,\n "\xff": 1}', "line 2: not valid UTF-8"),
+        ("vocab.json", b"[" * 100_000, "not readable JSON"),
+        ("tokenizer_config.json", b'{"normalizer": ["gpt1"]}', "expected"),
+        ("special_tokens.json", b'{"_start_": "x"}', "'_start_' has id 'x' here"),
+    ],
+)
+def test_tokenizer_files_of_the_wrong_shape_are_named(tokenizer, tmp_path, name, text, why):
+    """Each file of a saved tokenizer is checked: a bad one is a ValueError naming it."""
+    tokenizer.save(tmp_path)
+    if text is None:  # an empty token in place of the last special token's name
+        vocab = json.loads((tmp_path / "vocab.json").read_text(encoding="utf-8"))
+        vocab[""] = vocab.pop("_classify_")
+        (tmp_path / "special_tokens.json").unlink()
+        text = json.dumps(vocab).encode()
+    (tmp_path / name).write_bytes(text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / name))}:? .*{why}"):
         BPETokenizer.load(tmp_path)
 
 

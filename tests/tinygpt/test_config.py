@@ -1,6 +1,7 @@
 """GPTConfig: the presets, checks at construction, and the openai-gpt config.json mapping."""
 
 import json
+import math
 import re
 
 import pytest
@@ -207,3 +208,98 @@ def test_from_hf_dict_takes_n_positions_and_ignores_unknown_keys(n_positions, ex
     """n_positions becomes n_ctx; keys GPTConfig does not know are ignored."""
     c = GPTConfig.from_hf_dict({**extra, "n_positions": n_positions, "n_embd": 64, "n_head": 4})
     assert c == GPTConfig(n_ctx=n_positions, n_embd=64, n_head=4)
+
+
+# ----- every field checked, sizes bounded, config.json named in every error -----------------------
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("afn", ["gelu"]),
+        ("embd_pdrop", "0.1"),
+        ("attn_pdrop", None),
+        ("resid_pdrop", math.nan),
+        ("layer_norm_epsilon", "1e-5"),
+        ("layer_norm_epsilon", 0.0),
+        ("layer_norm_epsilon", math.inf),
+        ("initializer_range", [0.02]),
+        ("initializer_range", math.nan),
+        ("initializer_range", -0.02),
+    ],
+)
+def test_a_field_of_the_wrong_type_or_range_is_refused_by_name(field, bad):
+    """Not only the sizes: the activation, the rates, epsilon and the init's std are checked too,
+    each a ValueError naming the field (never a TypeError, nor a config that fails later)."""
+    with pytest.raises(ValueError, match=field):
+        GPTConfig(**{field: bad})
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        dict(vocab_size=10**12),
+        dict(n_inner=10**9),
+        dict(n_ctx=10**9, n_embd=64, n_head=4),
+        dict(n_layer=10**7, n_embd=1, n_head=1),
+    ],
+)
+def test_a_model_too_large_to_build_is_refused_by_the_config(sizes):
+    """More than MAX_PARAMETERS parameters, or MAX_LAYERS blocks, is refused at construction, so
+    GPT never starts allocating them (a vocab_size of 10**12 would be petabytes)."""
+    with pytest.raises(ValueError, match="more than the"):
+        GPTConfig(**sizes)
+
+
+@given(configs())
+def test_parameter_shapes_and_count_are_the_models(config):
+    """parameter_shapes() names and shapes GPT(config)'s parameters; n_parameters counts them."""
+    model = GPT(config)
+    assert config.parameter_shapes() == {name: p.shape for name, p in model.named_parameters()}
+    assert config.n_parameters == model.num_parameters()
+
+
+SMALL = dict(vocab_size=23, n_ctx=8, n_embd=16, n_layer=2, n_head=2)
+SMALL_HF = json.dumps(GPTConfig(**SMALL).to_hf_dict())
+
+
+def pretrained_folder(folder, config_text):
+    """A folder as save_pretrained writes it for a small model, its config.json then replaced."""
+    GPT(GPTConfig(**SMALL)).save_pretrained(folder)
+    (folder / "config.json").write_bytes(
+        config_text if isinstance(config_text, bytes) else config_text.encode()
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    "config_text, why",
+    [
+        (b'{"n_embd": 16,\n "afn": "\xff"}', r"line 2: not valid UTF-8"),
+        ('{"n_embd": 16,\n "n_head": }', r"line 2 column 12: not valid JSON"),
+        ("[16, 2]", "expected a JSON object"),
+        ('{"afn": ["gelu"]}', "afn must be one of"),
+        ('{"layer_norm_epsilon": "small"}', "layer_norm_epsilon"),
+        (SMALL_HF.replace('"vocab_size": 23', '"vocab_size": 1000000000000'), "more than the"),
+        (SMALL_HF.replace('"n_layer": 2', '"n_layer": 3'), r"missing keys: h\.2\.attn\.c_attn\.weight"),
+        (SMALL_HF.replace('"n_inner": 64', '"n_inner": 100000'), r"h\.0\.mlp\.c_fc\.weight \(16, 64\)"),
+    ],
+)
+def test_from_pretrained_names_config_json_and_what_is_wrong(tmp_path, config_text, why):
+    """A config.json that is not UTF-8 or JSON, of the wrong shape, with a field of the wrong type,
+    or with sizes its weights do not have: a ValueError that names the file and what is wrong."""
+    folder = pretrained_folder(tmp_path / "model", config_text)
+    with pytest.raises(ValueError, match=why) as error:
+        GPT.from_pretrained(folder)
+    assert str(folder) in str(error.value)
+
+
+def test_from_pretrained_checks_the_weights_before_building_the_model(tmp_path, monkeypatch):
+    """A config.json whose sizes ask for more than the weights hold is refused before GPT(config)
+    allocates anything (here 10**8 rows of embedding that model.safetensors does not have)."""
+    folder = pretrained_folder(
+        tmp_path / "model", SMALL_HF.replace('"vocab_size": 23', '"vocab_size": 100000000')
+    )
+    monkeypatch.setattr(GPT, "__init__", lambda self, config: pytest.fail("GPT(config) was built"))
+    with pytest.raises(
+        ValueError, match=r"tokens_embed\.weight \(23, 16\), the config makes \(100000000, 16\)"
+    ):
+        GPT.from_pretrained(folder)

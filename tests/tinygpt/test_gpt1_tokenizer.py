@@ -163,6 +163,31 @@ def test_bad_files_are_named_with_the_line(tmp_path):
         GPT1Tokenizer.from_files(encoder, merges, pretokenizer="nltk")
 
 
+@pytest.mark.parametrize(
+    "merges_text, why",
+    [
+        (b"", "line 1: expected a '#version' header"),
+        (b"#version: 0.2\n", "no merge makes the token 'ab</w>'"),
+        (b"#version: 0.2\na b</w>\n\xe9 b\n", "line 3: not valid UTF-8"),
+    ],
+)
+def test_merges_that_cannot_make_the_encoders_pieces_are_refused(tmp_path, merges_text, why):
+    """An empty or cut-short vocab_40000.bpe leaves pieces of the encoder that no merge makes
+    (all but single characters and '<unk>' must be made); a bad byte is named with its line."""
+    encoder, merges = tmp_path / "encoder.json", tmp_path / "merges.bpe"
+    encoder.write_text('{"<unk>": 0, "a": 1, "b</w>": 2, "ab</w>": 3}')
+    merges.write_bytes(merges_text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(merges))}: {why}"):
+        GPT1Tokenizer.from_files(encoder, merges)
+
+
+def test_an_encoder_that_is_not_utf8_is_named_with_the_line(tmp_path):
+    encoder = tmp_path / "encoder.json"
+    encoder.write_bytes(b'{"<unk>": 0,\n "\xe9": 1}')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(encoder))}: line 2: not valid UTF-8"):
+        GPT1Tokenizer.from_files(encoder, tmp_path / "merges.bpe")
+
+
 # -- the text pipeline on its own (no files needed) --------------------------------------------
 
 

@@ -74,6 +74,19 @@ def test_resize_adds_the_tokenizers_extra_tokens_and_keeps_the_old_rows():
     assert resize(gpt, WordTokenizer()) == 0 and gpt.tokens_embed.weight.shape == (VOCAB, 16)
 
 
+@pytest.mark.parametrize("rows", [1, VOCAB - 4, VOCAB + 1, VOCAB + 100])
+def test_resize_refuses_a_tokenizer_that_is_not_the_models(rows):
+    """Only special tokens may be added: a tokenizer with ordinary tokens past the model's table,
+    or with fewer tokens than it has rows, is another model's; the error gives both sizes and the
+    model is left as it was."""
+    gpt = tiny_gpt(vocab_size=rows)
+    with pytest.raises(
+        ValueError, match=rf"the tokenizer has {VOCAB} tokens and the model's embedding table {rows} rows"
+    ):
+        resize(gpt, WordTokenizer())
+    assert gpt.config.vocab_size == rows and gpt.tokens_embed.weight.shape == (rows, 16)
+
+
 def test_resize_refuses_a_tokenizer_without_the_special_tokens():
     tokenizer = WordTokenizer()
     tokenizer.special_tokens = {}

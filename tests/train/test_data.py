@@ -1,5 +1,8 @@
 """The token cache, the windows and the order of batches."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -29,6 +32,34 @@ def test_another_corpus_or_tokenizer_gets_another_cache_file(tokenizer, tmp_path
     _, other_text, _ = data.tokenize_corpus(TEXTS[:1], tokenizer, cache=tmp_path)
     _, other_tokenizer, _ = data.tokenize_corpus(TEXTS, BPETokenizer.train(TEXTS, 290), cache=tmp_path)
     assert len({path, other_text, other_tokenizer}) == 3
+
+
+def damaged(blob, how):
+    """A cache file's bytes, damaged in one of the ways a crash, a full disk or a stray write leaves."""
+    return {
+        "cut short": blob[:-3],
+        "cut in its header": blob[:20],
+        "empty": b"",
+        "an id changed": blob[:-2] + bytes([blob[-2] ^ 1, blob[-1]]),
+        "bare ids, no header": blob[data.CACHE_HEADER.size :],
+    }[how]
+
+
+@pytest.mark.parametrize(
+    "how", ["cut short", "cut in its header", "empty", "an id changed", "bare ids, no header"]
+)
+def test_a_damaged_token_cache_is_named_and_written_again(tokenizer, tmp_path, how):
+    """A cache file that is not whole is never read as ids: a warning names it, the corpus is
+    tokenized again, and the file written afresh is reused by the next run."""
+    ids, path, _ = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    Path(path).write_bytes(damaged(Path(path).read_bytes(), how))
+    with pytest.warns(UserWarning, match=rf"^{re.escape(path)}: not a whole token cache"):
+        again, same_path, reused = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    assert same_path == path and not reused
+    np.testing.assert_array_equal(again, ids)
+    third, _, reused = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    assert reused
+    np.testing.assert_array_equal(third, ids)
 
 
 @given(st.integers(2, 200), st.integers(1, 8))

@@ -1,6 +1,7 @@
 """Task readers: hand-made files of each layout, bad rows, label maps, and the real files."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -170,16 +171,16 @@ def test_jsonl_of_each_layout(tmp_path):
 
 # ----- label maps ----------------------------------------------------------------------------------
 @given(
-    st.lists(
-        st.one_of(st.integers(-5, 5), st.text(min_size=1, max_size=4)), min_size=1, max_size=6, unique=True
-    )
+    st.lists(st.integers(-5, 5), min_size=1, max_size=6, unique=True)
+    | st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=6, unique=True)
 )
 def test_label_ids_are_the_sorted_label_names_and_survive_saving(tmp_path_factory, names):
+    """A file's labels (all integers or all strings) get their sorted order's ids, which a saved
+    label list gives back."""
     directory = tmp_path_factory.mktemp("labels")
     rows = [{"text": "x", "label": name} for name in reversed(names)]
     data = read("jsonl", write(directory, "train.jsonl", "".join(json.dumps(r) + "\n" for r in rows)))
-    numbers, strings = [n for n in names if isinstance(n, int)], [n for n in names if isinstance(n, str)]
-    assert data.labels == sorted(numbers) + sorted(strings)
+    assert data.labels == sorted(names)
     assert [data.labels[e["label"]] for e in data.examples] == list(reversed(names))
     save_labels(data.labels, directory / "labels.json")
     assert load_labels(directory / "labels.json") == data.labels
@@ -198,9 +199,16 @@ def test_a_dev_set_is_read_with_the_train_sets_labels(tmp_path):
 
 
 def test_load_labels_refuses_anything_but_a_list_of_distinct_names(tmp_path):
-    for text in ('{"a": 0}', '["a", "a"]'):
+    for text in ('{"a": 0}', '["a", "a"]', '[1, "1"]', "[true]", '[["a"]]', "[1.5]"):
         with pytest.raises(ValueError, match="distinct label names"):
             load_labels(write(tmp_path, "labels.json", text))
+    for text, why in (
+        ('["a",\n "b"', "line 2 column 5: not valid JSON"),
+        ("caf\xe9", "line 1: not valid UTF-8"),
+    ):
+        path = write(tmp_path, "labels.json", text, encoding="latin-1")
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: {why}"):
+            load_labels(path)
 
 
 # ----- bad rows -----------------------------------------------------------------------------------
@@ -293,6 +301,65 @@ BAD_ROWS = [  # task, file name, text, why: the middle one of three rows is bad
         '{"text": "a", "label": 0}\n{"text": ["b"], "label": 1}\n{"text": "c", "label": 1}\n',
         "must be strings",
     ),
+    # values that would pass the reader and go wrong later: a score training cannot use, a label
+    # that makes a class of its own, a field of the wrong type
+    (
+        "stsb",
+        "dev.tsv",
+        "sentence1\tsentence2\tscore\nA\tB\t1.0\nA\tB\tnan\nC\tD\t2\n",
+        "nan is not a finite",
+    ),
+    (
+        "stsb",
+        "dev.tsv",
+        "sentence1\tsentence2\tscore\nA\tB\t1.0\nA\tB\t-inf\nC\tD\t2\n",
+        "-inf is not a finite",
+    ),
+    *(
+        (
+            "jsonl",
+            "mine.jsonl",
+            '{"text_a": "a", "text_b": "b", "score": 1}\n'
+            f'{{"text_a": "a", "text_b": "b", "score": {score}}}\n'
+            '{"text_a": "a", "text_b": "b", "score": 2}\n',
+            "is not a finite number",
+        )
+        for score in ("NaN", "Infinity", "-1e400", "1" + "0" * 400)
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": 1}\n{"text": "b", "label": "1"}\n{"text": "c", "label": 0}\n',
+        "the label '1' is a string, the first row's 1 an integer",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": "x"}\n{"text": "b", "label": 1}\n{"text": "c", "label": "y"}\n',
+        "the label 1 is an integer, the first row's 'x' a string",
+    ),
+    (
+        "jsonl",
+        "mine.jsonl",
+        '{"text": "a", "label": 1}\n{"text": "b", "label": true}\n{"text": "c", "label": 0}\n',
+        "the label True must be a string or an integer",
+    ),
+    (
+        "snli",
+        "dev.jsonl",
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n'
+        '{"sentence1": null, "sentence2": "B", "gold_label": "neutral"}\n'
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n',
+        "sentence1, sentence2 and gold_label must be strings",
+    ),
+    (
+        "snli",
+        "dev.jsonl",
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n'
+        '{"sentence1": "A", "sentence2": "B", "gold_label": ["neutral", "-"]}\n'
+        '{"sentence1": "A", "sentence2": "B", "gold_label": "entailment"}\n',
+        "sentence1, sentence2 and gold_label must be strings",
+    ),
 ]
 
 
@@ -311,6 +378,30 @@ def test_a_bad_row_is_left_out_and_counted_when_skipping(tmp_path, task, name, t
     data = read(task, path, skip_bad_rows=True)
     assert len(data.examples) == 2 and data.skipped == {"bad rows": 1}
     assert len(data.bad_rows) == 1 and why in data.bad_rows[0]
+
+
+UNREADABLE = [  # task, file name, bytes whose line 3 cannot be read
+    ("sst2", "train.tsv", b"sentence\tlabel\ngood\t1\nbad \xff\t0\n"),
+    ("cola", "dev.tsv", b"s\t1\t\tGood.\ns\t1\t\tFine.\ns\t0\t*\tCaf\xe9.\n"),
+    ("rocstories", "cloze.csv", STORY_HEADER.encode() + b"\nid,A,B,C,D,E,F,1\nid,A,B,C,D,\xe9,F,2\n"),
+    ("snli", "dev.jsonl", b'{"sentence1": "A"}\n\n{"sentence1": "\xc3"}\n'),
+    ("jsonl", "mine.jsonl", b'{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n{"text": "\x80"}\n'),
+    (
+        "stsb",
+        "dev.tsv",
+        "sentence1\tsentence2\tscore\nA\tB\t1.0\nA\tB\t1.0\tx\n".replace("x", "x" * 200_000).encode(),
+    ),
+]
+
+
+@pytest.mark.parametrize("task, name, data", UNREADABLE)
+def test_a_file_that_cannot_be_read_as_text_is_refused_with_the_line(tmp_path, task, name, data):
+    """A byte that is not UTF-8 (a Latin-1 file, say), or a cell past the csv module's size limit:
+    a ValueError naming the file and the line, also when bad rows are skipped."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: line 3: "):
+        read(task, path, skip_bad_rows=True)
 
 
 def test_a_header_without_the_tasks_columns_and_an_unknown_task_are_refused(tmp_path):

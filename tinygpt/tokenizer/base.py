@@ -17,6 +17,18 @@ def ids_after(vocab, names):
     return {name: len(vocab) + i for i, name in enumerate(names)}
 
 
+def check_made_by_merges(tokens, merges, is_symbol, merges_path):
+    """Each token that is not a base symbol must be what some merge makes; one that is not means
+    the merges file is cut short, empty, or another tokenizer's (a ValueError naming it)."""
+    made = {left + right for left, right in merges}
+    for token in tokens:
+        if token not in made and not is_symbol(token):
+            raise ValueError(
+                f"{merges_path}: no merge makes the token {token!r} of the vocabulary "
+                f"({len(merges)} merges; are the two files of one tokenizer?)"
+            )
+
+
 class Tokenizer:
     """A BPE vocabulary with special tokens; subclasses add how text is cut, merged and decoded."""
 

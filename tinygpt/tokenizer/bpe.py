@@ -22,7 +22,8 @@ from pathlib import Path
 
 import regex
 
-from .base import SPECIAL_TOKENS, Tokenizer, ids_after
+from ..files import read_json, read_text
+from .base import MERGES_HEADER, SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
 from .merges import apply_merges, replace_pair
 from .text import GPT1Normalizer
 
@@ -336,23 +337,25 @@ class BPETokenizer(Tokenizer):
                     f"{directory / 'vocab.json'}: entry {token!r} is neither spelled in the "
                     "byte-to-unicode alphabet nor a special token"
                 )
+        missing_bytes = [char for char in BYTE_TO_CHAR if char not in ordinary]
+        if missing_bytes:
+            raise ValueError(
+                f"{directory / 'vocab.json'}: byte tokens {missing_bytes[:5]} (of {len(missing_bytes)}) "
+                "are missing or special"
+            )
+        check_made_by_merges(ordinary, merges, lambda token: len(token) == 1, directory / "merges.txt")
         return cls(ordinary, merges, specials, pattern, normalizer)
 
 
-def _read_json(path):
-    try:
-        return json.loads(read_text_file(path))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}, line {error.lineno} column {error.colno}: {error.msg}") from None
-
-
 def _read_vocab(path):
-    """vocab.json -> {token: id}, checking ids are 0 .. n-1 and every byte has a token."""
-    vocab = _read_json(path)
+    """vocab.json -> {token: id}, checking tokens are not empty and ids are 0 .. n-1."""
+    vocab = read_json(path)
     if not isinstance(vocab, dict):
         raise ValueError(f"{path}: expected a JSON object {{token: id}}, got {type(vocab).__name__}")
     token_of_id = {}
     for token, token_id in vocab.items():
+        if not token:
+            raise ValueError(f"{path}: an entry is the empty string, which is no token")
         if type(token_id) is not int or token_id < 0:
             raise ValueError(f"{path}: entry {token!r} has id {token_id!r}, not a non-negative integer")
         if token_id in token_of_id:
@@ -361,16 +364,18 @@ def _read_vocab(path):
     if len(vocab) and max(token_of_id) != len(vocab) - 1:
         missing = min(set(range(len(vocab))) - set(token_of_id))
         raise ValueError(f"{path}: ids must run 0 .. {len(vocab) - 1} without gaps; id {missing} is missing")
-    missing_bytes = [char for char in BYTE_TO_CHAR if char not in vocab]
-    if missing_bytes:
-        raise ValueError(f"{path}: byte tokens {missing_bytes[:5]} (of {len(missing_bytes)}) are missing")
     return vocab
 
 
 def _read_merges(path, vocab):
-    """merges.txt -> [(left, right)]; every piece and every merged result must be in vocab."""
+    """merges.txt -> [(left, right)]: a '#version' line (GPT-2's files have one), then one merge a
+    line; every piece and every merged result must be in vocab. An empty file is refused: even a
+    tokenizer without merges writes the version line."""
+    lines = read_text(path).splitlines()
+    if not lines:
+        raise ValueError(f"{path}: the file is empty (expected {MERGES_HEADER!r}, then one merge a line)")
     merges, seen = [], set()
-    for line_number, line in enumerate(read_text_file(path).splitlines(), start=1):
+    for line_number, line in enumerate(lines, start=1):
         if not line.strip() or (line_number == 1 and line.startswith("#version")):
             continue
         parts = line.split(" ")
@@ -389,7 +394,7 @@ def _read_merges(path, vocab):
 
 def _read_special_tokens(path, vocab):
     """special_tokens.json -> {name: id}; each must match its entry in vocab.json."""
-    specials = _read_json(path)
+    specials = read_json(path)
     if not isinstance(specials, dict):
         raise ValueError(f"{path}: expected a JSON object {{name: id}}")
     for name, token_id in specials.items():
@@ -402,8 +407,8 @@ def _read_special_tokens(path, vocab):
 
 def _read_normalizer(path):
     """tokenizer_config.json -> the normalizer's name, which must be one tinygpt knows."""
-    config = _read_json(path)
+    config = read_json(path)
     name = config.get("normalizer") if isinstance(config, dict) else None
-    if name not in NORMALIZERS:
+    if not isinstance(name, str) or name not in NORMALIZERS:
         raise ValueError(f'{path}: expected {{"normalizer": one of {sorted(NORMALIZERS)}}}, got {config!r}')
     return name

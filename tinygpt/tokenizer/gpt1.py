@@ -13,7 +13,8 @@ The default `pretokenizer="builtin"` needs neither ftfy nor spaCy (see text.py);
 import json
 from pathlib import Path
 
-from .base import SPECIAL_TOKENS, Tokenizer, ids_after
+from ..files import read_json, read_text
+from .base import SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
 from .merges import apply_merges
 from .text import EnglishWordSplitter, fix_text, text_standardize
 
@@ -23,11 +24,7 @@ WORD_END = "</w>"
 
 def read_encoder(path):
     """`encoder_bpe_40000.json` -> {piece: id}; ids must be exactly 0 .. n-1, with 0 for '<unk>'."""
-    path = Path(path)
-    try:
-        encoder = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: line {error.lineno}: not valid JSON ({error.msg})") from None
+    encoder = read_json(path)
     if not isinstance(encoder, dict) or not encoder:
         raise ValueError(f"{path}: expected a JSON object of piece -> id")
     for piece, token_id in encoder.items():
@@ -42,9 +39,9 @@ def read_encoder(path):
 
 def read_merges(path, encoder):
     """`vocab_40000.bpe` -> [(left, right)] in rank order: a '#version' line, then one merge per
-    line whose joined pieces must be in the encoder."""
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8").split("\n")
+    line whose joined pieces must be in the encoder. Every piece of the encoder but the single
+    characters (with or without `</w>`) and '<unk>' must be made by a merge."""
+    lines = read_text(path).split("\n")
     if not lines[0].startswith("#version"):
         raise ValueError(f"{path}: line 1: expected a '#version' header, got {lines[0][:40]!r}")
     if lines[-1] == "":
@@ -58,7 +55,13 @@ def read_merges(path, encoder):
         if merged not in encoder:
             raise ValueError(f"{path}: line {number}: the merged piece {merged!r} is not in the encoder")
         merges.append(pair)
+    check_made_by_merges(encoder, merges, _is_symbol, path)
     return merges
+
+
+def _is_symbol(piece):
+    """A piece BPE starts from: one character, or one that ends a word, or '<unk>'."""
+    return len(piece.removesuffix(WORD_END)) == 1 or piece == "<unk>"
 
 
 def _spacy_pipeline():
