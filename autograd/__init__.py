@@ -1,7 +1,8 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 
-from . import functional, ops, precision, random
+from . import functional, nn, ops, optim, precision, random
 from .backend import cuda_available, manual_seed
+from .gradcheck import GradcheckError, gradcheck, jacobian_check  # ag.gradcheck: the function, as in torch
 from .kernels import use_reference
 from .precision import bfloat16, use_precision
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
@@ -36,6 +37,11 @@ __all__ = [
     "stack",
     "where",
     "functional",
+    "nn",
+    "optim",
+    "gradcheck",
+    "jacobian_check",
+    "GradcheckError",
     "ops",
     "random",
     "manual_seed",

@@ -19,6 +19,7 @@ from autograd.serialization import load_file, save_file
 from autograd.tensor import Tensor
 
 from .config import ACTIVATIONS, GPTConfig
+from .run_folder import weights_folder
 
 
 class Block(nn.Module):
@@ -123,15 +124,15 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, directory, device="cpu"):
         """A model from config.json + model.safetensors; keys may carry a 'transformer.' prefix,
-        and a tied lm_head.weight or causal-mask buffers are ignored."""
-        config_path = os.path.join(directory, "config.json")
-        try:
-            with open(config_path) as f:
-                config = GPTConfig.from_hf_dict(json.load(f))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+        and a tied lm_head.weight or causal-mask buffers are ignored. `directory` may also be a
+        training run folder: a fine-tune's best/ is read (its best epoch), else the newest checkpoint
+        (see tinygpt/run_folder.py)."""
+        directory = weights_folder(directory)
+        config = GPTConfig.from_json_file(os.path.join(directory, "config.json"))
+        state = cls.read_weights(directory)
+        config.check_weights(state, os.path.join(directory, "model.safetensors"))
         model = cls(config)
-        model.load_state_dict(cls.read_weights(directory))
+        model.load_state_dict(state)
         return model.to(device)
 
     @staticmethod

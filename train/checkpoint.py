@@ -8,18 +8,21 @@
     checkpoints/<step>/state.json              step, Adam's step count and settings, and the loop's
                                                own counters (everything else is derived from them)
 
-A checkpoint is written to a temporary folder and renamed into place, so `checkpoints/` only ever
-holds whole checkpoints; the oldest beyond `keep` are then removed.
+A checkpoint is written to a temporary folder, flushed to the disk and renamed into place, so
+`checkpoints/` only ever holds whole checkpoints; the oldest beyond `keep` are then removed. A
+temporary folder that a killed process left behind is removed when the run starts again.
 """
 
+import glob
 import json
+import math
 import os
 import shutil
 
 from autograd.serialization import SafetensorsError, load_file, save_file
 from tinygpt import GPT
+from tinygpt.run_folder import STATE_FILE, checkpoint_steps, latest_checkpoint
 
-STATE_FILE = "state.json"
 HEAD_FILE = "head.safetensors"
 
 
@@ -45,11 +48,12 @@ def read_weights(folder, model):
 
 
 def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
-    """Write checkpoints/<step>/ under run_dir and keep only the newest `keep`; returns its path."""
+    """Write checkpoints/<step>/ under run_dir and keep only the newest `keep`; returns its path.
+    A checkpoint of that step already there is an error (FileExistsError), never kept silently."""
     folder = os.path.join(run_dir, "checkpoints")
     final = os.path.join(folder, str(step))
-    if os.path.isdir(final):
-        return final  # this step is already saved, and a step's state is always the same
+    if os.path.exists(final):
+        raise FileExistsError(f"{final}: a checkpoint of step {step} is there already")
     temporary = os.path.join(folder, f".partial-{step}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
@@ -58,10 +62,11 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
         adam = optimizer.state_dict()
         moments = {f"m.{n}": m for n, m in zip(names, adam.pop("m"))}
         moments.update({f"v.{n}": v for n, v in zip(names, adam.pop("v"))})
-        save_file(moments, os.path.join(temporary, "optimizer.safetensors"))
-        with open(os.path.join(temporary, STATE_FILE), "w") as f:
-            json.dump({"step": step, "optimizer": adam, **state}, f, indent=2)
+        save_file(moments, os.path.join(temporary, "optimizer.safetensors"))  # fsynced by save_file
+        write_json(os.path.join(temporary, STATE_FILE), {"step": step, "optimizer": adam, **state})
+        fsync(os.path.join(temporary, "config.json"))  # write_json flushed the folder's entries
         os.replace(temporary, final)
+        fsync(folder)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     for old in checkpoint_steps(run_dir)[:-keep] if keep > 0 else []:
@@ -69,16 +74,34 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
     return final
 
 
-def checkpoint_steps(run_dir):
-    """The steps of the whole checkpoints in run_dir, oldest first."""
-    folder = os.path.join(run_dir, "checkpoints")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(
-        int(name)
-        for name in os.listdir(folder)
-        if name.isdigit() and os.path.isfile(os.path.join(folder, name, STATE_FILE))
-    )
+def fsync(path):
+    """Flush a file, or a folder's entries, to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_json(path, record):
+    """Write a JSON file whole or not at all: written beside, flushed to the disk, renamed."""
+    with open(f"{path}.partial", "w") as f:
+        json.dump(record, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{path}.partial", path)
+    fsync(os.path.dirname(os.path.abspath(path)))
+
+
+def remove_partials(run_dir):
+    """Undo what a killed process left half done: remove checkpoints/.partial-*, *.partial files
+    and .best-partial/; put back best/ where finetune's save_best had moved it aside (.best-old/)."""
+    patterns = (("checkpoints", ".partial-*"), ("*.partial",), (".best-partial",))
+    for path in (path for pattern in patterns for path in glob.glob(os.path.join(run_dir, *pattern))):
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    old, best = os.path.join(run_dir, ".best-old"), os.path.join(run_dir, "best")
+    if os.path.isdir(old):
+        shutil.rmtree(old) if os.path.isdir(best) else os.replace(old, best)
 
 
 def find_checkpoint(path):
@@ -87,35 +110,27 @@ def find_checkpoint(path):
         return path
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such run or checkpoint folder")
-    steps = checkpoint_steps(path)
-    if not steps:
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
         raise FileNotFoundError(
             f"{path}: holds no checkpoint (looked in {os.path.join(path, 'checkpoints')})"
         )
-    return os.path.join(path, "checkpoints", str(steps[-1]))
+    return checkpoint
 
 
 def load_checkpoint(path, model, optimizer=None):
     """Restore weights (and Adam's state, if an optimizer is given) from a checkpoint or the newest
-    one of a run; returns the dict of state.json. Errors name the file that is wrong."""
+    one of a run; returns the dict of state.json. Errors name the file, and the field, that is wrong."""
     folder = find_checkpoint(path)
-    state_path = os.path.join(folder, STATE_FILE)
-    try:
-        with open(state_path) as f:
-            state = json.load(f)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{state_path}: not valid JSON ({error})") from None
+    state = read_state(os.path.join(folder, STATE_FILE), optimizer is not None)
     weights = read_weights(folder, model)
     try:
         model.load_state_dict(weights)
     except ValueError as error:
         raise ValueError(f"{folder}: the checkpoint does not fit this model: {error}") from None
     if optimizer is not None:
-        moments = load_file(os.path.join(folder, "optimizer.safetensors"))
+        moments = read_moments(os.path.join(folder, "optimizer.safetensors"), model)
         names = [name for name, _ in model.named_parameters()]
-        missing = [n for n in names if f"m.{n}" not in moments or f"v.{n}" not in moments]
-        if missing:
-            raise SafetensorsError(f"{folder}/optimizer.safetensors: no moments for {', '.join(missing)}")
         optimizer.load_state_dict(
             {
                 **state["optimizer"],
@@ -124,3 +139,76 @@ def load_checkpoint(path, model, optimizer=None):
             }
         )
     return state
+
+
+def integer(low):
+    return (lambda value: type(value) is int and value >= low), f"an integer >= {low}"
+
+
+def number(low, high=math.inf):
+    within = f"in [{low}, {high})" if high < math.inf else f">= {low}"
+    return (lambda value: type(value) in (int, float) and low <= value < high), f"a number {within}"
+
+
+STATE_FIELDS = {
+    "step": integer(0),
+    "elapsed": number(0),
+    "world_size": integer(1),
+    "optimizer": (lambda value: type(value) is dict, "an object"),
+}
+ADAM_FIELDS = {
+    "step": integer(0),
+    "lr": number(0),
+    "betas": (
+        lambda v: type(v) is list and len(v) == 2 and all(number(0, 1)[0](b) for b in v),
+        "two numbers in [0, 1)",
+    ),
+    "eps": number(0),
+    "l2": number(0),
+    "l2_mode": (lambda value: value in ("decoupled", "coupled"), "'decoupled' or 'coupled'"),
+    "vector_l2": (lambda value: type(value) is bool, "true or false"),
+}
+
+
+def read_state(path, with_optimizer=True):
+    """A checkpoint's state.json, checked: step (and elapsed, world_size where present) and, with
+    `with_optimizer`, Adam's settings. An error names the file and the field."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    check_fields(path, state, STATE_FIELDS, required=("step", "optimizer") if with_optimizer else ("step",))
+    if with_optimizer:
+        check_fields(path, state["optimizer"], ADAM_FIELDS, required=ADAM_FIELDS, prefix="optimizer.")
+    return state
+
+
+def check_fields(path, record, fields, required=(), prefix=""):
+    """Raise ValueError naming `path` and the field of `record` that is missing (of `required`) or
+    fails its check in `fields` {name: (check, what the value must be)}."""
+    for name, (holds, requirement) in fields.items():
+        if name not in record and name in required:
+            raise ValueError(f"{path}: the field {prefix}{name} is missing")
+        if name in record and not holds(record[name]):
+            raise ValueError(f"{path}: {prefix}{name} must be {requirement}, got {record[name]!r:.60}")
+
+
+def read_moments(path, model):
+    """Adam's moments of a checkpoint, {m.<name> / v.<name>: array}, checked against `model`: one
+    of each per parameter, floating point, of its shape. An error names the file and the tensor."""
+    moments = load_file(path)
+    params = {f"{kind}.{name}": p for name, p in model.named_parameters() for kind in "mv"}
+    missing, unexpected = sorted(params.keys() - moments.keys()), sorted(moments.keys() - params.keys())
+    for what, names in (("missing", missing), ("unexpected", unexpected)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise SafetensorsError(f"{path}: {what} moments {', '.join(names[:3])}{more}")
+    for name, p in params.items():
+        array = moments[name]
+        if array.dtype.kind != "f" or tuple(array.shape) != tuple(p.shape):
+            shapes = f"{array.dtype} {tuple(array.shape)}; its parameter is {p.dtype} {tuple(p.shape)}"
+            raise SafetensorsError(f"{path}: {name} is {shapes}")
+    return moments

@@ -22,6 +22,7 @@ from tinygpt.tokenizer.bpe import find_text_files, read_text_file
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
 from .inspection import add_attention_command, add_summary_command
+from .loop import perplexity
 from .zeroshot import add_zeroshot_command
 
 
@@ -91,7 +92,7 @@ def perplexity_command(parser, args):
     nll = negative_log_likelihood(model, ids, args.batch_size, progress=sys.stderr.isatty())
     tokens = len(ids) - 1
     results = {
-        "perplexity": math.exp(nll / tokens),
+        "perplexity": perplexity(nll / tokens),  # inf where e ** loss overflows
         "bits_per_byte": nll / math.log(2) / n_bytes,
         "loss": nll / tokens,
         "tokens": tokens,

@@ -13,6 +13,7 @@ predictions.tsv.
 """
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -30,10 +31,10 @@ from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
 from . import distributed, glue, loop
-from .checkpoint import read_weights, save_weights
+from .checkpoint import fsync, read_weights, save_weights
 from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
-from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_config, read_metrics
+from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
@@ -119,8 +120,12 @@ def add_run_arguments(group):
     group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
+    resume = "continue a fine-tune (its folder, or a checkpoint in it) with its own settings: only "
+    resume += "--device, --log-every, --save-every, --keep-checkpoints may differ"
+    group.add_argument("--resume", metavar="PATH", help=resume)
+    group.add_argument("--overwrite", action="store_true", help="replace the run in a non-empty --out")
     group.add_argument(
-        "--resume", metavar="PATH", help="continue a fine-tune (its folder, or a checkpoint in it)"
+        "--allow-data-change", action="store_true", help="--resume on data that changed since the run began"
     )
     save_every = "steps between checkpoints besides those at each epoch's end (0: only those)"
     group.add_argument("--save-every", type=non_negative_int, default=500, help=save_every)
@@ -200,9 +205,11 @@ def build_task(parser, args, run_dir, labels, device, group):
     head, tokenizer, note = start_model(parser, args, run_dir, datasets["train"])
     n_ctx = head.transformer.config.n_ctx
     encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
-    train = encoded["train"]
-    if group.size > 1:
-        group.check_same("training examples", json.dumps([train.sequences, train.labels.tolist()]).encode())
+    train, dev = encoded["train"], encoded["dev"]
+    examples = [train.sequences, train.labels.tolist(), dev.sequences, dev.labels.tolist()]
+    data_hash = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
+    group.check_same("training and dev examples", data_hash.encode())
+    loop.check_data(parser, args, data_hash)
     head.to(device).train()
     group.broadcast_parameters(head.parameters())
     cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
@@ -210,7 +217,7 @@ def build_task(parser, args, run_dir, labels, device, group):
         f"{args.task}: {len(train)} training, {len(encoded['dev'])} dev examples (cut to fit n_ctx={n_ctx}: "
         f"{cut}); {note}"
     )
-    return datasets, encoded, head, tokenizer
+    return datasets, encoded, head, tokenizer, data_hash
 
 
 def batch_of(step, steps_per_epoch, n_examples, args, group):
@@ -243,6 +250,7 @@ def measure_dev(run, dev, names, results, step, epoch, batch_size):
     metric is the best so far; returns the line to print."""
     main = results["main_metric"]
     _, figures = evaluate(run.model, dev, names, batch_size)
+    run.stop_if_diverged({f"dev {name}": value for name, value in figures.items()}, step, together=False)
     best_before = max((e[main] for e in results["epochs"]), default=-math.inf)
     results["epochs"].append({"step": step, "epoch": epoch, "val_loss": figures.pop("loss"), **figures})
     append_metrics(run.dir, results["epochs"][-1])
@@ -256,12 +264,19 @@ def measure_dev(run, dev, names, results, step, epoch, batch_size):
 
 
 def save_best(run_dir, head):
-    """Write the head's weights to best/, replacing what was there only once they are whole."""
-    final, partial = os.path.join(run_dir, "best"), os.path.join(run_dir, f".best-partial-{os.getpid()}")
+    """Write the head's weights to best/: to .best-partial/ first, then renamed into place, the old
+    best/ moved aside to .best-old/ just before and removed only after (checkpoint.remove_partials
+    puts it back where a killed process left no best/)."""
+    final, partial, old = (os.path.join(run_dir, name) for name in ("best", ".best-partial", ".best-old"))
     shutil.rmtree(partial, ignore_errors=True)
     save_weights(head, partial)
-    shutil.rmtree(final, ignore_errors=True)
+    for name in os.listdir(partial):
+        fsync(os.path.join(partial, name))
+    if os.path.isdir(final):
+        os.replace(final, old)
     os.replace(partial, final)
+    fsync(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_results(run_dir, results):
@@ -272,34 +287,45 @@ def write_results(run_dir, results):
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    distributed.run(parser, args, fine_tune)
+    distributed.run(parser, args, functools.partial(fine_tune, argv=argv))
 
 
-def fine_tune(parser, args, group):
+def fine_tune(parser, args, group, argv=None):
     """The run: with a group of several ranks, each takes its slice of every batch, and only rank 0
-    writes the run folder and measures the dev and test sets."""
+    writes the run folder and measures the dev and test sets. argv: the command line (the flags
+    given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        args, run_dir, _ = loop.resumed_args(parser, args)
+        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=("train", "dev", "test"))
         labels = saved_labels(parser, args, run_dir)
     else:
-        run_dir, labels = args.out or new_run_folder(args.task), None
+        run_dir, labels = loop.new_run(parser, args, group, args.task), None
     device = loop.start_job(parser, args, group)
 
     # data: the task's examples through the paper's input transformations; the head around the GPT
-    datasets, encoded, head, tokenizer = build_task(parser, args, run_dir, labels, device, group)
-    train = encoded["train"]
+    datasets, encoded, head, tokenizer, data_hash = build_task(parser, args, run_dir, labels, device, group)
 
     # Adam, and its state from the checkpoint when resuming, else a new run folder
     optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
     run = loop.Run(run_dir, group, head, optimizer, args.keep_checkpoints, "train.finetune")
-    start = run.restore(parser, args.resume) if args.resume else begin(run, args, tokenizer, datasets)
-    run.announce(head.transformer.config, device)
+    with loop.stop_on_os_error(run_dir):
+        if args.resume:
+            start = run.restore(parser, args.resume)
+        else:
+            start = begin(run, args, tokenizer, datasets, data_hash)
+        run.announce(head.transformer.config, device)
+        results = results_so_far(run_dir, args.task, datasets, encoded)
+        tune_steps(run, args, encoded, datasets["dev"].metrics, results, start)
+        if group.main:
+            finish(run, args, datasets, encoded, results)
 
+
+def tune_steps(run, args, encoded, metric_names, results, start):
+    """The steps from `start` to the end of the last epoch: log lines, the dev set measured after
+    each epoch (results), checkpoints, and a stop on Ctrl-C or SIGTERM."""
+    group, head, train, dev = run.group, run.model, encoded["train"], encoded["dev"]
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    results = results_so_far(run_dir, args.task, datasets, encoded)
-    dev, metric_names = encoded["dev"], datasets["dev"].metrics
     log = loop.LossLog(run, "examples")
     with use_precision(args.precision), loop.progress_bar(total, start, args.task, group) as progress:
         for step in range(start, total):
@@ -332,15 +358,14 @@ def fine_tune(parser, args, group):
                 checkpoint = run.save(done)
             if interrupted:
                 run.stop_interrupted(done, checkpoint, progress)
-    if group.main:
-        finish(run, args, datasets, encoded, results)
 
 
-def begin(run, args, tokenizer, datasets):
-    """Write a new fine-tune's folder: tokenizer, config.json and the label names. Returns 0."""
+def begin(run, args, tokenizer, datasets, data_hash):
+    """Write a new fine-tune's folder: tokenizer, config.json (with the hash of the examples) and
+    the label names. Returns 0."""
     train_set = datasets["train"]
     has_labels = train_set.labels is not None
-    run.begin(run.model.transformer.config, tokenizer, args, has_labels=has_labels)
+    run.begin(run.model.transformer.config, tokenizer, args, has_labels=has_labels, data_hash=data_hash)
     if has_labels and run.group.main:
         glue.save_labels(train_set.labels, os.path.join(run.dir, "labels.json"))
     return 0

@@ -1,14 +1,16 @@
 """The phases that train.pretrain and train.finetune share: start or resume, one optimizer step,
-checkpoint, and stop on Ctrl-C or on a loss that is no longer a number.
+checkpoint, and stop on Ctrl-C, SIGTERM or a loss that is no longer a number.
 
 Each module writes its own loop from these, nanoGPT-style: its batches, its losses, its log
 lines and its evaluation stay in the module; what a run does the same way in both lives here.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -18,9 +20,12 @@ from tqdm import tqdm
 from autograd import backend
 from autograd.optim import clip_grad_norm
 
-from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, remove_partials, save_checkpoint
 from .run import (
     append_metrics,
+    check_new_run_folder,
+    empty_run_folder,
+    new_run_folder,
     read_config,
     read_metrics,
     rewrite_metrics,
@@ -29,34 +34,116 @@ from .run import (
     write_config,
 )
 
-NOT_SETTINGS = ("resume", "out", "device", "distributed")  # flags of one invocation, not of the run
+# flags of one invocation, not of the run
+NOT_SETTINGS = ("resume", "out", "device", "distributed", "overwrite", "allow_data_change")
+# flags a resumed run may be given anew, besides those a module adds: they change no number of the run
+ON_RESUME = (
+    "resume",
+    "device",
+    "distributed",
+    "allow_data_change",
+    "log_every",
+    "save_every",
+    "keep_checkpoints",
+)
+MAX_LOSS = math.log(sys.float_info.max)  # the largest loss whose perplexity is a float
 
 
 class Interrupt:
-    """Turns the first Ctrl-C into a request to stop after the current step; a second one kills."""
+    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step, with
+    a checkpoint; a second one ends the process at once. `requested`: the signal's number, or 0."""
 
     def __init__(self):
-        self.requested = False
-        signal.signal(signal.SIGINT, self._handle)
+        self.requested = 0
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self._handle)
 
     def _handle(self, signum, frame):
-        self.requested = True
+        self.requested = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def perplexity(loss):
+    """e ** loss; inf where that is past the largest float (a loss above MAX_LOSS)."""
+    return math.inf if loss > MAX_LOSS else math.exp(loss)
+
+
+@contextlib.contextmanager
+def stop_on_os_error(run_dir):
+    """Around a run's work: a file that cannot be written (a full disk, a read-only folder) ends it
+    with one line naming the file, or the run folder where the error names none."""
+    try:
+        yield
+    except OSError as error:
+        sys.exit(f"{error.filename or run_dir}: {error.strerror or error}; the run stopped")
 
 
 # ----- start or resume ---------------------------------------------------------------------------
-def resumed_args(parser, args, keep=("device",)):
-    """(args, run folder, model config) of the run that --resume names: the settings it was
-    started with, --resume as its checkpoint, and the flags in `keep` as given now where given."""
+def new_run(parser, args, group, name):
+    """The folder of a new run, --out or runs/<name>-<date>-<time>: a usage error where it is not
+    empty, unless --overwrite (Run.begin empties it once every other check has passed)."""
+    run_dir = args.out or new_run_folder(name)
+    try:
+        if group.main:
+            check_new_run_folder(run_dir, args.overwrite)
+    except ValueError as error:
+        parser.error(f"--out: {error}")
+    return run_dir
+
+
+def resumed_args(parser, args, argv, may_change=(), data=()):
+    """(args, run folder, model config, saved settings) of the run that --resume names: the settings
+    it was started with, --resume as its checkpoint, and the flags of ON_RESUME and `may_change`
+    as given now. Any other flag given with another value than the run's is a usage error that
+    names it; so are the `data` flags, unless --allow-data-change."""
     try:
         checkpoint = find_checkpoint(args.resume)
         run_dir = run_folder_of(checkpoint)
         config, settings = read_config(run_dir)
     except (ValueError, OSError) as error:
         parser.error(f"--resume: {error}")
-    given_now = {name: getattr(args, name) for name in keep if getattr(args, name) is not None}
-    resumed = argparse.Namespace(**{**vars(args), **settings, **given_now, "resume": checkpoint})
-    return resumed, run_dir, config
+    if args.overwrite:
+        parser.error("--overwrite starts a new run: it does not go with --resume")
+    given = flags_given(parser, argv, args)
+    free = {*ON_RESUME, *may_change, *(data if args.allow_data_change else ())}
+    saved = {**settings, "out": run_dir}
+    changed = [name for name in sorted(given - free) if getattr(args, name) != saved.get(name)]
+    if changed:
+        flags = ", ".join(
+            f"--{n.replace('_', '-')} {show(getattr(args, n))} (the run's: {show(saved.get(n))})"
+            for n in changed
+        )
+        parser.error(
+            f"--resume: {flags} would change the run in {run_dir}; leave them out, or start a new run"
+        )
+    now = {name: getattr(args, name) for name in given & free}
+    resumed = argparse.Namespace(**{**vars(args), **settings, **now, "resume": checkpoint})
+    return resumed, run_dir, config, settings
+
+
+def flags_given(parser, argv, args):
+    """The names of the flags the command line `argv` gives, whatever their values: argv parsed again
+    onto a namespace that holds a marker for every name, which argparse keeps where no flag is given."""
+    unset = object()
+    probe = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(args), unset)))
+    return {name for name, value in vars(probe).items() if value is not unset}
+
+
+def show(value):
+    """A flag's value as it is written on the command line."""
+    return " ".join(map(str, value)) if isinstance(value, list) else "none" if value is None else value
+
+
+def check_data(parser, args, digest):
+    """A usage error where a resumed run's data, `digest` (a hash of it), is not what the run began
+    on (settings' data_hash), unless --allow-data-change."""
+    began_on = getattr(args, "data_hash", None)
+    if args.resume and began_on not in (None, digest) and not args.allow_data_change:
+        parser.error(
+            f"--resume: the data is not what the run began on (its hash {digest[:12]}, the run's "
+            f"{began_on[:12]}): pass --allow-data-change to go on with it"
+        )
 
 
 def start_job(parser, args, group, parts_per_rank=1):
@@ -111,8 +198,7 @@ class LossLog:
         )
         totals = self.run.group.sum(backend.to_host(shares)).reshape(len(steps), len(names))  # the one read
         for step, row in zip(steps, totals):
-            for value in row:
-                self.run.stop_if_diverged(value, step)
+            self.run.stop_if_diverged(dict(zip(names, row.tolist())), step)
         now = time.perf_counter()
         rate = sum(items) / (now - self.since)
         for step, row, step_fields in zip(steps, totals, fields):
@@ -148,28 +234,39 @@ class Run:
         self.elapsed = 0.0
         self.interrupt = Interrupt()
 
-    def restore(self, parser, checkpoint):
-        """Load the weights, Adam's state and the compute time of `checkpoint`; drop the metrics
-        written after it. Returns its step, where the loop goes on."""
+    def restore(self, parser, checkpoint, last_step=None):
+        """Load the weights, Adam's state and the compute time of `checkpoint` (a usage error where
+        it is past last_step); remove what a killed process left half-written, and the metrics and
+        checkpoints after it. Returns its step, where the loop goes on."""
         try:
             state = load_checkpoint(checkpoint, self.model, self.optimizer)
         except (ValueError, OSError) as error:
             parser.error(f"--resume: {error}")
+        step = state["step"]
         if state.get("world_size", self.group.size) != self.group.size:
             parser.error(
                 f"--resume: {checkpoint} was written by {state['world_size']} ranks; resume it with "
                 f"as many (this job has {self.group.size})"
             )
-        self.elapsed = state["elapsed"]
+        if last_step is not None and step > last_step:
+            parser.error(f"--steps {last_step}: the run in {self.dir} is at step {step} already")
+        self.elapsed = state.get("elapsed", 0.0)
         if self.group.main:
-            rewrite_metrics(self.dir, [m for m in read_metrics(self.dir) if m["step"] <= state["step"]])
-        print(f"resuming {self.dir} at step {state['step']}")
-        return state["step"]
+            remove_partials(self.dir)
+            rewrite_metrics(self.dir, [m for m in read_metrics(self.dir) if m["step"] <= step])
+            for later in [s for s in checkpoint_steps(self.dir) if s > step]:
+                shutil.rmtree(os.path.join(self.dir, "checkpoints", str(later)))
+                print(f"removed checkpoint {later}, after the one resumed")
+        print(f"resuming {self.dir} at step {step}")
+        return step
 
     def begin(self, config, tokenizer, args, **settings):
-        """Write a new run's folder: its tokenizer, and config.json with the model config, the
-        run's flags and `settings` (rank 0 writes). Returns 0, the step where the loop starts."""
+        """Write a new run's folder (emptied first with --overwrite): its tokenizer, and config.json
+        with the model config, the run's flags and `settings` (rank 0 writes). Returns 0, the step
+        where the loop starts."""
         if self.group.main:
+            if args.overwrite:
+                empty_run_folder(self.dir)
             os.makedirs(self.dir, exist_ok=True)
             save_tokenizer(tokenizer, self.dir)
             write_config(self.dir, config, {**settings_of(args), **settings})
@@ -193,7 +290,12 @@ class Run:
         self.optimizer.step()
 
     def save(self, step):
-        """Write a checkpoint of `step` (rank 0; the other ranks pass); returns its folder."""
+        """Write a checkpoint of `step` (rank 0; the other ranks pass); returns its folder. Weights
+        that hold a NaN or an inf are not written: the run stops."""
+        params = self.optimizer.params
+        xp = backend.get_array_module(params[0].data)
+        finite = backend.to_host(xp.stack([xp.isfinite(p.data).all() for p in params]).all())
+        self.stop_if_diverged({"weights": 0.0 if finite else math.nan}, step)
         if not self.group.main:
             return None
         state = {"elapsed": self.elapsed, "world_size": self.group.size}
@@ -206,22 +308,28 @@ class Run:
                 f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept"
             )
 
-    def stop_if_diverged(self, loss, step):
-        """End the job, naming the step and the last good checkpoint, when `loss` is NaN or inf."""
-        if math.isfinite(loss):
+    def stop_if_diverged(self, values, step, together=True):
+        """End the job, naming the step and the last good checkpoint, when a loss or metric of
+        `values` {name: value} is NaN, infinite or past MAX_LOSS (its perplexity overflows), before
+        anything of the step is saved. `together`: every rank calls this at this point, else the
+        calling rank ends the job alone."""
+        bad = [(name, value) for name, value in values.items() if not abs(value) <= MAX_LOSS]
+        if not bad:
             return
         steps = checkpoint_steps(self.dir)
         good = os.path.join(self.dir, "checkpoints", str(steps[-1])) if steps else "none yet"
-        self.group.exit_together(
-            f"the loss became {loss} at step {step}: stopping; last good checkpoint: {good}"
+        message = (
+            f"the {bad[0][0]} became {bad[0][1]:.6g} at step {step}: stopping; last good checkpoint: {good}"
         )
+        self.group.exit_together(message) if together else sys.exit(message)
 
     def stop_interrupted(self, step, checkpoint, progress):
-        """After a Ctrl-C (which every rank has agreed on) and the checkpoint saved for it: say how
-        to resume, and end the job with status 130."""
+        """After a Ctrl-C or SIGTERM (which every rank has agreed on) and the checkpoint saved for
+        it: say how to resume, and end the job with status 128 + the signal's number (130, 143)."""
         progress.close()
+        number = self.interrupt.requested or signal.SIGINT  # a rank the signal did not reach
         print(
-            f"\ninterrupted after step {step}; checkpoint {checkpoint}\n"
+            f"\ninterrupted after step {step} ({signal.Signals(number).name}); checkpoint {checkpoint}\n"
             f"resume with: {self.group.command(self.module)} --resume {self.dir}"
         )
-        self.group.exit_together(130)
+        self.group.exit_together(128 + number)

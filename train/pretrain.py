@@ -4,7 +4,7 @@ With no arguments it trains the `tiny` preset on text that ships with Python, wi
 BPE trained on the same text, in a few minutes on a CPU. See --help for the rest.
 """
 
-import math
+import functools
 import os
 import time
 from itertools import islice
@@ -21,7 +21,7 @@ from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 from . import data, distributed, loop
 from .checkpoint import find_checkpoint
 from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
-from .run import append_metrics, load_tokenizer, new_run_folder, plot_metrics, read_metrics, run_folder_of
+from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
 
 def parse_args(argv):
@@ -81,7 +81,10 @@ def add_optimizer_arguments(group):
         "--batch-size", type=positive_int, default=16, help="windows per step (the global batch)"
     )
     group.add_argument("--grad-accum", type=positive_int, default=1, help="backward passes per batch")
-    group.add_argument("--steps", type=int, help="optimizer steps (default: --epochs, else 600)")
+    resumed = "with --resume: where the run now stops, its rate schedule keeping the first total"
+    group.add_argument(
+        "--steps", type=int, help=f"optimizer steps (default: --epochs, else 600); {resumed} (see --resume)"
+    )
     group.add_argument("--epochs", type=float, help="passes over the training windows, if no --steps")
     stall = (
         "the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN presets stall at the unigram loss"
@@ -104,8 +107,16 @@ def add_run_arguments(group):
     group.add_argument("--save-every", type=positive_int, default=500, help="steps between checkpoints")
     group.add_argument("--keep-checkpoints", type=int, default=3)
     group.add_argument("--out", help="run folder (default: runs/<preset>-<date>-<time>)")
+    resume = (
+        "continue a run (its folder, or one checkpoint in it) with its own settings: only --device, "
+        "--steps, --log-every, --eval-every, --save-every, --keep-checkpoints, --sample-tokens may "
+        "differ. Steps past the run's first total go at its schedule's last rate; to train longer on "
+        "a new schedule, start a new run with --init-from"
+    )
+    group.add_argument("--resume", metavar="PATH", help=resume)
+    group.add_argument("--overwrite", action="store_true", help="replace the run in a non-empty --out")
     group.add_argument(
-        "--resume", metavar="PATH", help="continue a run (its folder, or one checkpoint in it)"
+        "--allow-data-change", action="store_true", help="--resume on data that changed since the run began"
     )
     group.add_argument(
         "--sample-tokens", type=int, default=60, help="length of the sample printed at the end"
@@ -138,7 +149,8 @@ def model_config(args, vocab_size):
 
 
 def read_tokens(parser, args, run_dir, group):
-    """(tokenizer, token ids of the corpus): a resumed run's own tokenizer, else a new run's."""
+    """(tokenizer, token ids of the corpus, their hash): a resumed run's own tokenizer (on the data
+    the run began on, unless --allow-data-change), else a new run's."""
     try:
         texts = data.read_corpus(args.data) if args.data else data.default_corpus()
     except (ValueError, FileNotFoundError) as error:
@@ -148,9 +160,11 @@ def read_tokens(parser, args, run_dir, group):
     )
     # on every rank: the same text gives the same ids
     ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
-    group.check_same("corpus or tokenizer", os.path.basename(cache_path).encode())  # named by their hash
+    digest = os.path.basename(cache_path).split(".")[0]  # the cache file is named by their hash
+    group.check_same("corpus or tokenizer", digest.encode())
+    loop.check_data(parser, args, digest)
     print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
-    return tokenizer, ids
+    return tokenizer, ids, digest
 
 
 def cut_windows(parser, args, ids, n_ctx):
@@ -224,57 +238,67 @@ def evaluate(model, windows, batch_size, limit, group=None):
 
 
 def validate(run, val, args, step, progress):
-    """Measure the loss on the validation windows; log and print it."""
+    """Measure the loss on the validation windows; log and print it (stop where it diverged)."""
     loss = evaluate(run.model, val, args.batch_size, args.eval_windows, run.group)
+    run.stop_if_diverged({"validation loss": loss}, step)
+    record = {"step": step, "val_loss": loss, "val_perplexity": loop.perplexity(loss)}
     if run.group.main:
-        append_metrics(
-            run.dir,
-            {
-                "step": step,
-                "val_loss": loss,
-                "val_perplexity": math.exp(loss),
-                "elapsed": round(run.elapsed, 2),
-            },
-        )
-    progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {math.exp(loss):.1f}")
+        append_metrics(run.dir, {**record, "elapsed": round(run.elapsed, 2)})
+    progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {record['val_perplexity']:.1f}")
 
 
 def main(argv=None):
     parser, args = parse_args(argv)
-    distributed.run(parser, args, train_model)
+    distributed.run(parser, args, functools.partial(train_model, argv=argv))
 
 
-def train_model(parser, args, group):
+def train_model(parser, args, group, argv=None):
     """The run: with a group of several ranks, each trains on its slice of every batch, and only
-    rank 0 writes the run folder."""
+    rank 0 writes the run folder. argv: the command line (the flags given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        args, run_dir, config = loop.resumed_args(parser, args, keep=("device", "steps"))
+        flags = {"may_change": ("steps", "eval_every", "sample_tokens"), "data": ("data",)}
+        args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags)
     else:
-        run_dir, config = args.out or new_run_folder(args.preset), None
+        run_dir, config = loop.new_run(parser, args, group, args.preset), None
     device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
 
     # data: the corpus in tokens, cut into windows of n_ctx + 1
-    tokenizer, ids = read_tokens(parser, args, run_dir, group)
+    tokenizer, ids, data_hash = read_tokens(parser, args, run_dir, group)
     config = config or model_config(args, tokenizer.vocab_size)
     train, val = cut_windows(parser, args, ids, config.n_ctx)
     if args.steps is None:
         args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 600
+    total = saved["steps"] if args.resume else args.steps  # the schedule's, kept by a resume's --steps
+    if args.steps > total:
+        print(f"steps {total + 1} to {args.steps} go at the last rate of the run's schedule of {total} steps")
 
     # the model and Adam: from the checkpoint when resuming, else a new run folder
     model, optimizer = build_model(parser, args, config, device, group)
     run = loop.Run(run_dir, group, model, optimizer, args.keep_checkpoints, "train.pretrain")
-    start = run.restore(parser, args.resume) if args.resume else run.begin(config, tokenizer, args)
-    run.announce(config, device)
+    with loop.stop_on_os_error(run_dir):
+        if args.resume:
+            start = run.restore(parser, args.resume, last_step=args.steps)
+        else:
+            start = run.begin(config, tokenizer, args, data_hash=data_hash)
+        run.announce(config, device)
+        train_steps(run, args, train, val, start, total)
+        if group.main:
+            report(run.model, tokenizer, train.ids, val.ids, run_dir, args, run.elapsed)
 
-    warmup = min(args.warmup, args.steps // 10)
+
+def train_steps(run, args, train, val, start, total):
+    """Steps start+1 .. args.steps, at the rates of a schedule of `total` steps (its last one
+    after it), with log lines, validation, checkpoints, and a stop on Ctrl-C or SIGTERM."""
+    group, config = run.group, run.model.config
+    warmup = min(args.warmup, total // 10)
     log = loop.LossLog(run, "tokens")
     with use_precision(args.precision), loop.progress_bar(args.steps, start, "pretrain", group) as progress:
         for step in range(start, args.steps):
             began = time.perf_counter()
             # one optimizer step on this rank's share of the batch, in --grad-accum backward passes
             batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
-            lr = args.lr * warmup_cosine(step / args.steps, warmup / args.steps)
+            lr = args.lr * warmup_cosine(min(step, total - 1) / total, warmup / total)
             run.optimizer.zero_grad()
             masks = (args.seed, step, group.rank * len(batch))  # this rank's first window of the batch
             loss = forward_backward(run.model, batch, args.grad_accum, masks)
@@ -299,8 +323,6 @@ def train_model(parser, args, group):
                 checkpoint = run.save(done)
             if interrupted:
                 run.stop_interrupted(done, checkpoint, progress)
-    if group.main:
-        report(run.model, tokenizer, train.ids, val.ids, run_dir, args, run.elapsed)
 
 
 def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):

@@ -10,12 +10,13 @@ A run folder holds:
 
 import json
 import os
+import shutil
 import time
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
-from .checkpoint import find_checkpoint
+from .checkpoint import find_checkpoint, remove_partials, write_json
 
 
 def save_tokenizer(tokenizer, run_dir):
@@ -35,8 +36,7 @@ def load_tokenizer(directory):
 
 
 def write_config(run_dir, model_config, settings):
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({"model": model_config.to_dict(), "settings": settings}, f, indent=2)
+    write_json(os.path.join(run_dir, "config.json"), {"model": model_config.to_dict(), "settings": settings})
 
 
 def read_config(run_dir):
@@ -48,6 +48,35 @@ def read_config(run_dir):
         return GPTConfig(**config["model"]), config["settings"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
+
+
+RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "loss.png", "labels.json")
+RUN_FILES += ("best", "results.json", "predictions.tsv")  # a fine-tune's
+
+
+def check_new_run_folder(path, overwrite=False):
+    """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is
+    empty, or (with `overwrite`) any folder, whose run files empty_run_folder then removes."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} is a file, not a folder")
+    entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if entries and not overwrite:
+        held = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise ValueError(
+            f"{path} is not empty (it holds {held}): --resume the run there, pass --overwrite to "
+            f"replace its run, or choose another folder"
+        )
+
+
+def empty_run_folder(path):
+    """Remove a run's files from `path` (--overwrite), leaving any other file there alone."""
+    remove_partials(path)
+    for name in RUN_FILES:
+        target = os.path.join(path, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.remove(target)
 
 
 def new_run_folder(name):
@@ -93,26 +122,40 @@ def rewrite_metrics(run_dir, records):
     os.replace(path + ".partial", path)
 
 
-def plot_metrics(run_dir):
-    """Draw loss.png from metrics.jsonl (training and validation loss by step); returns its path,
-    or None when matplotlib is not installed."""
-    try:
-        import matplotlib
+def loss_figure(metrics, title):
+    """The figure of loss.png, drawn from the records of metrics.jsonl.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    Pretraining: the training and validation loss (nats per token) by step. A fine-tune, whose dev
+    records carry an epoch: its task loss L2 on the training batches and on the dev set, and in a
+    second panel the dev metrics measured after each epoch."""
+    from matplotlib.figure import Figure
+
+    dev = [m for m in metrics if "epoch" in m]
+    labels = ("training batches", "dev set") if dev else ("training", "validation")
+    figure = Figure(figsize=(12 if dev else 7, 4))
+    panels = figure.subplots(1, 2 if dev else 1, squeeze=False)[0]
+    for key, label, marker in (("loss", labels[0], None), ("val_loss", labels[1], "o")):
+        points = [(m["step"], m[key]) for m in metrics if key in m]
+        if points:
+            panels[0].plot(*zip(*points), label=label, marker=marker)
+    panels[0].set(xlabel="step", ylabel="task loss L2 (no LM term)" if dev else "loss (nats per token)")
+    panels[0].legend()
+    if dev:
+        for name in [key for key in dev[0] if key not in ("step", "epoch", "val_loss")]:
+            panels[1].plot([m["step"] for m in dev], [m[name] for m in dev], label=name, marker="o")
+        panels[1].set(xlabel="step", ylabel="dev metric", title="the dev set after each epoch")
+        panels[1].legend()
+    figure.suptitle(title)
+    return figure
+
+
+def plot_metrics(run_dir):
+    """Draw loss.png (see loss_figure); returns its path, or None when matplotlib is not installed
+    (the quick start installs it: pip install -e '.[plot]')."""
+    try:
+        figure = loss_figure(read_metrics(run_dir), os.path.basename(os.path.abspath(run_dir)))
     except ImportError:
         return None
-    metrics = read_metrics(run_dir)
-    train = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
-    val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for points, label in ((train, "training"), (val, "validation")):
-        if points:
-            axes.plot(*zip(*points), label=label, marker="o" if label == "validation" else None)
-    axes.set(xlabel="step", ylabel="loss (nats per token)", title=os.path.basename(os.path.abspath(run_dir)))
-    axes.legend()
     path = os.path.join(run_dir, "loss.png")
     figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
     return path

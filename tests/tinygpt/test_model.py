@@ -423,6 +423,54 @@ def test_saved_weights_carry_the_format_transformers_requires(tmp_path):
     assert metadata.get("format") == "pt"
 
 
+# ----- a training run folder (as train/checkpoint.py and train.finetune write it, here by hand)
+def run_folder(root, steps, unfinished=()):
+    """A run folder: its own config.json (the run's, not a model's), checkpoints/<step>/ for each
+    step with a model of its own, state.json only in the finished ones, and a .partial folder as a
+    killed save leaves. Returns {step: model}."""
+    root.mkdir(exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"model": SMALL, "settings": {}}))
+    models = {step: randomize(small_model(), step) for step in (*steps, *unfinished)}
+    for step, model in models.items():
+        model.save_pretrained(root / "checkpoints" / str(step))
+        if step in steps:
+            (root / "checkpoints" / str(step) / "state.json").write_text(json.dumps({"step": step}))
+    randomize(small_model(), 99).save_pretrained(root / "checkpoints" / ".partial-1000-123")
+    return models
+
+
+def assert_same_weights(model, other):
+    for name, array in other.state_dict().items():
+        assert np.array_equal(model.state_dict()[name], array), name
+
+
+def test_from_pretrained_takes_a_run_folders_newest_whole_checkpoint(tmp_path):
+    """Steps are compared as numbers (10 is newer than 5), and a checkpoint whose state.json was
+    never written (its save did not finish) is passed over, as is a .partial folder."""
+    models = run_folder(tmp_path / "run", steps=(5, 10), unfinished=(20,))
+    assert_same_weights(GPT.from_pretrained(tmp_path / "run"), models[10])
+    assert_same_weights(GPT.from_pretrained(tmp_path / "run" / "checkpoints" / "5"), models[5])
+
+
+def test_from_pretrained_takes_a_fine_tunes_best_epoch_over_its_newest_checkpoint(tmp_path):
+    run_folder(tmp_path / "run", steps=(5, 10))
+    best = randomize(small_model(), 3)
+    best.save_pretrained(tmp_path / "run" / "best")
+    assert_same_weights(GPT.from_pretrained(tmp_path / "run"), best)
+
+
+@pytest.mark.parametrize("case", ["empty", "run without checkpoints", "missing"])
+def test_from_pretrained_of_a_folder_without_weights_says_so(tmp_path, case):
+    folder = tmp_path / "run"
+    if case == "run without checkpoints":
+        run_folder(folder, steps=(), unfinished=(5,))
+    elif case == "empty":
+        folder.mkdir()
+    message = "no such folder" if case == "missing" else "no weights here"
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(folder))}: {message}"):
+        GPT.from_pretrained(folder)
+
+
 def write_checkpoint(directory, config, state):
     directory.mkdir(exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config.to_hf_dict()))

@@ -225,16 +225,15 @@ def test_ctrl_c_stops_every_rank_after_saving_a_checkpoint(mpiexec, corpus, tmp_
 
 
 def test_a_rank_that_fails_ends_the_job_with_its_error(mpiexec, corpus, tmp_path):
-    """Rank 0 cannot write its checkpoint (a file stands where the folder goes) while rank 1
-    waits for it in the next step: the job ends at once with rank 0's message."""
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "checkpoints").write_text("not a folder")
+    """Rank 0 cannot write the run folder (a file stands where its parent folder goes) while rank 1
+    waits for it in the first step: the job ends at once with rank 0's message, naming the path."""
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "run"
     code, output = run_job(
         mpiexec(2, pretrain_args(corpus, out, "--steps", "50", "--save-every", "3")), mpiexec.env
     )
     assert code != 0 and "TIMED OUT" not in output
-    assert "rank 0: could not write a checkpoint" in output
+    assert f"rank 0: {out}: Not a directory" in output
 
 
 def test_a_rank_started_on_other_data_ends_the_job_with_its_traceback(mpiexec, corpus, tmp_path):

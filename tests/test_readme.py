@@ -1,0 +1,67 @@
+"""What the README promises a new user: the quick start's install, snippets that run as written,
+the token cache, and the top-level modules the package installs."""
+
+import ast
+import builtins
+import re
+from pathlib import Path
+
+import pytest
+
+from train import data
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def section(title):
+    return README.split(f"## {title}\n")[1].split("\n## ")[0]
+
+
+def extras(text, pattern):
+    [names] = re.findall(pattern, text)
+    return set(names.split(","))
+
+
+def test_the_quick_start_install_brings_matplotlib_and_ci_installs_as_much():
+    """The quick start promises a loss curve, which matplotlib draws."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    asked = extras(section("Quick start"), r"pip install -e '\.\[([\w,]+)\]'")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = project["dependencies"] + [
+        r for extra in asked for r in project["optional-dependencies"][extra]
+    ]
+    assert any(re.match(r"matplotlib\b", requirement) for requirement in installed)
+    assert asked <= extras((ROOT / ".ci" / "run").read_text(), r"pip install --quiet -e '\.\[([\w,]+)\]'")
+
+
+@pytest.mark.parametrize("block", re.findall(r"```python\n(.*?)```", README, re.S))
+def test_each_python_snippet_defines_every_name_it_uses(block):
+    nodes = list(ast.walk(ast.parse(block)))
+    defined = {
+        alias.asname or alias.name.split(".")[0]
+        for n in nodes
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for alias in n.names
+    }
+    defined |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    used = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assert used - defined - set(dir(builtins)) == set()
+
+
+def test_the_token_cache_is_where_the_readme_says(tmp_path, monkeypatch):
+    monkeypatch.delenv("TINYGPT_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert data.cache_dir() == str(tmp_path / ".cache" / "tinygpt")
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "elsewhere"))
+    assert data.cache_dir() == str(tmp_path / "elsewhere")
+    assert "`~/.cache/tinygpt/tokens/`" in README and "`TINYGPT_CACHE`" in README
+
+
+def test_the_readme_names_the_top_level_modules_and_asks_for_a_virtual_environment():
+    tomllib = pytest.importorskip("tomllib")
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    [note] = [p for p in section("Quick start").split("\n\n") if "top-level modules" in p]
+    for package in (pattern.rstrip("*") for pattern in patterns["include"]):
+        assert f"`{package}`" in note
+    assert "unrelated package on PyPI" in note and "virtual environment" in note

@@ -1,0 +1,159 @@
+"""Interrupts and files: SIGTERM stops a run as Ctrl-C does; a run killed at random moments (SIGKILL,
+SIGTERM, SIGINT) resumes to the very bytes of one never stopped; best/ is never deleted before
+its replacement is in; a full disk or a read-only folder while fine-tuning is one line."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from autograd.optim import Adam
+from tinygpt import GPT
+from train import checkpoint, finetune, pretrain
+from train.checkpoint import checkpoint_steps, load_checkpoint, read_weights
+from train.run import read_config, read_metrics
+
+from . import test_finetune
+from .runs import ROOT
+from .test_finetune import finetune_head, finetune_run
+from .test_pretrain import SMALL
+
+KILL_STEPS = 300  # steps of the run killed again and again, each of them saved
+
+setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
+
+
+def start(corpus, out, *extra):
+    """A pretraining process on the test's corpus into `out`, its output to a file beside it."""
+    command = [sys.executable, "-m", "train.pretrain", *extra]
+    if not extra or extra[0] != "--resume":
+        command += ["--data", str(corpus), "--out", str(out), *SMALL]
+    log = open(out.parent / f"{out.name}.log", "a")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(corpus, tmp_path):
+    out = tmp_path / "run"
+    process = start(corpus, out, "--steps", "100000", "--log-every", "1", "--save-every", "100000")
+    deadline = time.time() + 60
+    while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 143
+    [step] = checkpoint_steps(out)
+    assert f"interrupted after step {step} (SIGTERM)" in (tmp_path / "run.log").read_text()
+
+
+def newest_loads(out):
+    """Load the newest checkpoint of `out` into a model and Adam of the run's shape; its step."""
+    config, _ = read_config(out)
+    model = GPT(config)
+    return load_checkpoint(out, model, Adam(model.parameters()))["step"]
+
+
+def test_a_run_killed_at_random_moments_resumes_to_the_same_bytes(corpus, tmp_path):
+    """12 times a process is started (a new run while there is no checkpoint yet, else --resume) and
+    sent SIGKILL, SIGTERM or SIGINT after a random time, at startup, in a step or in a save
+    (--save-every 1); each time the newest checkpoint loads. Finished, the run's weights, Adam's
+    moments, losses and rates are those of a run that was never stopped, bit for bit."""
+    steps = ["--steps", str(KILL_STEPS), "--save-every", "1", "--log-every", "1", "--eval-every", "50"]
+    pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "reference"), *SMALL, *steps])
+    out, rng, kills = tmp_path / "killed", random.Random(16), 0
+    while kills < 12 and not (checkpoint_steps(out) and checkpoint_steps(out)[-1] == KILL_STEPS):
+        resuming = bool(checkpoint_steps(out))
+        process = start(corpus, out, *(["--resume", str(out)] if resuming else [*steps, "--overwrite"]))
+        if kills % 2:  # at any time from the start, mostly while it starts up
+            time.sleep(rng.uniform(0, 0.6))
+        else:  # in a step or a save, a little after the first step of this process
+            lines = len(read_metrics(out)) if resuming else 0
+            while process.poll() is None and len(read_metrics(out)) <= lines:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0, 0.1))
+        if process.poll() is None:
+            process.send_signal((signal.SIGKILL, signal.SIGTERM, signal.SIGINT)[kills % 3])
+            kills += 1
+        process.wait(timeout=60)
+        if checkpoint_steps(out):
+            assert newest_loads(out) == checkpoint_steps(out)[-1]
+    assert kills >= 10, (out.parent / "killed.log").read_text()[-3000:]
+    pretrain.main(["--resume", str(out), "--device", "cpu"])
+
+    assert not [path for path in out.rglob("*") if "partial" in path.name]
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        last = f"checkpoints/{KILL_STEPS}/{name}"
+        assert (out / last).read_bytes() == (tmp_path / "reference" / last).read_bytes(), name
+    fields = ("step", "loss", "lr", "val_loss")
+    assert [{k: m[k] for k in fields if k in m} for m in read_metrics(out)] == [
+        {k: m[k] for k in fields if k in m} for m in read_metrics(tmp_path / "reference")
+    ]
+
+
+def test_best_is_moved_aside_not_deleted_before_the_new_one_is_in(setup, tmp_path, monkeypatch):
+    """A process that dies between moving the old best/ aside and renaming the new one into place
+    leaves the old weights, which the next start puts back."""
+    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 32)
+    head = finetune_head(out)
+    before = read_weights(out / "best", head)
+    real_replace = os.replace
+
+    def crash_on_the_new_best(source, target):
+        if "best-partial" in str(source):
+            raise KeyboardInterrupt("killed")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", crash_on_the_new_best)
+    for p in head.parameters():
+        p.data = p.data + 1
+    with pytest.raises(KeyboardInterrupt):
+        finetune.save_best(str(out), head)
+    monkeypatch.setattr(os, "replace", real_replace)
+    checkpoint.remove_partials(out)
+    after = read_weights(out / "best", finetune_head(out))
+    assert all(np.array_equal(before[name], after[name]) for name in before)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize(
+    "error, named",
+    [
+        (OSError(28, "No space left on device"), "{out}: No space left on device; the run stopped"),
+        (
+            OSError(30, "Read-only file system", "{out}/results.json.partial"),
+            "{out}/results.json.partial: Read-only",
+        ),
+    ],
+)
+def test_a_full_disk_or_read_only_folder_while_fine_tuning_is_one_line(
+    setup, tmp_path, monkeypatch, error, named
+):
+    out = tmp_path / "run"
+    if error.filename:
+        error.filename = error.filename.format(out=out)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(finetune, "write_results", fail)
+    with pytest.raises(SystemExit) as stop:
+        finetune_run(setup, out, "--epochs", 1, "--limit-train", 32)
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(named.format(out=out))
+
+
+def test_a_resume_removes_what_a_killed_save_left(corpus, tmp_path):
+    out = tmp_path / "run"
+    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "4", "--save-every", "2"])
+    (out / "checkpoints" / ".partial-6-4242").mkdir()
+    (out / "checkpoints" / ".partial-6-4242" / "config.json").write_text("{")
+    config = json.loads((out / "config.json").read_text())
+    pretrain.main(["--resume", str(out), "--device", "cpu", "--steps", "6"])
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2", "4", "6"]
+    assert json.loads((out / "config.json").read_text()) == config
+    assert checkpoint.checkpoint_steps(out) == [2, 4, 6]
