@@ -13,7 +13,8 @@ import platform
 import time
 from pathlib import Path
 
-from tinygpt.tokenizer.bpe import BPETokenizer, find_text_files, read_text_file
+from tinygpt.files import find_text_files, read_text_files
+from tinygpt.tokenizer.bpe import BPETokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "pretrain" / "gutenberg"
@@ -26,7 +27,7 @@ def read_books(folder):
     texts, skipped = [], []
     for path in find_text_files(folder):
         try:
-            texts.append(read_text_file(path))
+            texts += read_text_files(path)
         except ValueError as error:
             skipped.append(str(error))
     return texts, skipped

@@ -1,21 +1,25 @@
-"""Reading the files a stranger may hand us (config.json, tokenizer files, label lists).
+"""Reading the files a stranger may hand us (config.json, tokenizer files, label lists, text).
 
 Bad content is a ValueError and an unreadable file an OSError, each naming the file (and the line
 where there is one), so that a command line can print it as one line.
 """
 
+import glob
 import json
 from pathlib import Path
 
 
-def read_text(path):
-    """The text of a UTF-8 file (a BOM dropped); a bad byte is a ValueError naming its line."""
+def read_text(path, encoding="utf-8", errors="strict"):
+    """The text of a file (a BOM dropped); with errors="strict" a byte that does not decode is a
+    ValueError naming its line and offset."""
     data = Path(path).read_bytes()
     try:
-        return data.decode("utf-8-sig")
+        return data.decode(encoding, errors).removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(f"{path}: line {line}: not valid UTF-8 ({error.reason})") from None
+        raise ValueError(
+            f"{path}: line {line}: not valid {encoding.upper()} at byte {error.start} ({error.reason})"
+        ) from None
 
 
 def read_json(path):
@@ -29,3 +33,57 @@ def read_json(path):
         ) from None
     except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
         raise ValueError(f"{path}: not readable JSON ({error})") from None
+
+
+class UndecodableFiles(ValueError):
+    """Text files that do not decode: `problems` names each with the line and offset of its first
+    bad byte. The message ends with how to read them all the same."""
+
+    def __init__(self, problems):
+        self.problems = problems
+        super().__init__(self.advice())
+
+    def advice(self, flags=False):
+        """The problems and what to pass to read the files: keyword arguments, or a command line's
+        flags (--errors, --encoding)."""
+        replace, latin1 = "errors='replace'", "encoding='latin-1'"
+        if flags:
+            replace, latin1 = "--errors replace", "--encoding latin-1"
+        them = "it" if len(self.problems) == 1 else "them"
+        remedy = f"convert {them}, or pass {replace} (bad bytes become U+FFFD) or {latin1}"
+        return ("; " if len(self.problems) == 1 else "\n").join([*self.problems, remedy])
+
+
+def find_text_files(paths):
+    """Expand files, folders (every *.txt below) and glob patterns into a sorted list."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = []
+    for path in map(str, paths):
+        if any(char in path for char in "*?["):
+            matches = sorted(glob.glob(path, recursive=True))
+            if not matches:
+                raise ValueError(f"{path}: the pattern matches no file")
+            files += find_text_files(matches)
+        elif Path(path).is_dir():
+            files += sorted(Path(path).rglob("*.txt"))
+        elif Path(path).is_file():
+            files.append(Path(path))
+        else:
+            raise ValueError(f"{path}: no such file or folder")
+    return files
+
+
+def read_text_files(paths, encoding="utf-8", errors="strict"):
+    """The texts of files, folders (every *.txt below) and globs, each line end ("\\r\\n", "\\r")
+    made "\\n" as Python's text mode makes it. Every file is read before the files that do not
+    decode are all named in one UndecodableFiles."""
+    texts, problems = [], []
+    for path in find_text_files(paths):
+        try:
+            texts.append(read_text(path, encoding, errors).replace("\r\n", "\n").replace("\r", "\n"))
+        except ValueError as error:
+            problems.append(str(error))
+    if problems:
+        raise UndecodableFiles(problems)
+    return texts

@@ -103,7 +103,7 @@ class Batch:
 
     ids (N, S, T) int64, 0 after each sequence's end; mask (N, S, T) bool, True on real tokens;
     clf_positions (N, S), where each sequence's _classify_ token is; labels (N,), class ids
-    (int64) or scores (float32).
+    (int64) or scores (float32), or None for examples to predict.
     """
 
     ids: np.ndarray
@@ -141,7 +141,7 @@ def collate(sequences, labels, length=None):
         for j, seq in enumerate(seqs):
             ids[i, j, : len(seq)] = seq
             mask[i, j, : len(seq)] = True
-    return Batch(ids, mask, mask.sum(axis=-1) - 1, np.asarray(labels))
+    return Batch(ids, mask, mask.sum(axis=-1) - 1, None if labels is None else np.asarray(labels))
 
 
 @dataclass
@@ -151,7 +151,7 @@ class TaskData:
 
     kind: str
     sequences: list  # per example, its list of token-id sequences
-    labels: np.ndarray  # class ids (int64) or scores (float32)
+    labels: np.ndarray  # class ids (int64) or scores (float32); None for examples without labels
     n_cut: int
 
     def __len__(self):
@@ -165,7 +165,7 @@ class TaskData:
         return longest(self.sequences)
 
     def batch(self, indices):
-        labels = self.labels[np.asarray(indices, dtype=np.int64)]
+        labels = None if self.labels is None else self.labels[np.asarray(indices, dtype=np.int64)]
         return collate([self.sequences[i] for i in indices], labels, self.length)
 
     def batches(self, batch_size, rng=None):
@@ -177,7 +177,8 @@ class TaskData:
 
 def encode_examples(examples, kind, tokenizer, n_ctx):
     """Examples (dicts, see the top of this file) -> TaskData, through the tokenizer's encode and
-    its special tokens. Examples with a "score" give float32 labels, the others class ids."""
+    its special tokens. Examples with a "score" give float32 labels, with a "label" class ids, and
+    with neither (examples to predict) labels None."""
     if n_ctx < 4:
         raise ValueError(f"n_ctx={n_ctx} leaves no room for text: a pair needs 3 special tokens")
     special = SpecialTokens.of(tokenizer)
@@ -186,9 +187,8 @@ def encode_examples(examples, kind, tokenizer, n_ctx):
         seqs, cut = transform(example, kind, tokenizer.encode, special, n_ctx)
         sequences.append(seqs)
         n_cut += cut
-    scores = bool(examples) and "score" in examples[0]
-    labels = np.array(
-        [example["score" if scores else "label"] for example in examples],
-        dtype=np.float32 if scores else np.int64,
-    )
+    target = "score" if examples and "score" in examples[0] else "label"
+    labelled = not examples or target in examples[0]
+    dtype = np.float32 if target == "score" else np.int64
+    labels = np.array([example[target] for example in examples], dtype=dtype) if labelled else None
     return TaskData(kind, sequences, labels, n_cut)

@@ -2,9 +2,13 @@
 name a run and a device, the subcommands of train.evaluate, opening a run and writing results."""
 
 import argparse
+import codecs
+import functools
 import json
 import math
 import os
+import signal
+import sys
 
 from autograd import backend
 from autograd.precision import POLICIES
@@ -13,10 +17,16 @@ from .run import load_run
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """--help that shows a default only where there is one."""
+    """--help that adds "(default: X)" where there is a default; an option without one (None) says
+    in its help what leaving it out does."""
 
     def _get_help_string(self, action):
-        return action.help if action.default in (None, False) else super()._get_help_string(action)
+        no_default = action.default is None or action.default is False  # 0 is a default, though 0 == False
+        return action.help if no_default else super()._get_help_string(action)
+
+
+class RawDescriptionHelp(argparse.RawDescriptionHelpFormatter, Help):
+    """Help that keeps the description's own line breaks."""
 
 
 def grouped_parser(prog, description, groups):
@@ -55,6 +65,34 @@ non_negative_int = argument_type(int, lambda n: n >= 0, "an integer >= 0")
 positive_int = argument_type(int, lambda n: n >= 1, "an integer >= 1")
 temperature = argument_type(float, lambda t: 0 <= t < math.inf, "a finite number >= 0 (0 is greedy)")
 probability = argument_type(float, lambda p: 0 < p <= 1, "a number in (0, 1]")
+positive_float = argument_type(float, lambda x: 0 < x < math.inf, "a finite number > 0")
+non_negative_float = argument_type(float, lambda x: 0 <= x < math.inf, "a finite number >= 0")
+fraction = argument_type(float, lambda p: 0 <= p < 1, "a number in [0, 1)")
+
+
+def device_name(text):
+    """An argparse type for --device: a name autograd.backend.parse_device takes on this machine
+    (cuda needs CuPy and a GPU), kept as given: 'auto' and 'cuda' pick each rank's GPU later."""
+    try:
+        backend.parse_device(text)
+    except (ValueError, RuntimeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def interruptible(main):
+    """main(argv), where a Ctrl-C that no training loop catches (loop.Interrupt) ends the command with
+    one line and status 130 (128 + SIGINT, as a shell reports it), not a traceback."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(128 + signal.SIGINT)
+
+    return run
 
 
 def add_run_argument(parser):
@@ -64,13 +102,14 @@ def add_run_argument(parser):
 
 def add_device_argument(parser):
     """--device, where the model runs (see open_run)."""
-    parser.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    where = "auto (a GPU if there is one), cpu, cuda or cuda:N"
+    parser.add_argument("--device", type=device_name, default="auto", help=where)
 
 
 def add_command(commands, name, run_command, **parser_options):
     """A subcommand of python -m train.evaluate: its parser, which starts with --run and, when the
     command line names it, calls run_command(parser, args). The caller adds the other arguments."""
-    parser = commands.add_parser(name, **parser_options)
+    parser = commands.add_parser(name, **{"formatter_class": Help, **parser_options})
     add_run_argument(parser)
     parser.set_defaults(handler=lambda args: run_command(parser, args))
     return parser
@@ -80,13 +119,30 @@ def add_figure_arguments(parser, batch_size, batched):
     """The arguments that close a command which runs a model over data and reports figures:
     --batch-size (`batch_size` of what is `batched` per forward pass), --device and --json."""
     parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=batch_size,
-        help=f"{batched} per forward pass ({batch_size})",
+        "--batch-size", type=positive_int, default=batch_size, help=f"{batched} per forward pass"
     )
     add_device_argument(parser)
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
+    json_help = "also write the figures to this JSON file (default: print them only)"
+    parser.add_argument("--json", metavar="PATH", help=json_help)
+
+
+def add_text_arguments(group):
+    """--encoding and --errors: how a command decodes the text files it reads."""
+
+    def encoding(name):
+        try:
+            b"a".decode(name, "ignore")  # a text encoding: base64 is a codec but not one
+            return codecs.lookup(name).name  # one spelling for each: utf8 and UTF-8 are utf-8
+        except LookupError:
+            raise argparse.ArgumentTypeError(f"must be a Python text encoding, got {name!r}") from None
+
+    group.add_argument("--encoding", type=encoding, default="utf-8", help="of the text files, e.g. latin-1")
+    group.add_argument(
+        "--errors",
+        default="strict",
+        choices=("strict", "replace", "ignore"),
+        help="for bytes that do not decode: stop and name every such file, read them as U+FFFD, or drop them",
+    )
 
 
 def open_run(parser, run, device):

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from autograd.functional import IGNORE_INDEX
-from tinygpt.tokenizer.bpe import find_text_files, read_text_file
+from tinygpt.files import read_text_files
 
 CACHE_MAGIC = b"tinygpt-tokens-1"
 CACHE_HEADER = struct.Struct("<16sQ32s")  # the magic string, the number of ids, the SHA-256 of their bytes
@@ -30,12 +30,12 @@ def default_corpus():
     return ["\n\n".join(topics[name] for name in sorted(topics))]
 
 
-def read_corpus(paths):
-    """The texts of files, folders (every *.txt below) and globs; errors name the file and byte."""
-    files = find_text_files(paths)
-    if not files:
+def read_corpus(paths, encoding="utf-8", errors="strict"):
+    """The texts of files, folders (every *.txt below) and globs, as tinygpt.files.read_text_files
+    reads them: line ends made "\\n", the files that do not decode all named in one error."""
+    texts = read_text_files(paths, encoding, errors)
+    if not texts:
         raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
-    texts = [read_text_file(path) for path in files]
     if not any(text.strip() for text in texts):
         raise ValueError(f"the corpus in {', '.join(map(str, paths))} is empty")
     return texts

@@ -4,6 +4,7 @@
     zeroshot     the paper's zero-shot heuristics on a labelled file (train/zeroshot.py)
     attention    heatmaps of the attention weights of a layer (train/inspection.py)
     summary      parameters and FLOPs per token by layer (train/inspection.py)
+    predict      a fine-tune's predictions on a file with or without labels (train/predict.py)
 
 Each command is an argparse subparser made by train.cli.add_command, which starts it with --run
 and registers its handler (see add_perplexity_command); a new one is a function like it, called in
@@ -12,30 +13,33 @@ build_parser.
 
 import argparse
 import math
-import sys
+
+from tqdm import tqdm
 
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
-from tinygpt.tokenizer.bpe import find_text_files, read_text_file
+from tinygpt.files import UndecodableFiles, read_text_files
 
+from . import cli
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
 from .inspection import add_attention_command, add_summary_command
 from .loop import perplexity
+from .predict import add_predict_command
 from .zeroshot import add_zeroshot_command
 
 
-def read_tokens(paths, tokenizer, max_tokens=None):
-    """(token ids, UTF-8 bytes) of files, folders of *.txt and globs, joined in order.
+def read_tokens(paths, tokenizer, max_tokens=None, encoding="utf-8", errors="strict"):
+    """(token ids, UTF-8 bytes) of files, folders of *.txt and globs, joined in order, their text
+    read as tinygpt.files.read_text_files reads it.
 
     Each file is encoded on its own and the ids are concatenated. With max_tokens the stream is
     cut there, and the bytes of the file cut short are those its kept tokens decode to (exact for
     byte-level BPE; GPT-1's tokenizer decodes to lower-cased, re-spaced text, so close to it).
     """
     ids, n_bytes = [], 0
-    for path in find_text_files(paths):
-        text = read_text_file(path)
+    for text in read_text_files(paths, encoding, errors):
         file_ids = tokenizer.encode(text)
         if max_tokens is not None and len(ids) + len(file_ids) > max_tokens:
             file_ids = file_ids[: max_tokens - len(ids)]
@@ -57,26 +61,22 @@ def windows(ids, n_ctx):
     return [ids[start : start + n_ctx + 1] for start in range(0, len(ids) - 1, n_ctx)]
 
 
-def negative_log_likelihood(model, ids, batch_size, progress=False):
+def negative_log_likelihood(model, ids, batch_size):
     """Total negative log-likelihood in nats of ids[1:], each token given up to n_ctx before it.
 
     Windows go through the model batch_size at a time; a shorter last window is padded at the end,
     which the causal mask keeps from changing the positions before it. The model should be in eval
-    mode (train.run.load_run gives it so).
+    mode (train.run.load_run gives it so). A progress bar goes to stderr where it is a terminal.
     """
     chunks = windows(ids, model.config.n_ctx)
     total = 0.0
-    with no_grad():
+    with no_grad(), tqdm(total=len(chunks), unit="window", disable=None) as progress:
         for start in range(0, len(chunks), batch_size):
             batch = chunks[start : start + batch_size]
             inputs, targets = next_token_batch([(chunk, len(chunk) - 1) for chunk in batch])  # every target
             loss = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="sum")
             total += float(loss.item())
-            if progress:
-                done = min(start + batch_size, len(chunks))
-                print(f"\r{done}/{len(chunks)} windows", end="", file=sys.stderr)
-    if progress:
-        print(file=sys.stderr)
+            progress.update(len(batch))
     return total
 
 
@@ -84,12 +84,14 @@ def perplexity_command(parser, args):
     check_json_folder(parser, args)
     model, tokenizer = open_run(parser, args.run, args.device)
     try:
-        ids, n_bytes = read_tokens(args.data, tokenizer, args.max_tokens)
+        ids, n_bytes = read_tokens(args.data, tokenizer, args.max_tokens, args.encoding, args.errors)
+    except UndecodableFiles as error:
+        parser.error(f"--data: {error.advice(flags=True)}")
     except (OSError, ValueError) as error:
         parser.error(f"--data: {error}")
     if len(ids) < 2:
         parser.error(f"--data: the text holds {len(ids)} token(s); at least 2 are needed to predict one")
-    nll = negative_log_likelihood(model, ids, args.batch_size, progress=sys.stderr.isatty())
+    nll = negative_log_likelihood(model, ids, args.batch_size)
     tokens = len(ids) - 1
     results = {
         "perplexity": perplexity(nll / tokens),  # inf where e ** loss overflows
@@ -121,10 +123,11 @@ def add_perplexity_command(commands):
         required=True,
         nargs="+",
         metavar="FILE",
-        help="text files (UTF-8), folders of *.txt, or glob patterns",
+        help="text files, folders of *.txt, or glob patterns",
     )
+    cli.add_text_arguments(parser)
     parser.add_argument(
-        "--max-tokens", type=positive_int, help="evaluate only the first N tokens (for speed)"
+        "--max-tokens", type=positive_int, help="evaluate only the first N tokens (default: all of them)"
     )
     add_figure_arguments(parser, batch_size=8, batched="windows")
 
@@ -136,9 +139,11 @@ def build_parser():
     add_zeroshot_command(commands)
     add_attention_command(commands)
     add_summary_command(commands)
+    add_predict_command(commands)
     return parser
 
 
+@cli.interruptible
 def main(argv=None):
     args = build_parser().parse_args(argv)
     return args.handler(args)

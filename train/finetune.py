@@ -27,17 +27,20 @@ from autograd.optim import Adam, warmup_linear
 from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT
+from tinygpt.files import UndecodableFiles
 from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
-from . import distributed, glue, loop
+from . import cli, distributed, glue, loop
 from .checkpoint import fsync, read_weights, save_weights
-from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
+from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
 from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
+NEEDED = " (required, unless --resume)"
+DATA_FLAGS = ("train", "dev", "test", "encoding", "errors")  # may change on --resume with --allow-data-change
 
 
 def parse_args(argv):
@@ -56,60 +59,55 @@ def parse_args(argv):
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
     if args.from_scratch and args.transfer_layers is not None:
         parser.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
-    if not 0 <= args.warmup < 1:
-        parser.error(f"--warmup is a share of the steps in [0, 1), got {args.warmup}")
-    if not 0 <= args.clf_dropout < 1:
-        parser.error(f"--clf-dropout must lie in [0, 1), got {args.clf_dropout}")
     return parser, args
 
 
 def add_task_arguments(group):
+    layout = "the files' layout (jsonl: your own, see train/glue.py)"
+    group.add_argument("--task", choices=glue.TASKS, help=f"{layout}{NEEDED}")
+    group.add_argument("--train", metavar="FILE", help=f"training examples{NEEDED}")
+    group.add_argument("--dev", metavar="FILE", help=f"examples measured after every epoch{NEEDED}")
     group.add_argument(
-        "--task", choices=glue.TASKS, help="the files' layout (jsonl: your own, see train/glue.py)"
-    )
-    group.add_argument("--train", metavar="FILE", help="training examples")
-    group.add_argument("--dev", metavar="FILE", help="examples measured after every epoch")
-    group.add_argument(
-        "--test", metavar="FILE", help="labelled examples to predict with the best epoch's weights"
+        "--test",
+        metavar="FILE",
+        help="labelled examples to predict with the best epoch's weights (default: none)",
     )
     group.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
-    group.add_argument(
-        "--limit-train", type=positive_int, metavar="N", help="train on N examples drawn by --seed"
-    )
+    add_text_arguments(group)
+    limit = "train on N examples drawn by --seed (default: all)"
+    group.add_argument("--limit-train", type=positive_int, metavar="N", help=limit)
 
 
 def add_model_arguments(group):
     openai_gpt = "an openai-gpt folder (config.json + model.safetensors)"
-    group.add_argument(
-        "--init-from", metavar="PATH", help=f"a pretraining run, one checkpoint in it, or {openai_gpt}"
-    )
-    group.add_argument(
-        "--tokenizer", metavar="DIR", help="a BPE tokenizer folder, for an openai-gpt --init-from"
-    )
+    start = f"a pretraining run, one checkpoint in it, or {openai_gpt}{NEEDED}"
+    group.add_argument("--init-from", metavar="PATH", help=start)
+    for_openai_gpt = "for an openai-gpt --init-from (default: none, for a run brings its own)"
+    group.add_argument("--tokenizer", metavar="DIR", help=f"a BPE tokenizer folder, {for_openai_gpt}")
     gpt1_files = "GPT-1's encoder_bpe_40000.json + vocab_40000.bpe"
-    group.add_argument("--gpt1-tokenizer", metavar="DIR", help=f"{gpt1_files}, for an openai-gpt --init-from")
+    group.add_argument("--gpt1-tokenizer", metavar="DIR", help=f"{gpt1_files}, {for_openai_gpt}")
     group.add_argument(
         "--from-scratch", action="store_true", help="re-initialise every weight (no pre-training)"
     )
     keep = "keep the embeddings and the first K blocks, re-initialise the rest (default: all)"
     group.add_argument("--transfer-layers", type=non_negative_int, metavar="K", help=keep)
-    group.add_argument("--clf-dropout", type=float, default=0.1, help="dropout on the state the head reads")
+    group.add_argument(
+        "--clf-dropout", type=cli.fraction, default=0.1, help="dropout on the state the head reads"
+    )
 
 
 def add_optimizer_arguments(group):
     group.add_argument("--epochs", type=positive_int, default=3, help="passes over the training examples")
     group.add_argument("--batch-size", type=positive_int, default=32, help="examples per optimizer step")
-    group.add_argument("--lr", type=float, default=6.25e-5, help="peak learning rate")
-    group.add_argument(
-        "--warmup", type=float, default=0.002, help="share of the steps over which the rate rises"
-    )
-    group.add_argument(
-        "--lm-coef", type=float, default=0.5, help="lambda, the auxiliary LM loss's weight (0: none)"
-    )
-    group.add_argument("--l2", type=float, default=0.01, help="GPT-1's decoupled L2 on matrices")
-    group.add_argument(
-        "--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0 turns it off"
-    )
+    group.add_argument("--lr", type=cli.non_negative_float, default=6.25e-5, help="peak learning rate")
+    rise = "share of the steps over which the rate rises"
+    group.add_argument("--warmup-ratio", type=cli.fraction, default=0.002, help=rise)
+    aux = "lambda, the auxiliary LM loss's weight (0: none)"
+    group.add_argument("--lm-coef", type=cli.non_negative_float, default=0.5, help=aux)
+    l2 = "GPT-1's decoupled L2 on matrices"
+    group.add_argument("--l2", type=cli.non_negative_float, default=0.01, help=l2)
+    clip = "global gradient-norm limit; 0 turns it off"
+    group.add_argument("--grad-clip", type=cli.non_negative_float, default=1.0, help=clip)
     add_precision_argument(group)
 
 
@@ -117,11 +115,11 @@ def add_run_arguments(group):
     group.add_argument(
         "--seed", type=non_negative_int, default=0, help="fixes the head, new weights, data order, dropout"
     )
-    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    cli.add_device_argument(group)
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
     resume = "continue a fine-tune (its folder, or a checkpoint in it) with its own settings: only "
-    resume += "--device, --log-every, --save-every, --keep-checkpoints may differ"
+    resume += "--device, --log-every, --save-every, --keep-checkpoints may differ (default: a new run)"
     group.add_argument("--resume", metavar="PATH", help=resume)
     group.add_argument("--overwrite", action="store_true", help="replace the run in a non-empty --out")
     group.add_argument(
@@ -129,7 +127,7 @@ def add_run_arguments(group):
     )
     save_every = "steps between checkpoints besides those at each epoch's end (0: only those)"
     group.add_argument("--save-every", type=non_negative_int, default=500, help=save_every)
-    group.add_argument("--keep-checkpoints", type=positive_int, default=2)
+    group.add_argument("--keep-checkpoints", type=positive_int, default=2, help="the newest checkpoints kept")
     group.add_argument("--distributed", action="store_true", help="a rank of an mpirun job (see the README)")
 
 
@@ -142,11 +140,17 @@ def read_datasets(parser, args, labels=None):
         if path is None:
             continue
         try:
-            datasets[split] = glue.read(args.task, path, labels, args.skip_bad_rows)
+            datasets[split] = glue.read(
+                args.task, path, labels, args.skip_bad_rows, encoding=args.encoding, errors=args.errors
+            )
+        except UndecodableFiles as error:
+            parser.error(f"--{split}: {error.advice(flags=True)}")
         except (OSError, ValueError) as error:
             parser.error(f"--{split}: {str(error).replace('skip_bad_rows=True', '--skip-bad-rows')}")
         if not datasets[split].examples:
             parser.error(f"--{split}: {path} holds no usable examples")
+        if split != "test" and not datasets[split].labelled:
+            parser.error(f"--{split}: {path} has no labels (only --test may go without)")
         bad_rows = datasets[split].bad_rows
         for message in bad_rows[:3]:
             print(f"skipped {message}")
@@ -285,6 +289,7 @@ def write_results(run_dir, results):
     os.replace(os.path.join(run_dir, "results.json.partial"), os.path.join(run_dir, "results.json"))
 
 
+@cli.interruptible
 def main(argv=None):
     parser, args = parse_args(argv)
     distributed.run(parser, args, functools.partial(fine_tune, argv=argv))
@@ -296,7 +301,8 @@ def fine_tune(parser, args, group, argv=None):
     given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=("train", "dev", "test"))
+        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS)
+        args.warmup_ratio = vars(args).pop("warmup", args.warmup_ratio)  # the name in older runs
         labels = saved_labels(parser, args, run_dir)
     else:
         run_dir, labels = loop.new_run(parser, args, group, args.task), None
@@ -335,7 +341,7 @@ def tune_steps(run, args, encoded, metric_names, results, start):
             # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its
             # share of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
             weight = len(mine) / len(batch)
-            lr = args.lr * warmup_linear((step + 1) / total, args.warmup)  # t counted from 1, as the original
+            lr = args.lr * warmup_linear((step + 1) / total, args.warmup_ratio)  # t counted from 1, as GPT-1
             run.optimizer.zero_grad()
             losses = forward_backward(head, train, mine, args.lm_coef, weight, (args.seed, step, first))
             run.optimizer_step(lr, weight, args.grad_clip)
@@ -388,7 +394,8 @@ def results_so_far(run_dir, task, datasets, encoded):
 
 
 def finish(run, args, datasets, encoded, results):
-    """After the last step: the test set's figures (with the best epoch's weights), and the report."""
+    """After the last step: the test set's predictions and, where it has labels, figures (with the
+    best epoch's weights), and the report."""
     names = datasets["dev"].metrics
     if "test" in encoded:
         results["test"] = predict_test(
@@ -399,7 +406,8 @@ def finish(run, args, datasets, encoded, results):
 
 
 def predict_test(run_dir, head, dataset, data, metric_names, batch_size):
-    """The test set's metrics with the best epoch's weights; its predictions go to predictions.tsv."""
+    """The test set's metrics with the best epoch's weights (None where it has no labels); its
+    predictions go to predictions.tsv."""
     head.load_state_dict(read_weights(os.path.join(run_dir, "best"), head))
     predictions, figures = evaluate(head, data, metric_names, batch_size)
     write_predictions(os.path.join(run_dir, "predictions.tsv"), predictions, dataset)
@@ -428,10 +436,8 @@ def report(run_dir, results, metric_names, elapsed):
             )
         )
     if "test" in results:
-        print(
-            f"test (best epoch's weights): {figures(results['test'])}; "
-            f"predictions in {os.path.join(run_dir, 'predictions.tsv')}"
-        )
+        test = figures(results["test"]) if results["test"] else "no labels to measure"
+        print(f"test (best epoch's weights): {test}; predictions in {run_dir}/predictions.tsv")
     plot = plot_metrics(run_dir)
     print(f"run folder: {run_dir}" + (f" (loss curve: {plot})" if plot else ""))
 

@@ -10,8 +10,10 @@ import argparse
 from tinygpt.generation import generate
 
 from .cli import (
+    Help,
     add_device_argument,
     add_run_argument,
+    interruptible,
     non_negative_int,
     open_run,
     positive_int,
@@ -21,25 +23,27 @@ from .cli import (
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m train.generate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m train.generate", description=__doc__.split("\n")[0], formatter_class=Help
+    )
     add_run_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
-    parser.add_argument(
-        "--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate (100)"
-    )
+    parser.add_argument("--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate")
     parser.add_argument(
         "--temperature",
         type=temperature,
         default=1.0,
-        help="divides the logits; 0 always takes the most likely token (1.0)",
+        help="divides the logits; 0 always takes the most likely token",
     )
-    parser.add_argument("--top-k", type=positive_int, help="sample only among the k most likely tokens")
+    every = " (default: among every token)"
+    parser.add_argument("--top-k", type=positive_int, help=f"sample only among the k likeliest tokens{every}")
     parser.add_argument(
         "--top-p",
         type=probability,
-        help="sample only among the smallest set of most likely tokens whose probability reaches p",
+        help=f"sample only among the smallest set of most likely tokens whose probability reaches p{every}",
     )
-    parser.add_argument("--seed", type=int, help="fixes the sampling, so the same seed gives the same text")
+    same = "fixes the sampling, so the same seed gives the same text (default: fresh randomness)"
+    parser.add_argument("--seed", type=non_negative_int, help=same)
     add_device_argument(parser)
     parser.add_argument(
         "--no-cache",
@@ -57,6 +61,7 @@ def continuation(tokenizer, prompt_ids, new_ids):
     return whole[len(head) :]
 
 
+@interruptible
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)

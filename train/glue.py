@@ -13,15 +13,22 @@ the sorted labels of the file for jsonl. Save them with save_labels and pass the
 all strings or all integers: `1` and `"1"` in one file would be two classes, so the first row's
 type decides and a row with the other is a bad row (nothing is converted behind your back).
 
+A file without labels is read for predictions: GLUE's test files (a TSV without the label or score
+column), or JSON lines without "label", "score" or "gold_label" (then none of its rows has one).
+Each example's id, for the predictions, is the TSV's `index` column or a JSON line's "id" or
+"idx", else its place among the examples (from 0).
+
 A row with the wrong number of columns or fields, a field of the wrong type, a score that is not a
 finite number, or an unknown label, stops reading with a ValueError naming the file and line; with
 skip_bad_rows=True it is left out and counted. Rows the dataset itself marks unusable (SNLI's
-gold_label "-") are always left out and counted. A file that is not UTF-8 is refused with the line
-of its first bad byte, and a label file (save_labels) that is not a list of names with its name.
+gold_label "-") are always left out and counted. A file that does not decode (as UTF-8 unless
+`encoding=` says otherwise) is refused with the line of its first bad byte, and a label file
+(save_labels) that is not a list of names with its name.
 """
 
 import csv
 import io
+import itertools
 import json
 import math
 from collections import Counter
@@ -29,17 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from tinygpt.files import read_json
+from tinygpt.files import UndecodableFiles, read_json, read_text
 from tinygpt.tasks import KINDS, kind_of
 
 
 class Tsv(NamedTuple):
     """A TSV layout: {example field: column name in the header}, the label names in id order
-    (None for a score), and for a file without a header its width (columns are then positions)."""
+    (None for a score), and for a file without a header its width (columns are then positions) and
+    the columns of its test file, which has a header."""
 
     columns: dict
     labels: tuple
     width: int = None
+    test_columns: dict = None
 
 
 BINARY = ("0", "1")
@@ -47,7 +56,8 @@ ENTAILMENT = ("entailment", "not_entailment")
 NLI = ("contradiction", "entailment", "neutral")
 TSV = {
     "sst2": Tsv({"text": "sentence", "label": "label"}, BINARY),
-    "cola": Tsv({"text": 3, "label": 1}, BINARY, width=4),  # source, label, original label, sentence
+    # source, label, original label, sentence; test.tsv: index, sentence
+    "cola": Tsv({"text": 3, "label": 1}, BINARY, width=4, test_columns={"text": "sentence"}),
     "rte": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "label"}, ENTAILMENT),
     "qnli": Tsv({"premise": "question", "hypothesis": "sentence", "label": "label"}, ENTAILMENT),
     "mnli": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "gold_label"}, NLI),
@@ -67,13 +77,14 @@ STORY_COLUMNS = (
 TASKS = (*TSV, "snli", "rocstories", "jsonl")
 METRICS = {"cola": ("mcc",), "stsb": ("pearson", "spearman"), "mrpc": ("accuracy", "f1")}
 NO_GOLD_LABEL = "no gold label ('-')"
+TARGETS = {"label", "score"}  # the fields an example to predict has not
 
 
 @dataclass
 class Dataset:
     """A task's examples. labels: the label names, a class's id being its index (None for scores
     and multiple choice); skipped: {why: rows left out}; bad_rows: "file: line n: why" of each bad
-    row skipped."""
+    row skipped; ids: each example's id, for its prediction."""
 
     task: str
     kind: str
@@ -81,6 +92,12 @@ class Dataset:
     labels: list
     skipped: dict
     bad_rows: list
+    ids: list
+
+    @property
+    def labelled(self):
+        """Whether the examples carry their labels (or scores): a file to predict has none."""
+        return any(TARGETS & example.keys() for example in self.examples[:1])
 
     @property
     def n_classes(self):
@@ -104,45 +121,43 @@ class SkipRow(Exception):
     """A row the dataset marks as unusable: always left out and counted."""
 
 
-def read(task, path, labels=None, skip_bad_rows=False):
+def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors="strict"):
     """The examples of one file of `task` -> Dataset. labels: label names in id order, to read a
     dev set with its train set's ids (by default the task's documented ones, or for jsonl the
-    file's own, sorted)."""
+    file's own, sorted). encoding, errors: how the file is decoded, as bytes.decode takes them."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     path = Path(path)
     reading = _Reading(path, skip_bad_rows)
     if task in TSV:
         layout = TSV[task]
-        rows = reading.keep(_tsv_rows(path, layout))
-        kind, documented, has_classes = kind_of(layout.columns), layout.labels, "label" in layout.columns
+        rows = reading.keep(_tsv_rows(path, layout, encoding, errors))
+        kind, documented = kind_of(layout.columns), layout.labels
     elif task == "snli":
-        rows = reading.keep(_converted(_lines(path), _snli_example))
-        kind, documented, has_classes = "entailment", NLI, True
+        rows = reading.keep(_converted(_lines(path, encoding, errors), _snli_example))
+        kind, documented = "entailment", NLI
     elif task == "rocstories":
-        rows = reading.keep(_story_rows(path))
-        kind, documented, has_classes = "multiple_choice", None, False
+        rows = reading.keep(_story_rows(path, encoding, errors))
+        kind, documented = "multiple_choice", None
     else:
-        rows = reading.keep(_converted(_lines(path), _jsonl_example))
+        rows = reading.keep(_converted(_lines(path, encoding, errors), _jsonl_example))
         if not rows:
             raise ValueError(f"{path}: no examples")
+        kind, documented = kind_of(rows[0][1]), None
+    if task in ("snli", "jsonl") and rows:  # all rows labelled or none, and a jsonl file's of one layout
         first = rows[0][1]
         rows = reading.keep(_converted(rows, lambda example: _same_layout(example, first)))
-        kind, documented = kind_of(first), None
-        has_classes = kind != "multiple_choice" and "label" in first
 
-    if has_classes:
-        labels = list(labels if labels is not None else documented or sorted({e["label"] for _, e in rows}))
-        ids = {label: i for i, label in enumerate(labels)}
-        rows = reading.keep(_converted(rows, lambda example: _with_label_id(example, ids)))
-    return Dataset(
-        task,
-        kind,
-        [example for _, example in rows],
-        labels if has_classes else None,
-        dict(reading.skipped),
-        reading.bad_rows,
-    )
+    first, known = rows[0][1] if rows else {}, labels if labels is not None else documented
+    if "label" in first and kind != "multiple_choice":
+        labels = list(known or sorted({e["label"] for _, e in rows}))
+        class_ids = {label: i for i, label in enumerate(labels)}
+        rows = reading.keep(_converted(rows, lambda example: _with_label_id(example, class_ids)))
+    else:  # scores, answers, or none: examples to predict keep the label names they are predicted with
+        labels = None if TARGETS & first.keys() or known is None else list(known)
+    ids = [example.pop("index", place) for place, (_, example) in enumerate(rows)]
+    examples = [example for _, example in rows]
+    return Dataset(task, kind, examples, labels, dict(reading.skipped), reading.bad_rows, ids)
 
 
 def save_labels(labels, path):
@@ -207,22 +222,27 @@ def _with_label_id(example, ids):
 
 
 # ----- GLUE's TSVs ---------------------------------------------------------------------------
-def _tsv_rows(path, layout):
+def _tsv_rows(path, layout, encoding, errors):
     """(line, example or refusal) for each row of a TSV file. Quoting is off (an RTE cell opens
     with a bare quote) and a BOM is dropped (MRPC has one)."""
-    rows = _csv_rows(path, delimiter="\t", quoting=csv.QUOTE_NONE)
-    if layout.width:
-        width, positions = layout.width, layout.columns
+    rows = _csv_rows(path, encoding, errors, delimiter="\t", quoting=csv.QUOTE_NONE)
+    first = next(rows, None)
+    header = first[1] if first else []
+    if layout.width and header[:1] != ["index"]:  # a file without a header (CoLA's test file has one)
+        rows, width, positions = itertools.chain([first] if first else [], rows), layout.width, layout.columns
     else:
-        _, header = next(rows, (1, []))
-        missing = [name for name in layout.columns.values() if name not in header]
-        if missing:
-            raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
-        width, positions = (
-            len(header),
-            {field: header.index(name) for field, name in layout.columns.items()},
-        )
+        width, positions = len(header), _positions(path, header, layout.test_columns or layout.columns)
     yield from _converted(rows, lambda cells: _tsv_example(cells, width, positions))
+
+
+def _positions(path, header, columns):
+    """{field: its column's position} in a header, with the `index` column where there is one. A
+    header without the label's (or score's) column is that of a file to predict."""
+    missing = [name for field, name in columns.items() if name not in header and field not in TARGETS]
+    if missing:
+        raise ValueError(f"{path}: line 1: the header has no column {', '.join(map(repr, missing))}")
+    columns = {**columns, "index": "index"}
+    return {field: header.index(name) for field, name in columns.items() if name in header}
 
 
 def _tsv_example(cells, width, positions):
@@ -253,10 +273,10 @@ def _finite(score):
 
 
 # ----- the Story Cloze CSV -------------------------------------------------------------------
-def _story_rows(path):
+def _story_rows(path, encoding, errors):
     """(line, example or refusal) for each story: the four sentences joined are the context,
     the two endings the choices, and AnswerRightEnding (1 or 2) picks one."""
-    rows = _csv_rows(path)
+    rows = _csv_rows(path, encoding, errors)
     _, header = next(rows, (1, []))
     if tuple(name.strip() for name in header) != STORY_COLUMNS:
         raise ValueError(f"{path}: line 1: expected the header {','.join(STORY_COLUMNS)}")
@@ -273,25 +293,20 @@ def _story_example(cells):
 
 
 # ----- reading text ---------------------------------------------------------------------------
-def _text_lines(path):
-    """The lines of a UTF-8 file, ends kept, cut at \\n, \\r\\n or \\r as open(newline="") cuts them
-    (a BOM dropped); a bad byte is a ValueError naming the file and its line."""
-    number = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                text = raw.decode("utf-8-sig" if number == 0 else "utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(f"{path}: line {number + 1}: not valid UTF-8 ({error.reason})") from None
-            for line in io.StringIO(text, newline=""):
-                number += 1
-                yield line
+def _text_lines(path, encoding, errors):
+    """The lines of a text file (a BOM dropped), ends kept, cut at \\n, \\r\\n or \\r as
+    open(newline="") cuts them for the csv module; a file that does not decode is an
+    UndecodableFiles naming its line."""
+    try:
+        return io.StringIO(read_text(path, encoding, errors), newline="")
+    except ValueError as error:
+        raise UndecodableFiles([str(error)]) from None
 
 
-def _csv_rows(path, **dialect):
+def _csv_rows(path, encoding, errors, **dialect):
     """(line, cells) for each row of a CSV (or, with the dialect's arguments, TSV) file; what the
     csv module cannot read (a field past its size limit, say) is a ValueError naming the line."""
-    reader = csv.reader(_text_lines(path), **dialect)
+    reader = csv.reader(_text_lines(path, encoding, errors), **dialect)
     try:
         for cells in reader:
             yield reader.line_num, cells
@@ -299,9 +314,10 @@ def _csv_rows(path, **dialect):
         raise ValueError(f"{path}: line {reader.line_num}: {error}") from None
 
 
-def _lines(path):
+def _lines(path, encoding, errors):
     """(line, text) for each line that is not blank."""
-    return ((number, text) for number, text in enumerate(_text_lines(path), start=1) if text.strip())
+    lines = enumerate(_text_lines(path, encoding, errors), start=1)
+    return ((number, text) for number, text in lines if text.strip())
 
 
 # ----- JSON lines: SNLI and your own data ------------------------------------------------------
@@ -328,29 +344,33 @@ def _pick(row, fields):
 
 
 def _snli_example(text):
-    row = _pick(_json_object(text), ("sentence1", "sentence2", "gold_label"))
+    line = _json_object(text)
+    row = _pick(line, ("sentence1", "sentence2", "gold_label")[: 3 if "gold_label" in line else 2])
     if not all(isinstance(value, str) for value in row.values()):
         raise BadRow("sentence1, sentence2 and gold_label must be strings")
-    if row["gold_label"] == "-":
+    if row.get("gold_label") == "-":
         raise SkipRow(NO_GOLD_LABEL)
-    return {"premise": row["sentence1"], "hypothesis": row["sentence2"], "label": row["gold_label"]}
+    label = {"label": row["gold_label"]} if "gold_label" in row else {}
+    return {"premise": row["sentence1"], "hypothesis": row["sentence2"], **label, **_row_id(line)}
 
 
 def _jsonl_example(text):
-    """One row of your own data: the fields of one task kind, of the right types."""
+    """One row of your own data: the fields of one task kind, of the right types, and its label
+    unless it is a row to predict."""
     row = _json_object(text)
     kind = kind_of(row)
     if kind is None:
         layouts = "; ".join(" + ".join(fields) for fields in KINDS.values())
         raise BadRow(f"fields {sorted(row)} match no task (expected {layouts}, and a label)")
     target = "score" if kind == "similarity" and "score" in row else "label"
-    example = _pick(row, (*KINDS[kind], target))
-    value = example[target]
+    labelled = target in row
+    example = _pick(row, (*KINDS[kind], target) if labelled else KINDS[kind])
+    value = example.get(target)
     if kind == "multiple_choice":
         choices = example["choices"]
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
             raise BadRow("choices must be a non-empty list of strings")
-        if type(value) is not int or not 0 <= value < len(choices):
+        if labelled and (type(value) is not int or not 0 <= value < len(choices)):
             raise BadRow(f"the label {value!r} is not the index of one of the {len(choices)} choices")
     if not all(isinstance(example[field], str) for field in KINDS[kind] if field != "choices"):
         raise BadRow(f"{' and '.join(KINDS[kind])} must be strings")
@@ -358,16 +378,25 @@ def _jsonl_example(text):
         raise BadRow(f"the score {value!r} is not a number")
     if target == "score":
         example["score"] = _finite(value)
-    if target == "label" and type(value) not in (str, int):
+    if labelled and target == "label" and type(value) not in (str, int):
         raise BadRow(f"the label {value!r} must be a string or an integer")
-    return example
+    return {**example, **_row_id(row)}
+
+
+def _row_id(row):
+    """{"index": the row's "id" or "idx"}, or {} where it has neither."""
+    name = next((name for name in ("id", "idx") if name in row), None)
+    if name is not None and type(row[name]) not in (str, int):
+        raise BadRow(f"the {name} {row[name]!r} must be a string or an integer")
+    return {} if name is None else {"index": row[name]}
 
 
 def _same_layout(example, first):
     """The example, if its fields (and number of choices) are those of the file's first row."""
 
     def layout(e):
-        return ", ".join(sorted(e)) + (f" with {len(e['choices'])} choices" if "choices" in e else "")
+        choices = f" with {len(e['choices'])} choices" if "choices" in e else ""
+        return ", ".join(sorted(e.keys() - {"index"})) + choices
 
     if layout(example) != layout(first):
         raise BadRow(f"fields {layout(example)} differ from the first row's {layout(first)}")

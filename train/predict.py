@@ -1,12 +1,26 @@
-"""A task head on a dataset: its predictions, the task's metrics, and predictions.tsv."""
+"""A task head on a dataset: its predictions, the task's metrics, and the files of predictions; and
+`python -m train.evaluate predict`, a fine-tune's predictions on a file with or without labels."""
+
+import json
+import os
 
 import numpy as np
 
 import autograd as ag
+from autograd import backend
+from tinygpt import GPT
+from tinygpt.files import UndecodableFiles
+from tinygpt.heads import make_head
+from tinygpt.tasks import encode_examples
 
-from . import metrics
+from . import glue, metrics
+from .checkpoint import read_weights
+from .cli import add_command, add_device_argument, add_text_arguments, positive_int
+from .run import load_tokenizer, read_config
 
 MAIN_METRIC = {"mrpc": "f1"}  # the paper's figure for MRPC; other tasks rank runs by their first metric
+GLUE_FILES = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "qnli": "QNLI", "mnli": "MNLI-m"}
+GLUE_FILES.update(stsb="STS-B", mrpc="MRPC")  # the names of a GLUE submission's files (.tsv)
 
 
 def main_metric(dataset):
@@ -16,37 +30,156 @@ def main_metric(dataset):
 
 @ag.no_grad()
 def predict(head, data, batch_size):
-    """(predictions in the order of the examples, mean task loss) of a head on a TaskData, with
-    dropout off; the head is left in the mode it was in."""
+    """(predictions in the order of the examples, their logits (N, outputs) on the host, the mean
+    task loss or None for examples without labels) of a head on a TaskData, with dropout off; the
+    head is left in the mode it was in."""
     was_training = head.training
     head.eval()
-    predictions, total = [], 0.0
+    predictions, outputs, total = [], [], 0.0
     for batch in data.batches(batch_size):
         logits, _ = head(batch.ids, batch.clf_positions, lm=False)
         predictions.append(head.predict(logits))
-        total += float(head.task_loss(logits, batch.labels).item()) * len(batch.labels)
+        outputs.append(logits.numpy())
+        if batch.labels is not None:
+            total += float(head.task_loss(logits, batch.labels).item()) * len(batch.labels)
     head.train(was_training)
-    return np.concatenate(predictions), total / len(data)
+    loss = total / len(data) if data.labels is not None else None
+    return np.concatenate(predictions), np.concatenate(outputs), loss
 
 
 def evaluate(head, data, metric_names, batch_size):
-    """(predictions, {"loss": mean task loss, metric: value, ...}) of a head on a TaskData."""
-    predictions, loss = predict(head, data, batch_size)
+    """(predictions, {"loss": mean task loss, metric: value, ...}) of a head on a TaskData; the
+    figures are None for examples without labels."""
+    predictions, _, loss = predict(head, data, batch_size)
+    if data.labels is None:
+        return predictions, None
     return predictions, {"loss": loss, **metrics.compute(metric_names, predictions, data.labels)}
 
 
-def write_predictions(path, predictions, dataset):
-    """predictions.tsv: `index<TAB>prediction` per example, the prediction written as the dataset
-    writes its labels: a label name, a score, or the chosen answer (for rocstories numbered from 1,
-    as its AnswerRightEnding column; for jsonl the index into choices)."""
+def answers(predictions, dataset):
+    """The predictions as the dataset writes its labels: label names, scores (floats), or the chosen
+    answers (for rocstories numbered from 1, as its AnswerRightEnding column; for jsonl the index
+    into choices)."""
+    if dataset.labels is not None:
+        return [dataset.labels[int(value)] for value in predictions]
+    if dataset.kind == "multiple_choice":
+        return [int(value) + (dataset.task == "rocstories") for value in predictions]
+    return [float(value) for value in predictions]
 
-    def label(value):
-        if dataset.labels is not None:
-            return dataset.labels[int(value)]
-        if dataset.kind == "multiple_choice":
-            return int(value) + (dataset.task == "rocstories")
-        return f"{float(value):.4f}"
 
+def write_predictions(path, predictions, dataset, logits=None, layout="glue"):
+    """Write each example's id (dataset.ids) and prediction. layout "glue": a GLUE submission, the
+    TSV `index<TAB>prediction` under that header, a score with 3 decimals; "jsonl": one
+    {"index", "prediction"} a line, with {label: probability} where `logits` of classes are given."""
+    rows = [{"index": i, "prediction": value} for i, value in zip(dataset.ids, answers(predictions, dataset))]
+    if logits is not None and dataset.labels is not None:
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True), dtype=np.float64)
+        for row, probabilities in zip(rows, shifted / shifted.sum(axis=-1, keepdims=True)):
+            row["probabilities"] = dict(zip(map(str, dataset.labels), probabilities.round(6).tolist()))
     with open(path, "w", encoding="utf-8") as f:
+        if layout == "jsonl":
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+            return
         f.write("index\tprediction\n")
-        f.writelines(f"{i}\t{label(value)}\n" for i, value in enumerate(predictions))
+        for row in rows:
+            value = row["prediction"]
+            text = f"{value:.3f}" if isinstance(value, float) else value
+            f.write(f"{row['index']}\t{text}\n")
+
+
+# ----- python -m train.evaluate predict ----------------------------------------------------------
+def fine_tune_of(parser, run):
+    """(GPTConfig, settings, label names or None) of a fine-tune's run folder; a folder that is not
+    one, or has no best/ weights, is a usage error."""
+    try:
+        config, settings = read_config(run)
+        if "has_labels" not in settings:
+            raise ValueError(f"{run} is not a fine-tuning run (its config.json has no task)")
+        if not os.path.isdir(os.path.join(run, "best")):
+            raise ValueError(f"{run} has no best/ weights (a fine-tune writes them after its first epoch)")
+        labels = glue.load_labels(os.path.join(run, "labels.json")) if settings["has_labels"] else None
+    except (OSError, ValueError) as error:
+        parser.error(f"--run: {error}")
+    return config, settings, labels
+
+
+def load_head(parser, args, config, dataset):
+    """(the run's task head with its best epoch's weights, on --device and in eval mode, tokenizer)."""
+    device = backend.parse_device(args.device)  # checked by the argument's type
+    backend.use_device(device)
+    try:
+        head = make_head(dataset.kind, GPT(config), dataset.n_classes)
+        head.load_state_dict(read_weights(os.path.join(args.run, "best"), head))
+        tokenizer = load_tokenizer(os.path.join(args.run, "tokenizer"))
+    except (OSError, ValueError) as error:
+        parser.error(f"--run: {error}")
+    return head.to(device).eval(), tokenizer
+
+
+def output_path(args, task, layout):
+    """--out; where it is a folder (by default the run's), the file in it: named as a GLUE
+    submission's (MNLI-mm.tsv for a mismatched set), else predictions.tsv or .jsonl."""
+    if args.out and not os.path.isdir(args.out):
+        return args.out
+    name = f"predictions.{'tsv' if layout == 'glue' else 'jsonl'}"
+    if layout == "glue" and task in GLUE_FILES:
+        mismatched = task == "mnli" and "mismatched" in os.path.basename(args.data)
+        name = ("MNLI-mm" if mismatched else GLUE_FILES[task]) + ".tsv"
+    return os.path.join(args.out or args.run, name)
+
+
+def predict_command(parser, args):
+    config, settings, labels = fine_tune_of(parser, args.run)
+    task = args.task or settings["task"]
+    if task != settings["task"]:
+        parser.error(f"--task: {args.run} is a fine-tune on {settings['task']}, not {task}")
+    layout = args.format or ("glue" if task in glue.TSV else "jsonl")
+    out = output_path(args, task, layout)
+    if not os.path.isdir(os.path.dirname(out) or "."):
+        parser.error(f"--out: the folder of {out} does not exist")
+    try:
+        dataset = glue.read(task, args.data, labels, encoding=args.encoding, errors=args.errors)
+    except UndecodableFiles as error:
+        parser.error(f"--data: {error.advice(flags=True)}")
+    except (OSError, ValueError) as error:
+        parser.error(f"--data: {error}")
+    if not dataset.examples:
+        parser.error(f"--data: {args.data} holds no examples")
+    head, tokenizer = load_head(parser, args, config, dataset)
+    data = encode_examples(dataset.examples, dataset.kind, tokenizer, config.n_ctx)
+    predictions, logits, loss = predict(head, data, args.batch_size)
+    write_predictions(out, predictions, dataset, logits, layout)
+    print(f"{len(predictions)} predictions of {args.data} ({data.n_cut} cut to fit n_ctx) in {out}")
+    if data.labels is None:
+        return {"predictions": out}
+    figures = {"loss": loss, **metrics.compute(dataset.metrics, predictions, data.labels)}
+    print(", ".join(f"{name} {value:.4f}" for name, value in figures.items()))
+    return {"predictions": out, **figures}
+
+
+def add_predict_command(commands):
+    parser = add_command(
+        commands,
+        "predict",
+        predict_command,
+        help="a fine-tune's predictions on a file, with or without labels (GLUE's test files)",
+        description="The predictions of a fine-tune's best epoch on a file, labelled or not, each with "
+        "its id (see train/glue.py); for a labelled file, the task's metrics too.",
+    )
+    parser.add_argument("--task", choices=glue.TASKS, help="the layout of --data (default: the run's task)")
+    parser.add_argument("--data", required=True, metavar="FILE", help="the examples to predict")
+    add_text_arguments(parser)
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="the file to write, or a folder (default: the run's) for SST-2.tsv, MNLI-m.tsv... as "
+        "GLUE's submissions name them, or predictions.tsv / predictions.jsonl",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("glue", "jsonl"),
+        help="glue: index<TAB>prediction under a header; jsonl: {index, prediction, probabilities} "
+        "a line (default: glue for GLUE's tasks, else jsonl)",
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass")
+    add_device_argument(parser)

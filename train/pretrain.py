@@ -15,13 +15,20 @@ from autograd.optim import Adam, warmup_cosine
 from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
+from tinygpt.files import UndecodableFiles
 from tinygpt.generation import generate
-from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, GPT1Tokenizer
 
-from . import data, distributed, loop
+from . import cli, data, distributed, loop
 from .checkpoint import find_checkpoint
-from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
+from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
+
+SMALLEST_VOCAB = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE's 256 bytes and the task tokens
+vocab_size = cli.argument_type(
+    int, lambda n: n >= SMALLEST_VOCAB, f"an integer >= {SMALLEST_VOCAB} (256 bytes + the special tokens)"
+)
+held_out = cli.argument_type(float, lambda p: 0 < p < 1, "a number in (0, 1)")
 
 
 def parse_args(argv):
@@ -41,6 +48,10 @@ def parse_args(argv):
         parser.error(f"--precision {args.precision} is for float32 weights, not --dtype {args.dtype}")
     if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
         parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    preset = GPTConfig.preset(args.preset)
+    n_embd, n_head = args.n_embd or preset.n_embd, args.n_head or preset.n_head
+    if n_embd % n_head:
+        parser.error(f"--n-embd {n_embd} does not split into --n-head {n_head} heads of equal width")
     return parser, args
 
 
@@ -48,32 +59,33 @@ def add_data_arguments(group):
     group.add_argument(
         "--data", nargs="+", help="text files, folders of *.txt or globs (default: pydoc's topics)"
     )
-    group.add_argument("--val-fraction", type=float, default=0.05, help="share of the tokens held out")
-    group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: train one on the data)")
-    group.add_argument(
-        "--gpt1-tokenizer", help="a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
-    )
-    group.add_argument("--vocab-size", type=positive_int, default=2048, help="of a tokenizer trained here")
+    group.add_argument("--val-fraction", type=held_out, default=0.05, help="share of the tokens held out")
+    trained = "(default: the --init-from run's, else one trained on the data)"
+    group.add_argument("--tokenizer", help=f"a saved BPE tokenizer folder {trained}")
+    gpt1_files = "a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
+    group.add_argument("--gpt1-tokenizer", help=f"{gpt1_files} (default: see --tokenizer)")
+    group.add_argument("--vocab-size", type=vocab_size, default=2048, help="of a tokenizer trained here")
     normalize = (
         "a tokenizer trained here first prepares text as GPT-1 did: lower case, words split like spaCy"
     )
-    group.add_argument("--normalize", choices=["gpt1"], help=f"{normalize} (fits GLUE's sentences)")
+    normalize += " (fits GLUE's sentences; default: the text as it is)"
+    group.add_argument("--normalize", choices=["gpt1"], help=normalize)
+    add_text_arguments(group)
 
 
 def add_model_arguments(group):
-    group.add_argument("--preset", default="tiny", choices=["tiny", "mini", "gpt1"])
-    group.add_argument("--n-ctx", type=int, help="context length (default: the preset's)")
-    group.add_argument("--n-layer", type=int)
-    group.add_argument("--n-embd", type=int)
-    group.add_argument("--n-head", type=int)
+    group.add_argument("--preset", default="tiny", choices=["tiny", "mini", "gpt1"], help="the model's shape")
+    group.add_argument("--n-ctx", type=positive_int, help="context length (default: the preset's)")
+    group.add_argument("--n-layer", type=positive_int, help="blocks (default: the preset's)")
+    group.add_argument("--n-embd", type=positive_int, help="width (default: the preset's)")
+    group.add_argument("--n-head", type=positive_int, help="attention heads (default: the preset's)")
     group.add_argument(
-        "--dropout", type=float, help="embedding, attention and residual (default: the preset's)"
+        "--dropout", type=cli.fraction, help="embedding, attention and residual (default: the preset's)"
     )
-    group.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    group.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="of the weights")
     add_precision_argument(group)
-    group.add_argument(
-        "--init-from", metavar="DIR", help="weights: a run, a checkpoint or an openai-gpt folder"
-    )
+    weights = "weights: a run, a checkpoint or an openai-gpt folder (default: random ones)"
+    group.add_argument("--init-from", metavar="DIR", help=weights)
 
 
 def add_optimizer_arguments(group):
@@ -83,35 +95,47 @@ def add_optimizer_arguments(group):
     group.add_argument("--grad-accum", type=positive_int, default=1, help="backward passes per batch")
     resumed = "with --resume: where the run now stops, its rate schedule keeping the first total"
     group.add_argument(
-        "--steps", type=int, help=f"optimizer steps (default: --epochs, else 600); {resumed} (see --resume)"
+        "--steps",
+        type=positive_int,
+        help=f"optimizer steps (default: --epochs, else 600); {resumed} (see --resume)",
     )
-    group.add_argument("--epochs", type=float, help="passes over the training windows, if no --steps")
+    group.add_argument(
+        "--epochs", type=cli.positive_float, help="passes over the training windows (default: see --steps)"
+    )
     stall = (
         "the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN presets stall at the unigram loss"
     )
-    group.add_argument("--lr", type=float, default=5e-4, help=f"peak learning rate ({stall})")
+    group.add_argument("--lr", type=cli.positive_float, default=5e-4, help=f"peak learning rate ({stall})")
     group.add_argument(
-        "--warmup", type=int, default=2000, help="steps (the paper's), at most a tenth of the run"
+        "--warmup-steps",
+        type=non_negative_int,
+        default=2000,
+        help="steps over which the rate rises (the paper's), at most a tenth of the run",
     )
-    group.add_argument("--l2", type=float, default=0.01)
-    group.add_argument("--l2-mode", default="decoupled", choices=["decoupled", "coupled"])
-    group.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm limit; 0: none")
+    group.add_argument("--l2", type=cli.non_negative_float, default=0.01, help="L2 penalty, see --l2-mode")
+    l2_modes = "decoupled: GPT-1's, applied to the weights beside Adam's step; coupled: added to the gradient"
+    group.add_argument("--l2-mode", default="decoupled", choices=["decoupled", "coupled"], help=l2_modes)
+    group.add_argument(
+        "--grad-clip", type=cli.non_negative_float, default=1.0, help="global gradient-norm limit; 0: none"
+    )
 
 
 def add_run_arguments(group):
-    group.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    cli.add_device_argument(group)
     group.add_argument("--seed", type=non_negative_int, default=0, help="fixes the data, init and dropout")
     group.add_argument("--eval-every", type=positive_int, default=200, help="steps between validation passes")
-    group.add_argument("--eval-windows", type=int, default=200, help="validation windows per pass")
+    group.add_argument("--eval-windows", type=positive_int, default=200, help="validation windows per pass")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--save-every", type=positive_int, default=500, help="steps between checkpoints")
-    group.add_argument("--keep-checkpoints", type=int, default=3)
+    group.add_argument(
+        "--keep-checkpoints", type=non_negative_int, default=3, help="the newest checkpoints kept (0: all)"
+    )
     group.add_argument("--out", help="run folder (default: runs/<preset>-<date>-<time>)")
     resume = (
         "continue a run (its folder, or one checkpoint in it) with its own settings: only --device, "
         "--steps, --log-every, --eval-every, --save-every, --keep-checkpoints, --sample-tokens may "
         "differ. Steps past the run's first total go at its schedule's last rate; to train longer on "
-        "a new schedule, start a new run with --init-from"
+        "a new schedule, start a new run with --init-from (default: a new run)"
     )
     group.add_argument("--resume", metavar="PATH", help=resume)
     group.add_argument("--overwrite", action="store_true", help="replace the run in a non-empty --out")
@@ -119,7 +143,7 @@ def add_run_arguments(group):
         "--allow-data-change", action="store_true", help="--resume on data that changed since the run began"
     )
     group.add_argument(
-        "--sample-tokens", type=int, default=60, help="length of the sample printed at the end"
+        "--sample-tokens", type=non_negative_int, default=60, help="length of the sample printed at the end"
     )
     group.add_argument("--distributed", action="store_true", help="a rank of an mpirun job (see the README)")
 
@@ -152,7 +176,11 @@ def read_tokens(parser, args, run_dir, group):
     """(tokenizer, token ids of the corpus, their hash): a resumed run's own tokenizer (on the data
     the run began on, unless --allow-data-change), else a new run's."""
     try:
-        texts = data.read_corpus(args.data) if args.data else data.default_corpus()
+        texts = (
+            data.read_corpus(args.data, args.encoding, args.errors) if args.data else data.default_corpus()
+        )
+    except UndecodableFiles as error:
+        parser.error(f"--data: {error.advice(flags=True)}")
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     tokenizer = (
@@ -247,6 +275,7 @@ def validate(run, val, args, step, progress):
     progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {record['val_perplexity']:.1f}")
 
 
+@cli.interruptible
 def main(argv=None):
     parser, args = parse_args(argv)
     distributed.run(parser, args, functools.partial(train_model, argv=argv))
@@ -257,8 +286,12 @@ def train_model(parser, args, group, argv=None):
     rank 0 writes the run folder. argv: the command line (the flags given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        flags = {"may_change": ("steps", "eval_every", "sample_tokens"), "data": ("data",)}
+        flags = {
+            "may_change": ("steps", "eval_every", "sample_tokens"),
+            "data": ("data", "encoding", "errors"),
+        }
         args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags)
+        args.warmup_steps = vars(args).pop("warmup", args.warmup_steps)  # the name in older runs
     else:
         run_dir, config = loop.new_run(parser, args, group, args.preset), None
     device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
@@ -291,7 +324,7 @@ def train_steps(run, args, train, val, start, total):
     """Steps start+1 .. args.steps, at the rates of a schedule of `total` steps (its last one
     after it), with log lines, validation, checkpoints, and a stop on Ctrl-C or SIGTERM."""
     group, config = run.group, run.model.config
-    warmup = min(args.warmup, total // 10)
+    warmup = min(args.warmup_steps, total // 10)
     log = loop.LossLog(run, "tokens")
     with use_precision(args.precision), loop.progress_bar(args.steps, start, "pretrain", group) as progress:
         for step in range(start, args.steps):

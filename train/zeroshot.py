@@ -12,15 +12,15 @@ A language model that was never fine-tuned answers a task through its next-token
 The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
 """
 
-import argparse
-
 import numpy as np
+from tqdm import tqdm
 
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
+from tinygpt.files import UndecodableFiles
 
-from . import glue, metrics
+from . import cli, glue, metrics
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
 
@@ -31,18 +31,21 @@ TASKS = ("sst2", "cola", "rocstories", "jsonl")
 def continuation_log_probs(model, pairs, batch_size=16):
     """(summed log-probability, number of tokens) of each continuation given its context, for
     pairs of (context ids, continuation ids). A pair longer than n_ctx + 1 tokens loses tokens of
-    its context from the left first; a continuation's first token needs one token before it."""
+    its context from the left first; a continuation's first token needs one token before it. A
+    progress bar goes to stderr where it is a terminal."""
     n_ctx = model.config.n_ctx
     totals, counts = np.zeros(len(pairs)), np.zeros(len(pairs), dtype=np.int64)
-    for start in range(0, len(pairs), batch_size):
-        rows = []  # (ids, how many of the last ones are scored)
-        for context, continuation in pairs[start : start + batch_size]:
-            ids = (context + continuation)[-(n_ctx + 1) :]
-            rows.append((ids, max(min(len(continuation), len(ids) - 1), 0)))
-        inputs, targets = next_token_batch(rows)
-        nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="none").numpy()
-        totals[start : start + len(rows)] = -nll.sum(axis=-1)
-        counts[start : start + len(rows)] = [n for _, n in rows]
+    with tqdm(total=len(pairs), unit="sequence", disable=None) as progress:
+        for start in range(0, len(pairs), batch_size):
+            rows = []  # (ids, how many of the last ones are scored)
+            for context, continuation in pairs[start : start + batch_size]:
+                ids = (context + continuation)[-(n_ctx + 1) :]
+                rows.append((ids, max(min(len(continuation), len(ids) - 1), 0)))
+            inputs, targets = next_token_batch(rows)
+            nll = F.cross_entropy(model(inputs), targets, ignore_index=IGNORE_INDEX, reduction="none")
+            totals[start : start + len(rows)] = -nll.numpy().sum(axis=-1)
+            counts[start : start + len(rows)] = [n for _, n in rows]
+            progress.update(len(rows))
     return totals, counts
 
 
@@ -50,9 +53,8 @@ def sst2_predictions(model, tokenizer, examples, batch_size):
     """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0."""
     words = [tokenizer.encode(" positive"), tokenizer.encode(" negative")]
     contexts = [tokenizer.encode(example["text"] + " very") for example in examples]
-    positive, negative = (
-        continuation_log_probs(model, [(c, word) for c in contexts], batch_size)[0] for word in words
-    )
+    pairs = [(context, word) for word in words for context in contexts]  # one pass, one progress bar
+    positive, negative = continuation_log_probs(model, pairs, batch_size)[0].reshape(2, len(contexts))
     return (positive > negative).astype(np.int64)
 
 
@@ -88,7 +90,9 @@ def zeroshot_command(parser, args):
         parser.error("--threshold is for --task cola")
     check_json_folder(parser, args)
     try:
-        dataset = glue.read(args.task, args.data)
+        dataset = glue.read(args.task, args.data, encoding=args.encoding, errors=args.errors)
+    except UndecodableFiles as error:
+        parser.error(f"--data: {error.advice(flags=True)}")
     except (OSError, ValueError) as error:
         parser.error(f"--data: {error}")
     if args.task == "jsonl" and dataset.kind != "multiple_choice":
@@ -131,17 +135,19 @@ def add_zeroshot_command(commands):
         zeroshot_command,
         help="the paper's zero-shot heuristics on a labelled file",
         description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=cli.RawDescriptionHelp,
     )
     parser.add_argument(
         "--task", required=True, choices=TASKS, help="the heuristic, and the layout of --data"
     )
     parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
+    cli.add_text_arguments(parser)
     parser.add_argument(
         "--threshold",
         type=float,
         help="cola: the mean log-probability above which a sentence is acceptable "
         "(default: the best for --data)",
     )
-    parser.add_argument("--limit", type=positive_int, metavar="N", help="only the first N examples")
+    first = "only the first N examples (default: all)"
+    parser.add_argument("--limit", type=positive_int, metavar="N", help=first)
     add_figure_arguments(parser, batch_size=16, batched="sequences")

@@ -224,10 +224,14 @@ def test_too_small_vocab_is_refused():
 def test_latin1_file_names_file_and_offset(tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes("un café noir".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.txt: not valid UTF-8 at byte offset 6"):
+    with pytest.raises(
+        ValueError, match=r"latin1\.txt: line 1: not valid UTF-8 at byte 6 .*errors='replace'"
+    ):
         BPETokenizer.train_files(path, 300)
     replaced = BPETokenizer.train_files(path, 300, errors="replace")  # U+FFFD is the bytes EF BF BD
     assert replaced.id_to_token(replaced.token_to_id("ï¿½")) == "ï¿½"
+    as_latin1 = BPETokenizer.train_files(path, 300, encoding="latin-1")  # é is the bytes C3 A9
+    assert as_latin1.merges == BPETokenizer.train(["un café noir"], 300).merges
 
 
 def test_missing_path_is_refused(tmp_path):

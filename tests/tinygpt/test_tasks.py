@@ -179,6 +179,12 @@ def test_encode_examples_gives_class_ids_or_scores():
     assert batch.ids[0, :, 1].tolist() == [THE, CAT]
 
 
+def test_examples_without_labels_are_encoded_to_be_predicted():
+    data = encode_examples([{"text": "the"}, {"text": "cat"}], "classification", TOKENIZER, n_ctx=8)
+    assert data.labels is None and next(data.batches(2)).labels is None
+    assert [seqs[0][1] for seqs in data.sequences] == [THE, CAT]
+
+
 @given(st.integers(1, 30), st.integers(1, 8), st.integers(0, 2**32 - 1))
 def test_batches_visit_every_example_once(n, batch_size, seed):
     examples = [{"text": " ".join(WORDS[: 1 + i % 5]), "label": i} for i in range(n)]

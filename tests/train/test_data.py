@@ -97,3 +97,14 @@ def test_unigram_baseline_is_the_perplexity_of_the_training_frequencies():
     train, val = np.array([0, 0, 0, 1]), np.array([0, 1])
     p0, p1 = 4 / 7, 2 / 7  # add-one smoothing over a vocabulary of 3
     assert data.unigram_perplexity(train, val, 3) == pytest.approx(np.exp(-(np.log(p0) + np.log(p1)) / 2))
+
+
+def test_read_corpus_reads_crlf_as_lf_and_decodes_as_asked(tmp_path):
+    """Line ends become "\\n" (Moby Dick's Gutenberg file has "\\r\\n"); a Latin-1 file is named,
+    and read with encoding="latin-1"."""
+    (tmp_path / "a.txt").write_bytes(b"Call me Ishmael.\r\nSome years ago\r\rnever mind.\r\n")
+    (tmp_path / "b.txt").write_bytes("Caf\xe9 au lait.\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"b\.txt: line 1: not valid UTF-8 at byte 3 .*encoding='latin-1'"):
+        data.read_corpus([tmp_path])
+    texts = data.read_corpus([tmp_path], encoding="latin-1")
+    assert texts == ["Call me Ishmael.\nSome years ago\n\nnever mind.\n", "Café au lait.\n"]

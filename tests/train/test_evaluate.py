@@ -107,7 +107,7 @@ def test_a_file_that_is_not_utf8_is_named_with_the_byte_offset(run, capsys, tmp_
         main(["perplexity", "--run", str(folder), "--data", str(tmp_path)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert "--data" in error and "latin1.txt" in error and "byte offset 7" in error
+    assert "--data" in error and "latin1.txt" in error and "at byte 7" in error
 
 
 @pytest.mark.parametrize(

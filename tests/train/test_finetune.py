@@ -347,7 +347,7 @@ def test_the_learning_rate_warms_up_then_decays_linearly(setup, tmp_path):
     """warmup_linear of (step / total), step counted from 1: a rise over the warmup share, then a
     line down to 0 at the last step."""
     out = finetune_run(
-        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 80, "--warmup", 0.4, "--lr", 1e-3
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 80, "--warmup-ratio", 0.4, "--lr", 1e-3
     )
     rates = [m["lr"] for m in read_metrics(out) if "loss" in m]
     total = len(rates)

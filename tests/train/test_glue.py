@@ -169,6 +169,68 @@ def test_jsonl_of_each_layout(tmp_path):
     assert read("jsonl", tmp_path / "multiple_choice.jsonl").examples == layouts["multiple_choice"]
 
 
+# ----- files to predict: no labels --------------------------------------------------------------
+MNLI_TEST_COLUMNS = "promptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse"
+SNLI_ROW = '{"sentence1": "A", "sentence2": "B", "gold_label": "neutral"}\n'
+GLUE_TEST_FILES = [  # task, the columns after GLUE's test file's index, the cells of a row, its example
+    ("sst2", "sentence", "A fine film .", {"text": "A fine film ."}),
+    ("cola", "sentence", "The sailors rode.", {"text": "The sailors rode."}),
+    ("rte", "sentence1\tsentence2", "A dog.\tAn animal.", {"premise": "A dog.", "hypothesis": "An animal."}),
+    ("qnli", "question\tsentence", "Who ran?\tA dog.", {"premise": "Who ran?", "hypothesis": "A dog."}),
+    (
+        "mnli",
+        f"{MNLI_TEST_COLUMNS}\tsentence2_parse\tsentence1\tsentence2",
+        "31193\t31193n\tgovernment\t( A )\t( B )\t(ROOT A)\t(ROOT B)\tA.\tB.",
+        {"premise": "A.", "hypothesis": "B."},
+    ),
+    (
+        "stsb",
+        "genre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2",
+        "main-news\theadlines\t2015\t0\tnone\tnone\tA man.\tA person.",
+        {"text_a": "A man.", "text_b": "A person."},
+    ),
+    (
+        "mrpc",
+        "#1 ID\t#2 ID\t#1 String\t#2 String",
+        "1089874\t1089925\tHe said no.\tNo, he said.",
+        {"text_a": "He said no.", "text_b": "No, he said."},
+    ),
+]
+
+
+@pytest.mark.parametrize("task, columns, cells, example", GLUE_TEST_FILES)
+def test_a_glue_test_file_is_read_without_labels_keeping_its_index(tmp_path, task, columns, cells, example):
+    path = write(tmp_path, "test.tsv", f"index\t{columns}\n7\t{cells}\n12\t{cells}\n")
+    data = read(task, path)
+    assert data.examples == [example, example] and data.ids == ["7", "12"] and not data.labelled
+    assert data.labels == (list(glue.TSV[task].labels) if glue.TSV[task].labels else None)
+
+
+def test_json_lines_without_labels_keep_their_ids(tmp_path):
+    """A JSON line's id or idx, else its place; the label names a run was trained with are kept;
+    a file's rows are all labelled or none."""
+    rows = [{"id": "a", "text": "good"}, {"idx": 3, "text": "bad"}, {"text": "so so"}]
+    path = write(tmp_path, "test.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    data = read("jsonl", path)
+    assert data.examples == [{"text": "good"}, {"text": "bad"}, {"text": "so so"}] and data.ids == ["a", 3, 2]
+    assert not data.labelled and data.labels is None
+    assert read("jsonl", path, labels=["neg", "pos"]).labels == ["neg", "pos"]
+    pairs = [{"text_a": "A.", "text_b": "B."}, {"context": "A.", "choices": ["B.", "C."]}]
+    for row in pairs:
+        assert read("jsonl", write(tmp_path, "pair.jsonl", json.dumps(row) + "\n")).examples == [row]
+    snli = write(tmp_path, "snli.jsonl", '{"sentence1": "A.", "sentence2": "B.", "pairID": "x"}\n' * 2)
+    data = read("snli", snli)
+    assert data.examples == [{"premise": "A.", "hypothesis": "B."}] * 2 and data.ids == [0, 1]
+    assert data.labels == list(glue.NLI)
+    for task, text, why in [
+        ("jsonl", '{"text": "a", "label": "x"}\n{"text": "b"}\n', "line 2: fields text differ"),
+        ("snli", '{"sentence1": "A", "sentence2": "B"}\n' + SNLI_ROW, "line 2: fields"),
+        ("jsonl", '{"text": "a", "id": [1]}\n', "line 1: the id [1] must be a string or an integer"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            read(task, write(tmp_path, "mixed.jsonl", text))
+
+
 # ----- label maps ----------------------------------------------------------------------------------
 @given(
     st.lists(st.integers(-5, 5), min_size=1, max_size=6, unique=True)
@@ -402,6 +464,26 @@ def test_a_file_that_cannot_be_read_as_text_is_refused_with_the_line(tmp_path, t
     path.write_bytes(data)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: line 3: "):
         read(task, path, skip_bad_rows=True)
+
+
+@pytest.mark.parametrize(
+    "task, name, text",
+    [
+        ("sst2", "train.tsv", "sentence\tlabel\r\nun café \t1\r\nbleak\t0\r\n"),
+        ("rocstories", "cloze.csv", STORY_HEADER + "\r\nid,A,B,C,D,E é,F,1\r\n"),
+        ("jsonl", "mine.jsonl", '{"text": "b", "label": 1}\r\n{"text": "café", "label": 0}\r\n'),
+    ],
+)
+def test_a_latin1_file_with_crlf_line_ends_reads_with_its_encoding(tmp_path, task, name, text):
+    """Refused as UTF-8, naming the line and what to pass; read with encoding="latin-1", the same
+    examples as its UTF-8, LF twin's (no "\\r" left in a cell)."""
+    twin = read(task, write(tmp_path, f"utf8-{name}", text.replace("\r\n", "\n")))
+    path = write(tmp_path, name, text, encoding="latin-1")
+    not_utf8 = rf"^{re.escape(str(path))}: line 2: not valid UTF-8 at byte \d+ .*encoding='latin-1'"
+    with pytest.raises(ValueError, match=not_utf8):
+        read(task, path)
+    assert read(task, path, encoding="latin-1").examples == twin.examples
+    assert "\ufffd" in json.dumps(read(task, path, errors="replace").examples, ensure_ascii=False)
 
 
 def test_a_header_without_the_tasks_columns_and_an_unknown_task_are_refused(tmp_path):

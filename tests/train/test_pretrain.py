@@ -192,7 +192,7 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
             "200",
             "--lr",
             "1e12",
-            "--warmup",
+            "--warmup-steps",
             "0",
             "--grad-clip",
             "0",
@@ -217,7 +217,7 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
         (lambda tmp: ["--data", str(write(tmp / "short.txt", b"Too short."))], "too few"),
         (
             lambda tmp: ["--data", str(write(tmp / "latin1.txt", "caf\xe9 au lait".encode("latin-1")))],
-            "latin1.txt: not valid UTF-8 at byte offset 3",
+            "latin1.txt: line 1: not valid UTF-8 at byte 3",
         ),
         (lambda tmp: ["--batch-size", "6", "--grad-accum", "4"], "not a multiple"),
         (

@@ -14,7 +14,6 @@ fixed, words split like spaCy, lower case; see text.py) and `tokenizer_config.js
 Decoding then gives that prepared text back, not the original.
 """
 
-import glob
 import heapq
 import json
 from collections import Counter, defaultdict
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import regex
 
-from ..files import read_json, read_text
+from ..files import read_json, read_text, read_text_files
 from .base import MERGES_HEADER, SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
 from .merges import apply_merges, replace_pair
 from .text import GPT1Normalizer
@@ -59,46 +58,6 @@ def bytes_to_token(data):
 def token_to_bytes(token):
     """The inverse of bytes_to_token."""
     return bytes(CHAR_TO_BYTE[char] for char in token)
-
-
-# -- Reading a corpus from disk ---------------------------------------------------------------------
-
-
-def find_text_files(paths):
-    """Expand files, folders (every *.txt below, recursively) and glob patterns into a sorted list."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    files = []
-    for path in map(str, paths):
-        if any(char in path for char in "*?["):
-            matches = sorted(glob.glob(path, recursive=True))
-            if not matches:
-                raise ValueError(f"{path}: the pattern matches no file")
-            files += find_text_files(matches)
-        elif Path(path).is_dir():
-            files += sorted(Path(path).rglob("*.txt"))
-        elif Path(path).is_file():
-            files.append(Path(path))
-        else:
-            raise ValueError(f"{path}: no such file or folder")
-    return files
-
-
-def read_text_file(path, errors="strict"):
-    """Read a file as UTF-8.
-
-    Policy: with errors="strict" (the default) a file that is not valid UTF-8 (a Latin-1 book,
-    say) raises a ValueError naming the file and the byte offset of the first bad byte. Any other
-    Python decode handler, e.g. errors="replace" (bad bytes become U+FFFD), is an explicit choice.
-    """
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8", errors)
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path}: not valid UTF-8 at byte offset {error.start} ({error.reason}); convert the file "
-            "to UTF-8, or pass errors='replace' to read bad bytes as U+FFFD"
-        ) from None
 
 
 # -- Training ---------------------------------------------------------------------------------------
@@ -254,15 +213,12 @@ class BPETokenizer(Tokenizer):
         pattern=GPT2_PATTERN,
         errors="strict",
         normalizer=None,
+        encoding="utf-8",
     ):
-        """train() on files: paths may be files, folders (all *.txt below) and globs.
-
-        Files are read as UTF-8; see read_text_file for the `errors` policy.
-        """
-        files = find_text_files(paths)
-        return cls.train(
-            (read_text_file(path, errors) for path in files), vocab_size, special_tokens, pattern, normalizer
-        )
+        """train() on files: paths may be files, folders (all *.txt below) and globs, read as
+        tinygpt.files.read_text_files reads them (all named at once where some do not decode)."""
+        texts = read_text_files(paths, encoding, errors)
+        return cls.train(texts, vocab_size, special_tokens, pattern, normalizer)
 
     # -- encoding and decoding -----------------------------------------------------------------
 

@@ -1,0 +1,83 @@
+"""Reading text files: every file that does not decode named at once, the encoding and the handler
+of bad bytes chosen by the caller, and line ends read as Python's text mode reads them."""
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinygpt.files import UndecodableFiles, find_text_files, read_text_files
+
+
+def books(folder):
+    """A folder of two Latin-1 books around a UTF-8 one; returns their texts, in file order."""
+    texts = {"a.txt": "Un café noir.\n", "b.txt": "Plain and good.\n", "c.txt": "Line one.\nDéjà vu.\n"}
+    for name, text in texts.items():
+        (folder / name).write_bytes(text.encode("utf-8" if name == "b.txt" else "latin-1"))
+    return list(texts.values())
+
+
+def test_every_file_that_does_not_decode_is_named_with_its_line_and_byte(tmp_path):
+    books(tmp_path)
+    with pytest.raises(UndecodableFiles) as refused:
+        read_text_files(tmp_path)
+    assert refused.value.problems == [
+        f"{tmp_path / 'a.txt'}: line 1: not valid UTF-8 at byte 6 (invalid continuation byte)",
+        f"{tmp_path / 'c.txt'}: line 2: not valid UTF-8 at byte 11 (invalid continuation byte)",
+    ]
+    assert str(refused.value).endswith(
+        "convert them, or pass errors='replace' (bad bytes become U+FFFD) or encoding='latin-1'"
+    )
+    assert refused.value.advice(flags=True).endswith(
+        "pass --errors replace (bad bytes become U+FFFD) or --encoding latin-1"
+    )
+
+
+def test_the_caller_chooses_the_encoding_or_what_becomes_of_bad_bytes(tmp_path):
+    texts = books(tmp_path)
+    assert read_text_files(tmp_path, encoding="latin-1") == texts
+    assert read_text_files(tmp_path, errors="replace") == [
+        text.replace("é", "\ufffd").replace("à", "\ufffd") for text in texts
+    ]
+    assert read_text_files(tmp_path, errors="ignore")[0] == "Un caf noir.\n"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from(["a", "é", "\n", "\r", "\r\n", "\ufeff"]), max_size=12))
+def test_line_ends_are_those_of_python_text_mode_and_a_bom_is_dropped(tmp_path_factory, pieces):
+    path = tmp_path_factory.mktemp("text") / "t.txt"
+    path.write_bytes("".join(pieces).encode("utf-8"))
+    with open(path, encoding="utf-8-sig") as f:  # text mode: universal newlines
+        expected = f.read()
+    assert read_text_files(path) == [expected]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=40))
+def test_any_bytes_read_with_replace_and_strict_reads_them_or_names_the_byte(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("bytes") / "b.txt"
+    path.write_bytes(data)
+    replaced = data.decode("utf-8", "replace").removeprefix("\ufeff")
+    assert read_text_files(path, errors="replace") == [re.sub("\r\n?", "\n", replaced)]
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        with pytest.raises(
+            UndecodableFiles,
+            match=rf"^{re.escape(str(path))}: line \d+: not valid UTF-8 at byte {error.start} ",
+        ):
+            read_text_files(path)
+    else:
+        assert read_text_files(path) == [re.sub("\r\n?", "\n", decoded.removeprefix("\ufeff"))]
+
+
+def test_find_text_files_takes_files_folders_and_globs(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("a.txt", "sub/b.txt", "c.md"):
+        (tmp_path / name).write_text("x")
+    assert find_text_files(tmp_path) == [tmp_path / "a.txt", tmp_path / "sub" / "b.txt"]
+    assert find_text_files([str(tmp_path / "*.md"), tmp_path / "a.txt"]) == [
+        tmp_path / "c.md",
+        tmp_path / "a.txt",
+    ]

@@ -1,0 +1,219 @@
+"""What every command line shares: a bad argument is a usage error of one line that names it, before
+any file is written; --help gives every option's default; Ctrl-C outside a training loop ends a
+command with one line and status 130; evaluation draws a progress bar on a terminal."""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from autograd import backend
+from train import evaluate, finetune, generate, pretrain, zeroshot
+from train.cli import device_name
+from train.run import read_metrics
+
+from .runs import ROOT, tiny_run
+from .test_pretrain import SMALL
+
+PRETRAIN_ERRORS = [
+    (["--n-embd", "30", "--n-head", "4"], "--n-embd 30"),
+    (["--n-embd", "30"], "--n-head 4"),  # the preset's heads
+    (["--n-ctx", "0"], "--n-ctx"),
+    (["--n-layer", "0"], "--n-layer"),
+    (["--dropout", "1.5"], "--dropout"),
+    (["--vocab-size", "10"], "--vocab-size: must be an integer >= 259"),
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "nan"], "--lr"),
+    (["--steps", "0"], "--steps"),
+    (["--eval-windows", "0"], "--eval-windows"),
+    (["--epochs", "-1"], "--epochs"),
+    (["--val-fraction", "-0.5"], "--val-fraction"),
+    (["--val-fraction", "1"], "--val-fraction"),
+    (["--warmup-steps", "0.5"], "--warmup-steps"),
+    (["--l2", "-1"], "--l2"),
+    (["--grad-clip", "inf"], "--grad-clip"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints"),
+    (["--sample-tokens", "-1"], "--sample-tokens"),
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda"], "--device: device 'cuda' needs CuPy"),
+]
+FINETUNE_ERRORS = [
+    (["--lr", "-1"], "--lr"),
+    (["--lr", "inf"], "--lr"),
+    (["--epochs", "0"], "--epochs"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--clf-dropout", "1"], "--clf-dropout"),
+    (["--warmup-ratio", "1"], "--warmup-ratio"),
+    (["--warmup-ratio", "-0.1"], "--warmup-ratio"),
+    (["--lm-coef", "-1"], "--lm-coef"),
+    (["--device", "cuda:0"], "--device: device 'cuda' needs CuPy"),
+]
+EVALUATE = ["perplexity", "--run", "{tmp}/run", "--data", "{tmp}/text.txt"]
+ZEROSHOT = ["zeroshot", "--run", "{tmp}/run", "--task", "sst2", "--data", "{tmp}/dev.tsv"]
+ATTENTION = ["attention", "--run", "{tmp}/run", "--text", "hi", "--layer", "0", "--out", "{tmp}/a.png"]
+ERRORS = [
+    *[(pretrain.main, ["--out", "{tmp}/run", *argv], flag) for argv, flag in PRETRAIN_ERRORS],
+    *[(finetune.main, ["--out", "{tmp}/run", *argv], flag) for argv, flag in FINETUNE_ERRORS],
+    (evaluate.main, [*EVALUATE, "--device", "cuda"], "--device: device 'cuda' needs CuPy"),
+    (evaluate.main, [*EVALUATE, "--batch-size", "0"], "--batch-size"),
+    (evaluate.main, [*ZEROSHOT, "--device", "tpu"], "--device"),
+    (evaluate.main, [*ATTENTION, "--device", "cuda"], "--device: device 'cuda' needs CuPy"),
+    (generate.main, ["--run", "{tmp}/run", "--prompt", "hi", "--device", "cuda"], "--device"),
+    (generate.main, ["--run", "{tmp}/run", "--prompt", "hi", "--seed", "-1"], "--seed"),
+]
+
+
+def usage_error(capsys, main, argv):
+    """The status and stderr lines of main(argv), which must stop it."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    return stop.value.code, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("main, argv, flag", ERRORS)
+def test_a_bad_argument_is_a_one_line_usage_error_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, main, argv, flag
+):
+    monkeypatch.setattr(backend, "cupy", None)  # --device cuda as on a machine without CuPy
+    monkeypatch.chdir(tmp_path)
+    status, lines = usage_error(capsys, main, [arg.format(tmp=tmp_path) for arg in argv])
+    *usage, error = lines
+    assert status == 2 and ": error: " in error and flag in error
+    assert usage[0].startswith("usage: ") and all(line.startswith(" ") for line in usage[1:])
+    assert os.listdir(tmp_path) == []
+
+
+def parsers():
+    """Every command's parser: pretrain, finetune, each evaluate command, generate."""
+    commands = evaluate.build_parser()._subparsers._group_actions[0].choices
+    return {
+        "pretrain": pretrain.parse_args([])[0],
+        "finetune": finetune.parse_args(["--resume", "run"])[0],
+        **{f"evaluate {name}": parser for name, parser in commands.items()},
+        "generate": generate.build_parser(),
+    }
+
+
+@pytest.mark.parametrize("name, parser", parsers().items())
+def test_help_gives_every_options_default_or_what_leaving_it_out_does(name, parser):
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.nargs == 0 or action.required:  # flags, and options with no default to give
+            continue
+        assert action.help, f"{name} {action.option_strings[0]} has no help"
+        shown = formatter._expand_help(action)
+        if action.default is None:
+            assert "default" in shown or "required" in shown, f"{name} {action.option_strings[0]}: {shown}"
+        else:
+            assert f"(default: {action.default})" in shown, f"{name} {action.option_strings[0]}: {shown}"
+
+
+def test_warmup_is_steps_in_pretrain_and_a_ratio_in_finetune():
+    assert pretrain.parse_args(["--warmup-steps", "5"])[1].warmup_steps == 5
+    assert finetune.parse_args(["--resume", "run", "--warmup-ratio", "0.1"])[1].warmup_ratio == 0.1
+
+
+def test_resume_reads_the_warmup_of_an_older_run_folder(corpus, tmp_path):
+    """config.json of a run from before --warmup-steps holds "warmup": a resume keeps its value."""
+    out = tmp_path / "run"
+    ten_steps = ["--steps", "10", "--save-every", "1", "--keep-checkpoints", "0", "--log-every", "1"]
+    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *ten_steps, "--warmup-steps", "0"])
+    rates = learning_rates(out)
+    config = json.loads((out / "config.json").read_text())
+    config["settings"]["warmup"] = config["settings"].pop("warmup_steps")
+    (out / "config.json").write_text(json.dumps(config))
+    pretrain.main(["--resume", str(out / "checkpoints" / "1"), "--device", "cpu"])
+    assert learning_rates(out) == rates  # not those of the new default's warmup, a tenth of the run
+
+
+def learning_rates(out):
+    return [m["lr"] for m in read_metrics(out) if "lr" in m]
+
+
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def interrupted(capsys, main, argv):
+    """(status, stderr) of main(argv) when Ctrl-C comes; a KeyboardInterrupt that escapes fails."""
+    try:
+        main(argv)
+    except SystemExit as stop:
+        return stop.code, capsys.readouterr().err
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C ended the command with a traceback")
+    pytest.fail("the command went on after Ctrl-C")
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A tiny run folder, a text to measure and an SST-2 dev file."""
+    tiny_run(tmp_path / "run")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20, encoding="utf-8")
+    sst2 = "sentence\tlabel\na fine film .\t1\na dull film .\t0\n"
+    (tmp_path / "dev.tsv").write_text(sst2, encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "module, function, argv",
+    [
+        (evaluate, "negative_log_likelihood", EVALUATE),
+        (zeroshot, "continuation_log_probs", ZEROSHOT),
+        (generate, "generate", ["--run", "{tmp}/run", "--prompt", "hi"]),
+    ],
+)
+def test_ctrl_c_while_evaluating_or_generating_is_one_line_and_status_130(
+    run, capsys, monkeypatch, module, function, argv
+):
+    monkeypatch.setattr(module, function, interrupt)
+    main = generate.main if module is generate else evaluate.main
+    argv = [arg.format(tmp=run) for arg in argv] + ["--device", "cpu"]
+    assert interrupted(capsys, main, argv) == (130, "interrupted\n")
+
+
+def test_ctrl_c_while_the_tokenizer_trains_writes_no_run_folder(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pretrain, "build_tokenizer", interrupt)
+    argv = ["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL]
+    assert interrupted(capsys, pretrain.main, argv) == (130, "interrupted\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigint_during_tokenizer_training_in_a_process(tmp_path):
+    """The real signal, on a corpus whose tokenizer takes seconds to train."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"word{i} token{i * 7 % 1000}" for i in range(200_000)), encoding="utf-8")
+    command = [sys.executable, "-m", "train.pretrain", "--data", str(corpus), "--vocab-size", "20000"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TINYGPT_CACHE": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "run"), "--device", "cpu"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not process.stdout.readline().startswith("training a byte-level BPE tokenizer"):
+        pass
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert (process.returncode, err) == (130, "interrupted\n")
+
+
+@pytest.mark.parametrize("argv, unit", [(EVALUATE, "window"), (ZEROSHOT, "sequence")])
+def test_evaluation_draws_a_progress_bar_on_a_terminal(run, capsys, monkeypatch, argv, unit):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    evaluate.main([arg.format(tmp=run) for arg in argv] + ["--device", "cpu"])
+    err = capsys.readouterr().err
+    assert "100%|" in err and f"{unit}/s" in err
+
+
+def test_a_device_is_checked_and_kept_as_given():
+    """--device auto stays 'auto' for each rank to resolve; a bad name is an argparse type error."""
+    assert device_name("auto") == "auto" and device_name("cpu") == "cpu"
+    with pytest.raises(argparse.ArgumentTypeError, match="'cpu', 'cuda', 'cuda:N' or 'auto'"):
+        device_name("gpu")
