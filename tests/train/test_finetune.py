@@ -479,3 +479,25 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
     finetune.main(["--resume", str(out), "--device", "cpu"])
     assert checkpoint_steps(out)[-1] == 8 * epochs
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == list(range(1, 8 * epochs + 1))
+
+
+def test_the_default_rate_is_the_papers_for_gpt1_and_the_nearest_presets_for_other_widths():
+    """GPT-1's width fine-tunes at the paper's 6.25e-5; a model of any width takes the rate of the
+    preset nearest it, and the small presets' rates are larger than the paper's."""
+    assert finetune.default_lr(GPTConfig.gpt1()) == 6.25e-5
+    assert finetune.default_lr(GPTConfig(n_embd=1024, n_head=16)) == 6.25e-5
+    assert finetune.default_lr(GPTConfig(n_embd=320, n_head=4)) == finetune.DEFAULT_LR["mini"]
+    assert finetune.default_lr(GPTConfig(n_embd=32, n_head=4)) == finetune.DEFAULT_LR["tiny"]
+    assert min(finetune.DEFAULT_LR["mini"], finetune.DEFAULT_LR["tiny"]) > 6.25e-5
+
+
+def test_a_fine_tune_without_lr_runs_and_records_its_models_default(setup, tmp_path, capsys):
+    """No --lr: the 32-wide model of the fixture trains at tiny's rate, which config.json records
+    (so that a resume keeps it) and the run prints."""
+    folder, _, _, train, dev = setup
+    out = tmp_path / "run"
+    argv = ["--init-from", str(folder / "pretrained"), "--task", "jsonl", "--train", str(train)]
+    finetune.main([*argv, "--dev", str(dev), "--out", str(out), "--epochs", "1", "--device", "cpu"])
+    _, settings = read_config(out)
+    assert settings["lr"] == finetune.DEFAULT_LR["tiny"]
+    assert f"peak learning rate {finetune.DEFAULT_LR['tiny']:g}" in capsys.readouterr().out
