@@ -29,10 +29,18 @@ class RawDescriptionHelp(argparse.RawDescriptionHelpFormatter, Help):
     """Help that keeps the description's own line breaks."""
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage error is one line (status 2): a long command's usage block
+    would bury it; --help shows the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def grouped_parser(prog, description, groups):
-    """An ArgumentParser whose --help lists the arguments under titles: `groups` maps each title
-    to a function that adds its arguments."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
+    """A Parser whose --help lists the arguments under titles: `groups` maps each title to a
+    function that adds its arguments."""
+    parser = Parser(prog=prog, description=description, formatter_class=Help)
     for title, add_arguments in groups.items():
         add_arguments(parser.add_argument_group(title))
     return parser

@@ -11,7 +11,6 @@ and registers its handler (see add_perplexity_command); a new one is a function 
 build_parser.
 """
 
-import argparse
 import math
 
 from tqdm import tqdm
@@ -133,7 +132,7 @@ def add_perplexity_command(commands):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n")[0])
+    parser = cli.Parser(prog="python -m train.evaluate", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_perplexity_command(commands)
     add_zeroshot_command(commands)

@@ -5,12 +5,11 @@ checkpoint is used) or one checkpoint folder inside a run. See tinygpt/generatio
 temperature, top-k, top-p, the key/value cache and the sliding window beyond n_ctx work.
 """
 
-import argparse
-
 from tinygpt.generation import generate
 
 from .cli import (
     Help,
+    Parser,
     add_device_argument,
     add_run_argument,
     interruptible,
@@ -23,9 +22,7 @@ from .cli import (
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="python -m train.generate", description=__doc__.split("\n")[0], formatter_class=Help
-    )
+    parser = Parser(prog="python -m train.generate", description=__doc__.split("\n")[0], formatter_class=Help)
     add_run_argument(parser)
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate")

@@ -81,9 +81,8 @@ def test_a_bad_argument_is_a_one_line_usage_error_before_anything_is_written(
     monkeypatch.setattr(backend, "cupy", None)  # --device cuda as on a machine without CuPy
     monkeypatch.chdir(tmp_path)
     status, lines = usage_error(capsys, main, [arg.format(tmp=tmp_path) for arg in argv])
-    *usage, error = lines
+    [error] = lines
     assert status == 2 and ": error: " in error and flag in error
-    assert usage[0].startswith("usage: ") and all(line.startswith(" ") for line in usage[1:])
     assert os.listdir(tmp_path) == []
 
 
