@@ -171,25 +171,10 @@ class GPT(nn.Module):
             n_embd=arrays[0].shape[1],
             n_layer=n_layer,
         )
-        names = ["positions_embed.weight", "tokens_embed.weight"]
-        for layer in range(n_layer):
-            names += [
-                f"h.{layer}.{name}"
-                for name in (
-                    "attn.c_attn.weight",
-                    "attn.c_attn.bias",
-                    "attn.c_proj.weight",
-                    "attn.c_proj.bias",
-                    "ln_1.weight",
-                    "ln_1.bias",
-                    "mlp.c_fc.weight",
-                    "mlp.c_fc.bias",
-                    "mlp.c_proj.weight",
-                    "mlp.c_proj.bias",
-                    "ln_2.weight",
-                    "ln_2.bias",
-                )
-            ]
+        one_block = GPTConfig(n_layer=1).parameter_shapes()
+        block = [name.removeprefix("h.0.") for name in one_block if name.startswith("h.0.")]
+        names = ["positions_embed.weight", "tokens_embed.weight"]  # the release's order
+        names += [f"h.{layer}.{name}" for layer in range(n_layer) for name in block]
         if len(names) != len(arrays):
             raise ValueError(
                 f"{directory}: {len(arrays)} tensors do not make whole blocks of 12 after the embeddings"
