@@ -1,6 +1,6 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 
-from . import functional, nn, ops, optim, precision, random
+from . import backend, functional, nn, ops, optim, precision, random
 from .backend import cuda_available, manual_seed
 from .gradcheck import GradcheckError, gradcheck, jacobian_check  # ag.gradcheck: the function, as in torch
 from .kernels import use_reference
@@ -23,7 +23,7 @@ def where(condition, a, b):
     like = a if isinstance(a, Tensor) else b
     if not isinstance(like, Tensor):
         raise TypeError("where: a or b must be a Tensor")
-    condition = condition.data if isinstance(condition, Tensor) else like.xp.asarray(condition)
+    condition = condition.data if isinstance(condition, Tensor) else backend.to_device(condition, like.device)
     return ops.Where.apply(condition, like._operand(a), like._operand(b))
 
 

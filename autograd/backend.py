@@ -4,6 +4,7 @@ Everything else writes `xp = get_array_module(array)` and calls `xp.exp`, `xp.ma
 so one piece of code runs on the CPU (NumPy) and on an NVIDIA GPU (CuPy).
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -39,20 +40,34 @@ def use_device(device):
         cupy.cuda.Device(int(device.split(":")[1])).use()
 
 
+# TF32: CuPy keeps one compute type for its float32 matrix products, read from CUPY_TF32 the first
+# time it is asked for. set_tf32(True) sets it to TF32, set_tf32(False) gives back what it was.
 _tf32 = False
+_compute_type_before = None
 
 
 def set_tf32(on):
-    """Let the GPU's float32 matrix products round their inputs to TF32 on tensor cores (on) or
-    not; returns the setting before. CuPy keeps it as its matmul routine's compute type for
-    float32 (which the CUPY_TF32 variable only sets once); on the CPU it changes nothing."""
-    global _tf32
+    """Let the GPU's float32 matrix products round their inputs to TF32 on tensor cores (on), or
+    give them back the compute type the process had (its default, or TF32 where CUPY_TF32=1 asked
+    for it); returns the setting before. CuPy honours it in products of two matrices only
+    (matmul). On the CPU it changes nothing."""
+    global _tf32, _compute_type_before
     before, _tf32 = _tf32, bool(on)
-    if cupy is not None and before != _tf32 and cuda_available():
-        from cupy._core import _routines_linalg as linalg
-
-        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if on else linalg.COMPUTE_TYPE_DEFAULT)
+    if before != _tf32 and cuda_available():
+        linalg = _linalg()
+        if _tf32:
+            _compute_type_before = linalg.get_compute_type(np.float32)
+            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+        else:
+            linalg.set_compute_type(np.float32, _compute_type_before)
     return before
+
+
+def _linalg():
+    """CuPy's matrix-product routines, which hold the compute type of its float32 products."""
+    from cupy._core import _routines_linalg
+
+    return _routines_linalg
 
 
 def current_stream():
@@ -118,6 +133,15 @@ def device_of(array):
     return "cpu"
 
 
+def device_scope(array):
+    """`with device_scope(array):` makes the array's GPU the current device inside the block, where
+    CuPy allocates and launches (nothing for a NumPy array). Every op runs inside the scope of its
+    inputs, so a model on cuda:1 computes on GPU 1 whichever device is current."""
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        return array.device
+    return contextlib.nullcontext()
+
+
 def to_device(array, device, dtype=None):
     """The array on `device` (a parsed name), with `dtype` if given; copies only when it must."""
     if device == "cpu":
@@ -126,6 +150,56 @@ def to_device(array, device, dtype=None):
         return np.asarray(array, dtype=dtype)
     with cupy.cuda.Device(int(device.split(":")[1])):
         return cupy.asarray(array, dtype=dtype)
+
+
+# Matrix products. CuPy multiplies stacks of matrices (more than two dimensions) through cuBLAS's
+# batched routines, which take no bfloat16 and ignore TF32; products of two matrices take both. So
+# the engine's products go through matmul, with (B, T, C) activations as (B*T, C) matrices.
+def matmul(a, b, dtype=None):
+    """a @ b for matrices a (m, k) and b (k, n), summed in float32 (float64 for float64), in
+    `dtype` (by default the inputs' type). Products of bfloat16 round once, at the end, on both
+    devices: NumPy's product of bfloat16 is float32, and on a GPU cuBLAS writes float32 itself
+    where `dtype` asks for it (a weight's gradient), where CuPy's a @ b would round to bfloat16."""
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"matmul: two matrices, not arrays of shapes {a.shape} and {b.shape}")
+    dtype = np.dtype(dtype or a.dtype)
+    bfloat16_in = a.dtype.name == b.dtype.name == "bfloat16"
+    if bfloat16_in and dtype == np.float32 and get_array_module(a, b) is not np:
+        return _bfloat16_matmul_to_float32(a, b)
+    return (a @ b).astype(dtype, copy=False)
+
+
+def _bfloat16_matmul_to_float32(a, b):
+    """a @ b of bfloat16 matrices on a GPU, written in float32 by cuBLAS's gemmEx (bfloat16 in,
+    float32 sums and result)."""
+    from cupy_backends.cuda.api import runtime
+    from cupy_backends.cuda.libs import cublas
+
+    (m, k), n = a.shape, b.shape[1]
+    if 0 in (m, n, k):
+        return cupy.zeros((m, n), np.float32)
+    out = cupy.empty((m, n), np.float32)
+    # cuBLAS reads matrices column by column: out in rows is out^T in columns, which is b^T a^T
+    (b, op_b, ld_b), (a, op_a, ld_a) = _as_columns(b), _as_columns(a)
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    cublas.gemmEx(
+        cupy.cuda.device.get_cublas_handle(), op_b, op_a, n, m, k, one.ctypes.data,
+        b.data.ptr, runtime.CUDA_R_16BF, ld_b, a.data.ptr, runtime.CUDA_R_16BF, ld_a,
+        zero.ctypes.data, out.data.ptr, runtime.CUDA_R_32F, n,
+        cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+    )  # fmt: skip
+    return out
+
+
+def _as_columns(x):
+    """(array, op, leading dimension) that give cuBLAS the transpose of the matrix x (r, c): x's own
+    memory where it is in C order (read by columns, it is x^T) or Fortran order (it is x, so op T),
+    else a copy in C order."""
+    if x.flags.c_contiguous:
+        return x, 0, x.shape[1]
+    if x.flags.f_contiguous:
+        return x, 1, x.shape[0]
+    return cupy.ascontiguousarray(x), 0, x.shape[1]
 
 
 # Reads from a device to the host. Each one makes the host wait until the GPU has finished all

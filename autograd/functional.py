@@ -52,7 +52,8 @@ class Linear(Function):
         dx = dy W^T,   dW = x^T dy,   db = the sum of dy's rows
 
     The product is in x's type (bfloat16 activations read float32 weights as bfloat16); dW and db
-    are in the weights' own type.
+    are in the weights' own type. Every product is of two matrices, x's rows stacked (rows, in):
+    the form a GPU multiplies in bfloat16 and TF32 (backend.matmul).
     """
 
     returns_new_arrays = True
@@ -61,20 +62,21 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        ctx.x, ctx.weight, ctx.weight_dtype = x, weight.astype(x.dtype, copy=False), weight.dtype
-        out = (x @ ctx.weight).astype(x.dtype, copy=False)  # (..., out); NumPy's bfloat16 product is float32
+        ctx.x2 = x.reshape(-1, x.shape[-1])  # (rows, in)
+        ctx.x_shape, ctx.weight_dtype = x.shape, weight.dtype
+        ctx.weight = weight.astype(x.dtype, copy=False)
+        out = backend.matmul(ctx.x2, ctx.weight)  # (rows, out), in x's type
         if bias is not None:
             out += bias
-        return out
+        return out.reshape(*x.shape[:-1], weight.shape[1])
 
     @staticmethod
     def backward(ctx, grad):
         need_x, need_w, need_b = ctx.needs_input_grad
-        x2 = ctx.x.reshape(-1, ctx.x.shape[-1])  # (rows, in)
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
         return (
-            (grad @ ctx.weight.T).astype(ctx.x.dtype, copy=False) if need_x else None,
-            (x2.T @ grad2).astype(ctx.weight_dtype, copy=False) if need_w else None,
+            backend.matmul(grad2, ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
+            backend.matmul(ctx.x2.T, grad2, dtype=ctx.weight_dtype) if need_w else None,
             widened(grad2).sum(axis=0).astype(ctx.weight_dtype, copy=False) if need_b else None,
         )
 
@@ -120,9 +122,10 @@ def embedding(ids, weight):
     copied to the weight's device; ids already on a GPU are not, as that would wait for the GPU."""
     ids = _indices(ids)
     n_rows = weight.shape[0]
-    if isinstance(ids, np.ndarray) and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+    if backend.device_of(ids) == "cpu" and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
         raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
-    return Embedding.apply(weight.xp.asarray(ids), weight, dtype=precision.activation_dtype(weight.dtype))
+    ids = backend.to_device(ids, weight.device)
+    return Embedding.apply(ids, weight, dtype=precision.activation_dtype(weight.dtype))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,19 +236,20 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
             f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}"
         )
     n_classes = logits.shape[-1]
-    on_host = isinstance(targets, np.ndarray)
+    on_host = backend.device_of(targets) == "cpu"
     if on_host and (((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any():
         raise IndexError(
             f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}"
         )
-    targets = logits.xp.asarray(targets)
+    targets = backend.to_device(targets, logits.device)
     losses = CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
     if reduction == "none":
         return losses
     if reduction == "sum":
         return losses.sum()
-    counted = (targets != ignore_index).sum(dtype=losses.dtype)
-    return losses.sum() / logits.xp.maximum(counted, 1)  # none counted: 0 / 1
+    with backend.device_scope(targets):
+        counted = logits.xp.maximum((targets != ignore_index).sum(dtype=losses.dtype), 1)
+    return losses.sum() / counted  # none counted: 0 / 1
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input
 
 from itertools import accumulate
 
+import numpy as np
+
+from . import backend
 from .backend import get_array_module, scatter_add
-from .precision import widened
+from .precision import bfloat16, widened
 from .tensor import Function
 
 
@@ -130,7 +133,7 @@ class MatMul(Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.a, ctx.b = a, b
-        return a @ b
+        return _matmul(a, b)
 
     @staticmethod
     def backward(ctx, grad):
@@ -147,15 +150,26 @@ class MatMul(Function):
         need_a, need_b = ctx.needs_input_grad
         grad_a = grad_b = None
         if need_a:
-            grad_a = unbroadcast(g2 @ xp.swapaxes(b2, -1, -2), a2.shape).reshape(a.shape)
+            grad_a = unbroadcast(_matmul(g2, xp.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
         if need_b:
-            if b2.ndim == 2 and a2.ndim > 2:  # (..., n, k) @ (k, m): one 2-D product for the weight
+            if b2.ndim == 2:  # (..., n, k) @ (k, m): one product of two matrices for b
                 k, m = b2.shape
-                grad_b = a2.reshape(-1, k).T @ g2.reshape(-1, m)
+                grad_b = backend.matmul(a2.reshape(-1, k).T, g2.reshape(-1, m))
             else:
-                grad_b = unbroadcast(xp.swapaxes(a2, -1, -2) @ g2, b2.shape)
+                grad_b = unbroadcast(_matmul(xp.swapaxes(a2, -1, -2), g2), b2.shape)
             grad_b = grad_b.reshape(b.shape)
         return grad_a, grad_b
+
+
+def _matmul(a, b):
+    """a @ b, numpy's matmul; a stack of matrices times a matrix as one product of two matrices (its
+    rows stacked), and stacks of bfloat16 on a GPU multiplied in float32: CuPy's products of stacks
+    take no bfloat16 and ignore TF32 (backend.matmul)."""
+    if a.ndim >= 2 and b.ndim == 2:
+        return backend.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1])
+    if a.dtype == bfloat16 and get_array_module(a) is not np:
+        return (widened(a) @ widened(b)).astype(bfloat16)
+    return a @ b
 
 
 def _normalize_axes(axis, ndim):

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import parallel
+from . import backend, parallel
 from .backend import get_array_module
 from .kernels import adam as adam_kernels
 from .tensor import no_grad
@@ -42,8 +42,8 @@ class Adam:
         self.lr, self.betas, self.eps, self.l2 = lr, tuple(betas), eps, l2
         self.l2_mode, self.vector_l2 = l2_mode, vector_l2
         self.step_count = 0
-        self.m = [p.xp.zeros(p.shape, dtype=p.dtype) for p in self.params]
-        self.v = [p.xp.zeros(p.shape, dtype=p.dtype) for p in self.params]
+        self.m = [_zeros_beside(p) for p in self.params]
+        self.v = [_zeros_beside(p) for p in self.params]
 
     def zero_grad(self):
         for p in self.params:
@@ -64,16 +64,15 @@ class Adam:
         if adam_kernels.takes([*(p.data for p in self.params), *self.m, *self.v, *grads]):
             return adam_kernels.adam_step(self)
         blocks = []
-        for p, m, v in zip(self.params, self.m, self.v):
-            if p.grad is None:
-                continue
-            if get_array_module(p.data) is np and p.data.flags.c_contiguous:
-                flat = [
-                    a.reshape(-1) for a in (p.data, p.grad, m, v)
-                ]  # views (a copy only of a strided gradient)
-                blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
-            else:
-                self._update(p.ndim, p.data, p.grad, m, v)
+        with backend.device_scope(grads[0] if grads else None):  # the parameters' GPU
+            for p, m, v in zip(self.params, self.m, self.v):
+                if p.grad is None:
+                    continue
+                if get_array_module(p.data) is np and p.data.flags.c_contiguous:
+                    flat = [a.reshape(-1) for a in (p.data, p.grad, m, v)]  # views (a copy of a strided grad)
+                    blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
+                else:
+                    self._update(p.ndim, p.data, p.grad, m, v)
         parallel.run(lambda block: self._update(*block), blocks)
 
     def _update(self, ndim, p, g, m, v):
@@ -124,8 +123,20 @@ class Adam:
         self.step_count = int(state["step"])
         self.lr, self.betas, self.eps, self.l2 = state["lr"], tuple(state["betas"]), state["eps"], state["l2"]
         self.l2_mode, self.vector_l2 = state["l2_mode"], state["vector_l2"]
-        self.m = [p.xp.array(a, dtype=p.dtype, order="C") for a, p in zip(state["m"], self.params)]
-        self.v = [p.xp.array(a, dtype=p.dtype, order="C") for a, p in zip(state["v"], self.params)]
+        self.m = [_copy_beside(p, a) for a, p in zip(state["m"], self.params)]
+        self.v = [_copy_beside(p, a) for a, p in zip(state["v"], self.params)]
+
+
+def _zeros_beside(p):
+    """Zeros like parameter p, on p's device."""
+    with backend.device_scope(p.data):
+        return p.xp.zeros(p.shape, dtype=p.dtype)
+
+
+def _copy_beside(p, array):
+    """A copy of `array` in C order with p's dtype, on p's device."""
+    with backend.device_scope(p.data):
+        return p.xp.array(array, dtype=p.dtype, order="C")
 
 
 @no_grad()
@@ -143,11 +154,12 @@ def clip_grad_norm(params, max_norm):
     if adam_kernels.takes(grads):
         return adam_kernels.clip_grad_norm(grads, max_norm)
     xp = get_array_module(grads[0])
-    squares = xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads])  # each gradient's sum of squares
-    norm = xp.asarray(xp.sqrt(squares.sum()))  # a 0-d array (NumPy's sum gives a scalar)
-    scale = xp.minimum(max_norm / (norm + 1e-6), 1.0).astype(grads[0].dtype)
-    for g in grads:
-        g *= scale
+    with backend.device_scope(grads[0]):  # the gradients' GPU
+        squares = xp.stack([xp.vdot(g.ravel(), g.ravel()) for g in grads])  # each one's sum of squares
+        norm = xp.asarray(xp.sqrt(squares.sum()))  # a 0-d array (NumPy's sum gives a scalar)
+        scale = xp.minimum(max_norm / (norm + 1e-6), 1.0).astype(grads[0].dtype)
+        for g in grads:
+            g *= scale
     return norm
 
 

@@ -87,7 +87,8 @@ class Function:
         on_gpu = any(backend.get_array_module(t.data) is not np for t in tensors)
         forward, backward = kernels.choose(cls, on_gpu, {t.dtype for t in tensors if is_floating(t.dtype)})
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
-        out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
+        with backend.device_scope(tensors[0].data if tensors else None):  # the inputs' GPU
+            out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
         out = _unpromoted(out, float_dtype)
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
@@ -207,7 +208,7 @@ class Tensor:
     def _operand(self, other):
         if isinstance(other, Tensor) or type(other) in (int, float, bool):
             return other
-        return self.xp.asarray(other, dtype=self.dtype)
+        return backend.to_device(other, self.device, self.dtype)
 
     # one line each, so the operators read as a table
     # fmt: off
@@ -229,7 +230,8 @@ class Tensor:
     # comparisons give plain boolean tensors (masks for `where`), with no gradient
     def _compare(self, other, compare):
         other = other.data if isinstance(other, Tensor) else self._operand(other)
-        return Tensor(compare(self.data, other))
+        with backend.device_scope(self.data):
+            return Tensor(compare(self.data, other))
 
     # fmt: off
     def __lt__(self, other): return self._compare(other, self.xp.less)
@@ -269,20 +271,21 @@ class Tensor:
         `grad` (shaped like self) is required unless self has one element; it weights the
         outputs, so backward(grad) gives the vector-Jacobian product.
         """
-        gradients = Gradients()
-        gradients.add(self, self._output_grad(grad), own=False)
-        order = _inputs_first(self)
-        while order:  # from the end: each tensor comes after every op that used it
-            t = order.pop()  # and is let go of, so what it holds is freed once nothing needs it
-            grad, own = gradients.take(t)
-            if t.is_leaf:
+        with backend.device_scope(self.data):  # the graph's GPU: its ops' inputs share one device
+            gradients = Gradients()
+            gradients.add(self, self._output_grad(grad), own=False)
+            order = _inputs_first(self)
+            while order:  # from the end: each tensor comes after every op that used it
+                t = order.pop()  # and is let go of, so what it holds is freed once nothing needs it
+                grad, own = gradients.take(t)
+                if t.is_leaf:
+                    if grad is not None:
+                        gradients.give_to_leaf(t, grad, own)
+                    continue
                 if grad is not None:
-                    gradients.give_to_leaf(t, grad, own)
-                continue
-            if grad is not None:
-                for inp, input_grad in t._node.input_grads(grad):
-                    gradients.add(inp, input_grad, own=t._node.gives_own_arrays(own))
-            t._node.free()
+                    for inp, input_grad in t._node.input_grads(grad):
+                        gradients.add(inp, input_grad, own=t._node.gives_own_arrays(own))
+                t._node.free()
 
     def _output_grad(self, grad):
         """backward()'s `grad` as an array of this tensor's shape and dtype (ones by default)."""

@@ -273,6 +273,7 @@ def main(args):
     config = GPTConfig.preset(args.preset, **args.overrides)
     seq = args.seq or config.n_ctx
     device = backend.parse_device(args.device)
+    backend.use_device(device)  # --device cuda:1: its memory pool and its name are the ones reported
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (args.batch, seq + 1))
     if args.child and args.child_times:
         side = args.child

@@ -14,8 +14,8 @@ S sequences per example (1; 2 for similarity; one per answer for multiple choice
 import numpy as np
 
 import autograd as ag
+from autograd import backend, nn
 from autograd import functional as F
-from autograd import nn
 
 from .tasks import IGNORE, SpecialTokens
 
@@ -64,8 +64,8 @@ class TaskHead(nn.Module):
         n, s, t = ids.shape
         with ag.random.rows_per_example(s):  # the transformer's dropout: a mask per sequence
             h = self.transformer.hidden_states(np.reshape(ids, (n * s, t)))
-        xp = h.xp
-        rows, columns = xp.arange(n * s), xp.asarray(clf_positions).reshape(-1)
+        with backend.device_scope(h.data):  # the model's GPU, whichever is current
+            rows, columns = h.xp.arange(n * s), backend.to_device(clf_positions, h.device).reshape(-1)
         states = h[rows, columns].reshape(n, s, h.shape[-1])  # h_l^m: the state at _classify_
         lm_logits = self.transformer.lm_logits(h).reshape(n, s, t, -1) if lm else None
         return self.logits(states), lm_logits

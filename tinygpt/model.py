@@ -64,7 +64,9 @@ class GPT(nn.Module):
         """
         start = cache.length if cache is not None else 0
         ids = self._check_ids(ids, start)
-        positions = self.positions_embed.weight.xp.arange(start, start + ids.shape[1])
+        weight = self.positions_embed.weight
+        with backend.device_scope(weight.data):  # on the model's GPU, whichever is current
+            positions = weight.xp.arange(start, start + ids.shape[1])
         x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
         for block in self.h:
             x = block(x, cache)
@@ -98,7 +100,7 @@ class GPT(nn.Module):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
             )
-        return self.tokens_embed.weight.xp.asarray(ids)
+        return backend.to_device(ids, self.tokens_embed.weight.device)
 
     def resize_token_embeddings(self, n):
         """Grow the vocabulary to n tokens (the paper's _start_, _delimiter_, _classify_);
@@ -109,7 +111,8 @@ class GPT(nn.Module):
                 f"resize_token_embeddings: {n} is fewer than the {old.shape[0]} tokens there are"
             )
         new_rows = nn.normal((n - old.shape[0], old.shape[1]), self.config.initializer_range).data
-        grown = old.xp.concatenate([old.data, backend.to_device(new_rows, old.device, old.dtype)])
+        with backend.device_scope(old.data):
+            grown = old.xp.concatenate([old.data, backend.to_device(new_rows, old.device, old.dtype)])
         self.tokens_embed.weight = nn.Parameter(grown)
         self.config.vocab_size = n
 
