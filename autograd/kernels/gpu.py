@@ -1,13 +1,20 @@
 """The CUDA fast paths' plumbing: each source of autograd/kernels/cuda, with the shared header
-common.cuh in front, compiled once per process and device through cupy.RawModule.
+common.cuh in front, compiled once per process and device by NVRTC and loaded as a CUDA module.
 
 A source defines each kernel once as a template over the storage type (float, or bf16: bfloat16
 as its 16 bits) and exports it as `<name>_f32` and `<name>_bf16`; `kernel` picks the one for an
-array's dtype. Every source compiles under NVRTC in CI, where there is no GPU
-(tests/autograd/test_cuda_sources.py).
+array's dtype. Every source compiles under NVRTC in CI, where there is no GPU, with the options
+used here (tests/autograd/test_cuda_sources.py).
+
+The sources are compiled here rather than by cupy.RawModule, because CuPy appends -ftz=true to
+the options of every compile it makes: subnormal floats would become zero, and the kernels would
+no longer give their references' numbers (Adam's second moments go subnormal). NVRTC's own
+default keeps them.
 """
 
 import functools
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +26,7 @@ SOURCES = Path(__file__).parent / "cuda"
 OPTIONS = ("-std=c++17",)
 THREADS = 256  # threads per block of the elementwise kernels
 SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
+CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()  # CuPy's own
 
 
 def source(name):
@@ -26,14 +34,60 @@ def source(name):
     return (SOURCES / "common.cuh").read_text() + "\n" + (SOURCES / f"{name}.cu").read_text()
 
 
+def compile_source(name, arch):
+    """autograd/kernels/cuda/<name>.cu compiled by NVRTC with OPTIONS for `arch`: PTX for a virtual
+    architecture ("compute_90"), a binary for a real one ("sm_90")."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(source(name), f"{name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *OPTIONS])
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"{name}.cu does not compile:\n{nvrtc.getProgramLog(program)}") from error
+        return nvrtc.getCUBIN(program) if arch.startswith("sm_") else nvrtc.getPTX(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
 @functools.cache
 def module(name, device_id):
-    """The compiled module of a source on one device (CuPy also caches the binary on disk)."""
-    return backend.cupy.RawModule(code=source(name), options=OPTIONS)
+    """The module of a source on one device: a binary for the device's architecture where NVRTC
+    knows it, else PTX for the newest one it knows, which the driver compiles on loading."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    cupy = backend.cupy
+    with cupy.cuda.Device(device_id) as device:
+        capability = int(device.compute_capability)
+        known = nvrtc.getSupportedArchs()
+        arch = f"sm_{capability}" if capability in known else f"compute_{max(known)}"
+        loaded = cupy.cuda.Module()
+        loaded.load(cached_compile(name, arch, nvrtc.getVersion()))
+    return loaded
+
+
+def cached_compile(name, arch, nvrtc_version):
+    """compile_source, kept on disk in CuPy's kernel cache folder under a hash of the source, the
+    options, the architecture and NVRTC's version (the attention source takes seconds to compile).
+    A folder that cannot be written only means compiling again next time."""
+    key = repr((source(name), OPTIONS, arch, nvrtc_version)).encode()
+    path = CACHE / f"autograd-{name}-{hashlib.sha256(key).hexdigest()[:32]}.bin"
+    if path.is_file():
+        return path.read_bytes()
+    binary = compile_source(name, arch)
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".partial-{os.getpid()}")
+        partial.write_bytes(binary)
+        partial.replace(path)  # whole or not at all: another process may read it at the same time
+    except OSError:
+        pass
+    return binary
 
 
 def kernel(name, function, dtype):
-    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`."""
+    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, on the
+    current device: an op runs with its arrays' device current (backend.device_scope)."""
     if np.dtype(dtype) not in SUFFIXES:
         raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
     device = backend.cupy.cuda.Device().id

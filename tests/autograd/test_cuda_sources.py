@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autograd import random
+from autograd import backend, random
 from autograd.kernels import gpu
+
+from .. import fake_cuda
 
 if os.environ.get("CI"):  # CI installs NVRTC: there a missing one must fail, not skip
     from cupy_backends.cuda.libs import nvrtc
@@ -141,3 +143,48 @@ def test_bfloat16_rounding_on_the_host_is_ml_dtypes(common_on_host, words):
             assert np.isnan(np.array([answer], np.uint16).view(ml_dtypes.bfloat16)[0])
         else:
             assert answer == bits, f"{value!r}: {answer:#06x} against {int(bits):#06x}"
+
+
+LIBRARY_FTZ = {b"ex2.approx.ftz.f32", b"rcp.approx.ftz.f32"}  # inside expf and tanhf, whatever the options
+
+
+def flushing_instructions(ptx):
+    """The instructions of a PTX text that flush subnormal floats to zero."""
+    return {line.split()[0] for line in ptx.splitlines() if b".ftz" in line}
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_the_compiled_kernels_keep_subnormal_floats(name):
+    """No arithmetic of what gpu.module loads flushes subnormals to zero (.ftz): the reference keeps
+    them (Adam's second moments of small gradients are subnormal). Only CUDA's own expf and tanhf
+    use .ftz approximations inside, with any options. CuPy's RawModule would append -ftz=true;
+    compiled with it, Adam's kernel flushes in every add and multiply."""
+    assert flushing_instructions(gpu.compile_source(name, "compute_90")) <= LIBRARY_FTZ
+    if name == "adam":
+        program = nvrtc.createProgram(gpu.source(name), "adam.cu", [], [])
+        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", *gpu.OPTIONS, "-ftz=true"])
+        assert {b"add.rn.ftz.f32", b"mul.rn.ftz.f32"} <= flushing_instructions(nvrtc.getPTX(program))
+
+
+class LoadedModule:
+    """cupy.cuda.Module as gpu.module uses it: what it loads, and the functions asked of it."""
+
+    def load(self, binary):
+        self.binary = binary
+
+    def get_function(self, name):
+        return name
+
+
+def test_a_module_is_nvrtcs_binary_for_the_device_compiled_once(monkeypatch, tmp_path):
+    """gpu.module loads NVRTC's binary for the device's architecture (sm_90 on an H100), compiled
+    with gpu.OPTIONS and kept on disk: a second process reads it instead of compiling again."""
+    fake_cuda.install(monkeypatch)
+    monkeypatch.setattr(backend.cupy.cuda, "Module", LoadedModule, raising=False)
+    monkeypatch.setattr(gpu, "CACHE", tmp_path / "cache")
+    compiled = []
+    monkeypatch.setattr(gpu, "compile_source", lambda name, arch: compiled.append(arch) or arch.encode())
+    for _ in range(2):
+        gpu.module.cache_clear()  # as a new process would
+        assert gpu.module("gelu", 0).binary == b"sm_90"
+    assert compiled == ["sm_90"] and len(list((tmp_path / "cache").iterdir())) == 1
