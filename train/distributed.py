@@ -148,12 +148,12 @@ class Group:
                 "CuPy looks (CuPy's installation guide, 'Additional CUDA Libraries'), or use "
                 "--device cpu"
             ) from None
-        # the id's C chars, as CuPy gives them: -128..127, or 0..255 where char is unsigned (ARM)
-        unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.int16)
+        # the id is NCCL's 128 bytes, which CuPy 14 gives and takes as `bytes`: sent as they are
+        unique_id = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)
         if self.main:
-            unique_id[:] = nccl.get_unique_id()
+            unique_id[:] = np.frombuffer(nccl.get_unique_id(), dtype=np.uint8)
         self.comm.Bcast(unique_id, root=0)
-        self.nccl = nccl.NcclCommunicator(self.size, tuple(unique_id.tolist()), self.rank)
+        self.nccl = nccl.NcclCommunicator(self.size, unique_id.tobytes(), self.rank)
         self._nccl_types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
         self._nccl_sum = nccl.NCCL_SUM
 
