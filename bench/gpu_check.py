@@ -7,7 +7,8 @@
 Needs CuPy, PyTorch (for the launch count and the comparison), pytest and hypothesis; no
 network. It runs these checks in order, each recorded whether it passes or not:
 
-    tests        pytest -m gpu, plain and with CUPY_TF32=1 (every float32 product in TF32)
+    tests        pytest -m gpu, plain and with CUPY_TF32=1 (every float32 product of cuBLAS
+                 in TF32; the fused kernels compute in float32 either way)
     modules      train.pretrain, a resume of it, train.finetune, train.generate and
                  train.evaluate perplexity, on the device
     resume       the resumed run logs the losses of the run that went on, bit for bit
@@ -19,7 +20,8 @@ network. It runs these checks in order, each recorded whether it passes or not:
     throughput   tokens/s of a step at batch 8 beside PyTorch's, in fp32, tf32 and bf16
 
 and writes bench/results/gpu-check-<device>.json, a copy in --out (or $OUT) where given, and a
-one-screen summary.
+one-screen summary. The JSON is written again after each check, and a precision that fails keeps
+the others' figures, so a crash late in the run loses nothing measured before it.
 """
 
 import argparse
@@ -316,23 +318,28 @@ def check_memory(args, device, work):
 
 
 def check_throughput(args, device, work):
-    """bench/train_step.py's step of tinygpt and of PyTorch at batch 8, in each precision."""
+    """bench/train_step.py's step of tinygpt and of PyTorch at batch 8, in each precision; one that
+    fails is recorded with its error, and the others are measured all the same."""
     config = GPTConfig.preset(args.preset)
     seq = args.seq or config.n_ctx
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (8, seq + 1))
     figures = {}
     for precision in ("fp32", "tf32", "bf16"):
-        tinygpt, model = train_step.tinygpt_step(config, ids, device, precision)
-        steps = {
-            "tinygpt": tinygpt,
-            "torch": train_step.torch_step(config, ids, os.cpu_count(), device, precision),
-        }
-        medians = train_step.time_rounds(steps, rounds=5, warmup=2, settle_s=0)
-        tokens = 8 * seq
-        figures[precision] = {f"{side}_tok_s": round(tokens / s, 1) for side, s in medians.items()}
-        figures[precision]["ratio"] = round(medians["torch"] / medians["tinygpt"], 3)
-        del tinygpt, model, steps
-    return figures
+        try:
+            figures[precision] = throughput(config, ids, device, precision)
+        except Exception as error:
+            figures[precision] = {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
+    return {"ok": all(f.get("ok", True) for f in figures.values()), **figures}
+
+
+def throughput(config, ids, device, precision):
+    """Tokens/s of tinygpt's and PyTorch's training steps on `ids`, and their ratio."""
+    tinygpt, _ = train_step.tinygpt_step(config, ids, device, precision)
+    torch = train_step.torch_step(config, ids, os.cpu_count(), device, precision)
+    medians = train_step.time_rounds({"tinygpt": tinygpt, "torch": torch}, rounds=5, warmup=2, settle_s=0)
+    tokens = ids.shape[0] * (ids.shape[1] - 1)
+    figures = {f"{side}_tok_s": round(tokens / s, 1) for side, s in medians.items()}
+    return {**figures, "ratio": round(medians["torch"] / medians["tinygpt"], 3)}
 
 
 CHECKS = {
@@ -435,6 +442,7 @@ def main(argv=None):
         except Exception as error:
             result = {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
         report["checks"][name] = {**result, "seconds": round(time.perf_counter() - start, 1)}
+        write(report, args.out)  # what is measured so far, should a later check bring the process down
         print(
             f"{name}: {'ok' if result.get('ok', True) else 'FAILED'} ({report['checks'][name]['seconds']} s)",
             flush=True,
