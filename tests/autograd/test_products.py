@@ -49,6 +49,23 @@ def test_a_gpu_step_multiplies_two_matrices_at_a_time(monkeypatch, policy):
     assert fake_cuda.FakeLinalg.compute_type != TF32  # given back after the step
 
 
+@pytest.mark.parametrize("policy", ["tf32", "bf16"])
+def test_a_cpu_steps_linear_layers_multiply_two_matrices_at_a_time(monkeypatch, policy):
+    """On the CPU as well: the reference's linear layers (what a bf16 step runs there, and what a
+    GPU runs) multiply two matrices at a time through backend.matmul, one product forward and two
+    backward each. (The CPU's fast path cuts its products into runs of rows, two matrices too.)"""
+    products, matmul = [], backend.matmul
+
+    def recorded(a, b, dtype=None):
+        products.append((a.shape, b.shape))
+        return matmul(a, b, dtype)
+
+    monkeypatch.setattr(backend, "matmul", recorded)
+    with ag.use_reference(True):
+        gpt_step("cpu", policy)
+    assert len(products) == 3 * LINEARS and all(len(a) == len(b) == 2 for a, b in products)
+
+
 @pytest.mark.parametrize("process_had", ["DEFAULT", "TF32"])
 def test_tf32_off_gives_back_the_compute_type_the_process_had(monkeypatch, process_had):
     """CUPY_TF32=1 sets CuPy's float32 products to TF32 for the whole process: a tf32 block, or an
