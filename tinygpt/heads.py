@@ -58,6 +58,7 @@ class TaskHead(nn.Module):
         self.transformer = transformer
         self.dropout = nn.Dropout(clf_pdrop)
         self.head = nn.Linear(transformer.config.n_embd, n_out, std=transformer.config.initializer_range)
+        self.head.to(transformer.tokens_embed.weight.device)  # beside the transformer, on its GPU
 
     def forward(self, ids, clf_positions, lm=True):
         """-> (the task's logits, LM logits (N, S, T, vocab) or None when lm is False)."""

@@ -9,7 +9,7 @@ from . import gpu
 
 def forward_gpu(ctx, x, p, generator):
     xp = backend.get_array_module(x)
-    x = xp.ascontiguousarray(x)
+    x = xp.ascontiguousarray(x).reshape(x.shape)  # (ascontiguousarray makes a 0-d x 1-d)
     seed, step, site, first_example, threshold = generator.next_key(p)
     n = x.size
     per_example = n // x.shape[0] if x.ndim >= 2 and x.shape[0] else n  # an array of < 2 axes: one example
