@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from . import emulated_gpu
+
 try:
     import cupy
 except ImportError:  # CuPy is optional: without it only the CPU is available.
@@ -34,8 +36,9 @@ def device_count():
 
 def use_device(device):
     """Make `device` (a parsed name) the current one of this process: where the arrays that no
-    input places go (CuPy's zeros, arange, random numbers). 'cpu' changes nothing."""
-    if device != "cpu":
+    input places go (CuPy's zeros, arange, random numbers). 'cpu' and 'cuda-emulated', whose
+    arrays always go where their module makes them, change nothing."""
+    if device not in ("cpu", emulated_gpu.NAME):
         _require_cuda()
         cupy.cuda.Device(int(device.split(":")[1])).use()
 
@@ -98,13 +101,16 @@ def _require_cuda():
 
 
 def parse_device(device):
-    """Normalise a device name: None or 'cpu' -> 'cpu'; 'cuda', 'cuda:N'; 'auto' picks a GPU if any."""
+    """Normalise a device name: None or 'cpu' -> 'cpu'; 'cuda', 'cuda:N'; 'auto' picks a GPU if any;
+    'cuda-emulated', the CUDA kernels run on the CPU (autograd/emulated_gpu.py)."""
     if device is None or device == "cpu":
         return "cpu"
+    if device == emulated_gpu.NAME:
+        return device
     if device == "auto":
         return "cuda:0" if cuda_available() else "cpu"
     if not isinstance(device, str) or not (device == "cuda" or device.startswith("cuda:")):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N', 'auto' or 'cuda-emulated', got {device!r}")
     index = 0 if device == "cuda" else device[len("cuda:") :]
     if not str(index).isdigit():
         raise ValueError(f"device {device!r}: the GPU index after 'cuda:' must be a number")
@@ -118,36 +124,45 @@ def parse_device(device):
 
 
 def get_array_module(*arrays):
-    """numpy, or cupy when any of the arrays lives on a GPU."""
-    if cupy is not None:
-        for a in arrays:
-            if isinstance(a, cupy.ndarray):
-                return cupy
+    """numpy, or the array module of the GPU where any of the arrays lives (cupy, or the emulated
+    device's)."""
+    for a in arrays:
+        if cupy is not None and isinstance(a, cupy.ndarray):
+            return cupy
+        if isinstance(a, emulated_gpu.EmulatedArray):
+            return emulated_gpu.xp
     return np
+
+
+def on_gpu(array):
+    """True for an array of a GPU: CuPy's, or the emulated device's."""
+    return (
+        cupy is not None and isinstance(array, cupy.ndarray) or isinstance(array, emulated_gpu.EmulatedArray)
+    )
 
 
 def device_of(array):
     """The device name of an array: 'cpu' or 'cuda:N'."""
     if cupy is not None and isinstance(array, cupy.ndarray):
         return f"cuda:{array.device.id}"
-    return "cpu"
+    return emulated_gpu.NAME if isinstance(array, emulated_gpu.EmulatedArray) else "cpu"
 
 
 def device_scope(array):
     """`with device_scope(array):` makes the array's GPU the current device inside the block, where
     CuPy allocates and launches (nothing for a NumPy array). Every op runs inside the scope of its
     inputs, so a model on cuda:1 computes on GPU 1 whichever device is current."""
-    if cupy is not None and isinstance(array, cupy.ndarray):
-        return array.device
-    return contextlib.nullcontext()
+    return array.device if on_gpu(array) else contextlib.nullcontext()
 
 
 def to_device(array, device, dtype=None):
     """The array on `device` (a parsed name), with `dtype` if given; copies only when it must."""
+    if device_of(array) not in ("cpu", device):
+        array = to_host(array)
     if device == "cpu":
-        if device_of(array) != "cpu":
-            array = to_host(array)
         return np.asarray(array, dtype=dtype)
+    if device == emulated_gpu.NAME:
+        return emulated_gpu.xp.asarray(array, dtype=dtype)
     with cupy.cuda.Device(int(device.split(":")[1])):
         return cupy.asarray(array, dtype=dtype)
 
@@ -164,7 +179,7 @@ def matmul(a, b, dtype=None):
         raise ValueError(f"matmul: two matrices, not arrays of shapes {a.shape} and {b.shape}")
     dtype = np.dtype(dtype or a.dtype)
     bfloat16_in = a.dtype.name == b.dtype.name == "bfloat16"
-    if bfloat16_in and dtype == np.float32 and get_array_module(a, b) is not np:
+    if bfloat16_in and dtype == np.float32 and get_array_module(a, b) is cupy:
         return _bfloat16_matmul_to_float32(a, b)
     return (a @ b).astype(dtype, copy=False)
 
@@ -213,7 +228,7 @@ def to_host(array):
     array's device: a test on the CPU sees the reads that a run on a GPU would make."""
     global _host_reads
     _host_reads += 1
-    if cupy is not None and isinstance(array, cupy.ndarray):
+    if on_gpu(array):
         return array.get()
     return np.asarray(array)
 
@@ -253,10 +268,10 @@ def manual_seed(seed):
 
 
 def default_generator(device):
-    """The default random generator of a device, numpy's or cupy's `Generator`, seeded by
-    manual_seed (the weights' initial values are drawn from the CPU's)."""
+    """The default random generator of a device, numpy's (also the emulated device's) or cupy's,
+    seeded by manual_seed (the weights' initial values are drawn from the CPU's)."""
     if device not in _generators:
-        if device == "cpu":
+        if device in ("cpu", emulated_gpu.NAME):
             _generators[device] = np.random.default_rng(_seed)
         else:
             with cupy.cuda.Device(int(device.split(":")[1])):
@@ -266,6 +281,8 @@ def default_generator(device):
 
 def erf(x):
     """The error function, elementwise. NumPy has none, so the CPU path goes through math.erf."""
+    if get_array_module(x) is emulated_gpu.xp:
+        return erf(x.view(np.ndarray)).view(emulated_gpu.EmulatedArray)
     if get_array_module(x) is not np:
         import cupyx.scipy.special
 

@@ -1,5 +1,6 @@
-"""Hypothesis profiles, the `device` parameter that runs a test on numpy and on cupy, and the
-`each_path` fixture that runs a test on the ops' fast paths and on their reference paths."""
+"""Hypothesis profiles, the `device` parameter that runs a test on the CPU, on the emulated CUDA
+device and on a GPU, `gpu_device` for a test of the GPU path alone, and the `each_path` fixture that
+runs a test on the ops' fast paths and on their reference paths."""
 
 import os
 
@@ -17,10 +18,16 @@ settings.register_profile("thorough", max_examples=500, **PROFILE)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+GPUS = ["cuda-emulated", pytest.param("cuda", marks=pytest.mark.gpu)]  # the CUDA kernels run on both
+
+
 def pytest_generate_tests(metafunc):
-    """A test that takes `device` runs once on 'cpu' and once on 'cuda' (marked gpu)."""
+    """A test that takes `device` runs on 'cpu', on 'cuda-emulated' (the CUDA kernels run on the
+    CPU) and on 'cuda' (marked gpu); one that takes `gpu_device` on the last two."""
     if "device" in metafunc.fixturenames:
-        metafunc.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+        metafunc.parametrize("device", ["cpu", *GPUS])
+    if "gpu_device" in metafunc.fixturenames:
+        metafunc.parametrize("gpu_device", GPUS)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -33,14 +33,12 @@ THREADS = 256  # threads per block: CLIP_THREADS of adam.cu, where the tree sums
 
 
 def takes(arrays):
-    """The rule, in the spirit of kernels.choose: the kernels run on float32 CuPy arrays unless
+    """The rule, in the spirit of kernels.choose: the kernels run on float32 arrays of a GPU unless
     the reference is asked for (kernels.use_reference); anything else runs optim.py's code."""
-    cupy = backend.cupy
     return (
-        cupy is not None
-        and not kernels.reference_only()
+        not kernels.reference_only()
         and len(arrays) > 0
-        and all(isinstance(a, cupy.ndarray) and a.dtype == np.float32 for a in arrays)
+        and all(backend.on_gpu(a) and a.dtype == np.float32 for a in arrays)
     )
 
 
@@ -64,18 +62,18 @@ def chunk_layout(sizes):
 
 
 @functools.lru_cache(maxsize=16)
-def chunks(sizes, device_id):
-    """The chunks of tensors of `sizes` (a tuple), uploaded to the current device, `device_id`, once
-    per list of sizes."""
+def chunks(sizes, xp, device_id):
+    """The chunks of tensors of `sizes` (a tuple), uploaded to the current device, `device_id` of
+    the array module xp, once per list of sizes."""
     tensor, start = chunk_layout(sizes)
-    return Chunks(len(tensor), *map(backend.cupy.asarray, (np.array(sizes, np.int64), tensor, start)))
+    return Chunks(len(tensor), *map(xp.asarray, (np.array(sizes, np.int64), tensor, start)))
 
 
 @functools.lru_cache(maxsize=16)
-def table(values, dtype, device_id):
-    """`values` (a tuple: pointers, ranks) uploaded to the current device, `device_id`, once while
-    they do not change."""
-    return backend.cupy.asarray(np.array(values, dtype=dtype))
+def table(values, dtype, xp, device_id):
+    """`values` (a tuple: pointers, ranks) uploaded to the current device, `device_id` of xp, once
+    while they do not change."""
+    return xp.asarray(np.array(values, dtype=dtype))
 
 
 def pointers(arrays):
@@ -85,7 +83,9 @@ def pointers(arrays):
 
 def in_c_order(array):
     """`array` itself, or a copy in C order where it is strided: the kernels index it flat."""
-    return array if array is None or array.flags.c_contiguous else backend.cupy.ascontiguousarray(array)
+    if array is None or array.flags.c_contiguous:
+        return array
+    return backend.get_array_module(array).ascontiguousarray(array)
 
 
 def copy_back(arrays, copies):
@@ -99,16 +99,17 @@ def adam_step(opt):
     """One step of `opt`, an autograd.optim.Adam whose step_count already counts it, on every
     parameter with a gradient: one kernel (see optim.Adam for the math). A parameter whose grad
     is None gets a null pointer, and the kernel leaves it and its moments alone."""
-    cupy, params = backend.cupy, [p.data for p in opt.params]
+    params = [p.data for p in opt.params]
+    xp = backend.get_array_module(params[0])
     with params[0].device as device:
         arrays = [[in_c_order(a) for a in group] for group in (params, opt.m, opt.v)]
         grads = [in_c_order(p.grad) for p in opt.params]
-        parts = chunks(tuple(a.size for a in params), device.id)
+        parts = chunks(tuple(a.size for a in params), xp, device.id)
         if parts.count == 0:
             return
-        p_table, m_table, v_table = (table(pointers(group), np.uint64, device.id) for group in arrays)
-        ranks = table(tuple(a.ndim for a in params), np.int32, device.id)
-        grad_table = cupy.asarray(np.array(pointers(grads), dtype=np.uint64))
+        p_table, m_table, v_table = (table(pointers(group), np.uint64, xp, device.id) for group in arrays)
+        ranks = table(tuple(a.ndim for a in params), np.int32, xp, device.id)
+        grad_table = xp.asarray(np.array(pointers(grads), dtype=np.uint64))
 
         t, (b1, b2), coupled = opt.step_count, opt.betas, opt.l2_mode == "coupled"
         if coupled:  # the reference's own expressions, in double, then float32
@@ -133,13 +134,13 @@ def clip_grad_norm(grads, max_norm):
     """optim.clip_grad_norm on float32 gradients of a GPU (at least one): the norm before
     clipping as a 0-d device array, every gradient scaled in place by
     min(1, max_norm / (norm + 1e-6)), all in three kernels and without a read from the device."""
-    cupy = backend.cupy
+    xp = backend.get_array_module(grads[0])
     with grads[0].device as device:
         copies = [in_c_order(g) for g in grads]
-        parts = chunks(tuple(g.size for g in copies), device.id)
-        grad_table = cupy.asarray(np.array(pointers(copies), dtype=np.uint64))
-        partials = cupy.empty(parts.count, dtype=np.float32)
-        norm, scale = cupy.empty((), dtype=np.float32), cupy.empty((), dtype=np.float32)
+        parts = chunks(tuple(g.size for g in copies), xp, device.id)
+        grad_table = xp.asarray(np.array(pointers(copies), dtype=np.uint64))
+        partials = xp.empty(parts.count, dtype=np.float32)
+        norm, scale = xp.empty((), dtype=np.float32), xp.empty((), dtype=np.float32)
         by_chunk = (grad_table, parts.sizes, parts.tensor, parts.start, np.int64(CHUNK))
         if parts.count:
             gpu.kernel("adam", "chunk_squares", np.float32)((parts.count,), (THREADS,), (*by_chunk, partials))

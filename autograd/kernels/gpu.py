@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend
+from .. import backend, emulated_gpu
 from ..precision import bfloat16
 
 SOURCES = Path(__file__).parent / "cuda"
@@ -87,9 +87,14 @@ def cached_compile(name, arch, nvrtc_version):
 
 def kernel(name, function, dtype):
     """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, on the
-    current device: an op runs with its arrays' device current (backend.device_scope)."""
+    current device: an op runs with its arrays' device current (backend.device_scope), the
+    emulated one's included."""
     if np.dtype(dtype) not in SUFFIXES:
         raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
+    if emulated_gpu.current():  # the same source, built for the CPU
+        from . import emulated
+
+        return emulated.kernel(name, function, dtype)
     device = backend.cupy.cuda.Device().id
     return module(name, device).get_function(f"{function}_{SUFFIXES[np.dtype(dtype)]}")
 

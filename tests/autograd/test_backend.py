@@ -68,11 +68,12 @@ def test_erf_matches_math_erf(device, values):
     np.testing.assert_allclose(backend.to_host(backend.erf(x)), expected, rtol=1e-14, atol=1e-15)
 
 
-@pytest.mark.gpu
-def test_arrays_round_trip_between_host_and_gpu():
+def test_arrays_round_trip_between_host_and_gpu(gpu_device):
     values = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-    on_gpu = backend.to_device(values, "cuda:0")
-    assert backend.get_array_module(on_gpu) is backend.cupy and backend.device_of(on_gpu) == "cuda:0"
+    on_gpu = backend.to_device(values, backend.parse_device(gpu_device))
+    assert backend.get_array_module(on_gpu) is not np and backend.device_of(on_gpu) == backend.parse_device(
+        gpu_device
+    )
     np.testing.assert_array_equal(backend.to_host(on_gpu), values)
 
 
@@ -150,8 +151,7 @@ def test_sorted_scatter_add_equals_add_at_for_every_kind_of_index(shape_and_inde
     np.testing.assert_array_equal(backend.scatter_add(shape, index, values), expected)
 
 
-@pytest.mark.gpu
-def test_an_embedding_gradient_on_the_gpu_repeats_bit_for_bit():
+def test_an_embedding_gradient_on_the_gpu_repeats_bit_for_bit(gpu_device):
     """Many ids on few rows, so that atomic adds would race; two runs give the same bits, and
     NumPy's sequential sums within float32 rounding."""
     rng = np.random.default_rng(0)
@@ -163,6 +163,6 @@ def test_an_embedding_gradient_on_the_gpu_repeats_bit_for_bit():
         ag.functional.embedding(ids, table).backward(ag.tensor(grad, device=device))
         return backend.to_host(table.grad)
 
-    first = table_grad("cuda")
-    np.testing.assert_array_equal(table_grad("cuda"), first)
+    first = table_grad(gpu_device)
+    np.testing.assert_array_equal(table_grad(gpu_device), first)
     np.testing.assert_allclose(first, table_grad("cpu"), rtol=1e-4, atol=1e-3)

@@ -837,13 +837,12 @@ def test_float32_in_float32_out(device, fn, inputs):
         np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("fn, inputs", FUNCTIONAL_CASES)
-def test_numpy_and_cupy_agree(fn, inputs):
+def test_numpy_and_cupy_agree(gpu_device, fn, inputs):
     """The same float32 inputs on cpu and cuda give the same outputs and input gradients, dropout
     included: a mask stream draws the same masks on every device."""
     out_cpu, grads_cpu = run_with_gradients(fn, inputs, "cpu", np.float32)
-    out_gpu, grads_gpu = run_with_gradients(fn, inputs, "cuda", np.float32)
+    out_gpu, grads_gpu = run_with_gradients(fn, inputs, gpu_device, np.float32)
     assert out_gpu.device.startswith("cuda") and out_gpu.dtype == np.float32
     np.testing.assert_allclose(out_gpu.numpy(), out_cpu.numpy(), rtol=1e-4, atol=1e-5)
     for g_gpu, g_cpu in zip(grads_gpu, grads_cpu):

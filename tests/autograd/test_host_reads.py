@@ -108,19 +108,17 @@ def test_host_ids_are_checked_before_they_move_and_cost_no_read(device):
     assert reads.count == 0
 
 
-@pytest.mark.gpu
-def test_ids_already_on_the_gpu_are_not_read_back():
-    model = small_gpt("cuda")
-    ids = backend.to_device(token_batch(), "cuda:0")
+def test_ids_already_on_the_gpu_are_not_read_back(gpu_device):
+    model = small_gpt(gpu_device)
+    ids = backend.to_device(token_batch(), backend.parse_device(gpu_device))
     with backend.count_host_reads() as reads:
         loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
         loss.backward()
     assert reads.count == 0
 
 
-@pytest.mark.gpu
-def test_moving_an_array_to_the_host_is_a_counted_read():
-    on_gpu = backend.to_device(np.ones(3), "cuda:0")
+def test_moving_an_array_to_the_host_is_a_counted_read(gpu_device):
+    on_gpu = backend.to_device(np.ones(3), backend.parse_device(gpu_device))
     with backend.count_host_reads() as reads:
         backend.to_device(on_gpu, "cpu")
         ag.tensor(on_gpu, device="cpu")

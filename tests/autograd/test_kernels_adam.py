@@ -135,7 +135,7 @@ def test_chunks_cover_every_number_of_every_tensor_once(sizes):
 def test_the_kernels_take_float32_arrays_of_a_gpu_unless_the_reference_is_asked_for(device):
     on = backend.parse_device(device)
     float32, float64 = (backend.to_device(np.zeros(3, dtype), on) for dtype in (np.float32, np.float64))
-    assert adam_kernels.takes([float32]) == (device == "cuda")
+    assert adam_kernels.takes([float32]) == (device != "cpu")
     assert not adam_kernels.takes([float32, float64])
     assert not adam_kernels.takes([])
     with ag.use_reference():

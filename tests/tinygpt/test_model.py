@@ -286,14 +286,13 @@ def test_tiny_model_overfits_one_batch(device):
     assert first > 2.0 and loss.item() < 0.02
 
 
-@pytest.mark.gpu
-def test_a_training_step_gives_the_same_numbers_on_numpy_and_cupy():
+def test_a_training_step_gives_the_same_numbers_on_numpy_and_cupy(gpu_device):
     """One forward, backward and Adam step of the same model on the CPU and on the GPU agree to
     float32 tolerance: the loss, every gradient, and every updated parameter."""
     config = GPTConfig(**{**SMALL, **NO_DROPOUT})
     ids = np.random.default_rng(3).integers(0, config.vocab_size, (3, config.n_ctx + 1))
     results = []
-    for device in ("cpu", "cuda"):
+    for device in ("cpu", gpu_device):
         model = randomize(GPT(config), seed=4).to(device)
         optimizer = Adam(model.parameters(), lr=1e-2, l2=0.01)
         loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])

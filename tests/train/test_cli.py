@@ -214,5 +214,5 @@ def test_evaluation_draws_a_progress_bar_on_a_terminal(run, capsys, monkeypatch,
 def test_a_device_is_checked_and_kept_as_given():
     """--device auto stays 'auto' for each rank to resolve; a bad name is an argparse type error."""
     assert device_name("auto") == "auto" and device_name("cpu") == "cpu"
-    with pytest.raises(argparse.ArgumentTypeError, match="'cpu', 'cuda', 'cuda:N' or 'auto'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="'cuda:N', 'auto' or 'cuda-emulated'"):
         device_name("gpu")

@@ -1,0 +1,438 @@
+// The emulated CUDA device's launch (see cuda.h): the threads of a block as fibers on one OS thread, a
+// scheduler per block, and the signals that name a memory fault.
+//
+// A fiber has its own stack (a guard page below it). It is made once, with makecontext and setcontext, and
+// from then on switched to and from with _setjmp / _longjmp, which save and restore a few registers and make
+// no system call (glibc's swapcontext makes one per switch, to save the signal mask). The library is built
+// with -U_FORTIFY_SOURCE: the fortified longjmp refuses to jump to another stack.
+//
+// A block: every thread starts RUNNABLE. The scheduler runs each runnable thread in turn (in the launch's
+// order) until it blocks: at __syncthreads() (AT_BARRIER), at a warp shuffle (AT_WARP) or at its end (DONE).
+// When none can run:
+//   - a warp whose lanes of a shuffle's mask all wait at that same shuffle (their count of shuffles equal)
+//     exchanges its values, and those lanes run again; a lane of the mask that has ended, waits at
+//     __syncthreads() or at another shuffle can never arrive: an error;
+//   - else, when every thread that has not ended waits at __syncthreads(), they all go on, in a new order
+//     (the next phase); a thread that ended while others wait there is an error;
+//   - else every thread has ended, and the next block starts.
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "cuda.h"
+
+extern "C" {
+uint3 emu_thread_idx, emu_block_idx;
+dim3 emu_block_dim, emu_grid_dim;
+}
+
+namespace {
+
+constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber; pages are only committed where touched
+const char* const WARP_CALLS[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+                                  "__syncwarp"};
+
+enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
+
+struct Fiber {
+    jmp_buf start;  // the top of its stack, where each CUDA thread it runs begins
+    jmp_buf where;  // where it waits
+    char* mapping;  // a guard page, then its stack
+    State state;
+    bool started;
+    uint3 tid;
+    int lane;
+    unsigned meetings;  // the warp meetings (shuffles) it has been to in this block
+    int kind, arg, width;
+    unsigned mask;
+    unsigned long long value;  // its value at a shuffle, then the value it receives
+};
+
+size_t page_size;
+std::vector<Fiber*> fibers;  // the pool: as many as the largest block so far, kept between launches
+std::vector<int> order;
+Fiber* current;
+int n_threads;
+unsigned phase;
+jmp_buf scheduler;  // where a fiber goes back to the scheduler
+jmp_buf aborted;    // where an error found inside a fiber ends the launch
+sigjmp_buf faulted;
+EmuLaunch* launch;
+void (*body)(void*);
+void* body_context;
+pthread_t launching_thread;
+volatile sig_atomic_t in_launch;
+struct sigaction previous[NSIG];
+const int SIGNALS[] = {SIGSEGV, SIGBUS, SIGFPE};
+char* signal_stack;
+
+// The library's thread-local block: the __shared__ variables of the kernels (cuda.h makes them static
+// __thread), and this byte, which is written (volatile: the write stays) so that glibc makes the block for
+// this OS thread before the first kernel runs.
+__thread volatile char tls_anchor;
+char* shared_start;
+size_t shared_bytes;
+bool shared_found;
+
+void fiber_main() {
+    if (_setjmp(current->start) == 0) _longjmp(scheduler, 1);  // made: back to make_fiber
+    body(body_context);                                         // each start of a CUDA thread comes here
+    current->state = DONE;
+    _longjmp(scheduler, 1);
+}
+
+Fiber* make_fiber() {
+    Fiber* f = new Fiber();
+    f->mapping = static_cast<char*>(mmap(nullptr, page_size + STACK_BYTES, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (f->mapping == MAP_FAILED) abort();
+    mprotect(f->mapping, page_size, PROT_NONE);  // an overflowing stack faults here
+    ucontext_t context;
+    getcontext(&context);
+    context.uc_stack.ss_sp = f->mapping + page_size;
+    context.uc_stack.ss_size = STACK_BYTES;
+    context.uc_link = nullptr;
+    makecontext(&context, fiber_main, 0);
+    current = f;
+    if (_setjmp(scheduler) == 0) setcontext(&context);
+    return f;
+}
+
+// Switches from the scheduler to fiber f until it blocks or ends.
+void resume(Fiber* f) {
+    current = f;
+    emu_thread_idx = f->tid;
+    bool fresh = !f->started;
+    f->started = true;
+    if (_setjmp(scheduler) == 0) _longjmp(fresh ? f->start : f->where, 1);
+}
+
+// Switches from the current fiber to the scheduler; returns when the scheduler lets it go on.
+void block_current(State state) {
+    current->state = state;
+    if (_setjmp(current->where) == 0) _longjmp(scheduler, 1);
+}
+
+void describe(const Fiber* f, const char* format, va_list args) {
+    for (int i = 0; i < 3; ++i) {
+        launch->error_block[i] = (&emu_block_idx.x)[i];
+        launch->error_thread[i] = (&f->tid.x)[i];
+    }
+    vsnprintf(launch->message, sizeof launch->message, format, args);
+}
+
+// An error found by the scheduler: the launch returns 1.
+int error(const Fiber* f, const char* format, ...) {
+    va_list args;
+    va_start(args, format);
+    describe(f, format, args);
+    va_end(args);
+    return 1;
+}
+
+// An error found inside a fiber: the launch returns 1 at once.
+[[noreturn]] void fail(const char* format, ...) {
+    va_list args;
+    va_start(args, format);
+    describe(current, format, args);
+    va_end(args);
+    _longjmp(aborted, 1);
+}
+
+// ----- warp meetings
+
+// The lane whose value lane m of a meeting receives (m itself where CUDA keeps a lane's own value).
+int source_lane(const Fiber* f, int m) {
+    int w = f->width, base = m / w * w;
+    switch (f->kind) {
+        case EMU_SHFL_IDX:
+            return base + ((f->arg % w) + w) % w;
+        case EMU_SHFL_UP:
+            return m - f->arg >= base ? m - f->arg : m;
+        case EMU_SHFL_DOWN:
+            return m + f->arg < base + w ? m + f->arg : m;
+        case EMU_SHFL_XOR: {
+            int source = m ^ f->arg;
+            return source >= base && source < base + w ? source : m;
+        }
+        default:
+            return m;
+    }
+}
+
+// Completes every warp meeting whose lanes are all there: the number of lanes let go, or -1 on an error.
+// Called when no thread can run, so a lane of a mask that is not at the meeting never will be.
+int meet_warps() {
+    int released = 0;
+    for (int first = 0; first < n_threads; first += 32) {
+        int lanes = std::min(32, n_threads - first);
+        for (int l = 0; l < lanes; ++l) {
+            Fiber* a = fibers[first + l];
+            if (a->state != AT_WARP) continue;
+            const char* call = WARP_CALLS[a->kind];
+            for (int m = 0; m < 32; ++m) {
+                if (!(a->mask >> m & 1u)) continue;
+                if (m >= lanes)
+                    return -error(a, "%s with mask 0x%08x names lane %d of warp %d, which does not exist in a "
+                                     "block of %d threads", call, a->mask, m, first / 32, n_threads);
+                Fiber* b = fibers[first + m];
+                if (b->state == DONE)
+                    return -error(a, "lane %d waits at %s (mask 0x%08x) for lane %d, which has ended", l, call,
+                                  a->mask, m);
+                if (b->state == AT_BARRIER)
+                    return -error(a, "lane %d waits at %s (mask 0x%08x) for lane %d, which waits at "
+                                     "__syncthreads()", l, call, a->mask, m);
+                if (b->kind != a->kind || b->mask != a->mask || b->width != a->width || b->meetings != a->meetings)
+                    return -error(a, "the warp diverges: lane %d waits at its shuffle #%u (%s, mask 0x%08x), lane "
+                                     "%d at its shuffle #%u (%s, mask 0x%08x)", l, a->meetings + 1, call, a->mask,
+                                  m, b->meetings + 1, WARP_CALLS[b->kind], b->mask);
+            }
+            unsigned long long received[32];
+            for (int m = 0; m < 32; ++m) {
+                if (!(a->mask >> m & 1u)) continue;
+                int source = source_lane(fibers[first + m], m);
+                if (!(a->mask >> source & 1u))
+                    return -error(fibers[first + m], "lane %d of %s reads lane %d, which is not in the mask 0x%08x",
+                                  m, call, source, a->mask);
+                received[m] = fibers[first + source]->value;
+            }
+            for (int m = 0; m < 32; ++m) {
+                if (!(a->mask >> m & 1u)) continue;
+                Fiber* b = fibers[first + m];
+                b->value = received[m];
+                b->meetings += 1;
+                b->state = RUNNABLE;
+                released += 1;
+            }
+        }
+    }
+    return released;
+}
+
+// ----- a block
+
+unsigned long long splitmix64(unsigned long long& state) {
+    unsigned long long z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// The order of the threads in this phase (the stretch between two barriers) of block `block`.
+void order_threads(unsigned long long block) {
+    std::iota(order.begin(), order.end(), 0);
+    if (launch->order == 1) std::reverse(order.begin(), order.end());
+    if (launch->order == 2) {
+        unsigned long long state = launch->seed ^ (block * 0xD1B54A32D192ED03ull) ^ (phase * 0xABC98388FB8FAC03ull);
+        for (int i = n_threads - 1; i > 0; --i) std::swap(order[i], order[splitmix64(state) % (i + 1)]);
+    }
+}
+
+void fill_shared_with_nan() {
+    const uint32_t nan = 0x7FC00000u;
+    size_t words = shared_bytes / 4;
+    uint32_t* p = reinterpret_cast<uint32_t*>(shared_start);
+    for (size_t i = 0; i < words; ++i) p[i] = nan;
+    memcpy(shared_start + 4 * words, &nan, shared_bytes % 4);
+}
+
+int run_block(unsigned long long block) {
+    fill_shared_with_nan();
+    const dim3& d = emu_block_dim;
+    for (int i = 0; i < n_threads; ++i) {
+        Fiber* f = fibers[i];
+        f->state = RUNNABLE;
+        f->started = false;
+        f->meetings = 0;
+        f->tid = {i % d.x, i / d.x % d.y, i / (d.x * d.y)};
+        f->lane = i % 32;
+    }
+    for (phase = 0;; ++phase) {
+        order_threads(block);
+        for (int released = 1; released > 0;) {
+            for (int i : order)
+                if (fibers[i]->state == RUNNABLE) resume(fibers[i]);
+            released = meet_warps();
+            if (released < 0) return 1;
+        }
+        Fiber *waiting = nullptr, *ended = nullptr;
+        for (int i = 0; i < n_threads; ++i) {
+            if (fibers[i]->state == AT_BARRIER && !waiting) waiting = fibers[i];
+            if (fibers[i]->state == DONE && !ended) ended = fibers[i];
+        }
+        if (!waiting) return 0;
+        if (ended)
+            return error(waiting, "this thread waits at __syncthreads() while thread (%u, %u, %u) has ended "
+                                  "without reaching it", ended->tid.x, ended->tid.y, ended->tid.z);
+        for (int i = 0; i < n_threads; ++i) fibers[i]->state = RUNNABLE;
+    }
+}
+
+int run_blocks() {
+    const dim3& g = emu_grid_dim;
+    unsigned long long block = 0;
+    for (unsigned z = 0; z < g.z; ++z)
+        for (unsigned y = 0; y < g.y; ++y)
+            for (unsigned x = 0; x < g.x; ++x, ++block) {
+                emu_block_idx = {x, y, z};
+                if (run_block(block)) return 1;
+            }
+    return 0;
+}
+
+// ----- memory faults
+
+bool in_fiber_guard(uintptr_t address) {
+    for (Fiber* f : fibers) {
+        uintptr_t guard = reinterpret_cast<uintptr_t>(f->mapping);
+        if (address >= guard && address < guard + page_size) return true;
+    }
+    return false;
+}
+
+void on_fault(int signal, siginfo_t* info, void* context) {
+    if (!in_launch || !pthread_equal(pthread_self(), launching_thread)) {
+        sigaction(signal, &previous[signal], nullptr);  // not ours: the previous handler takes it when the
+        return;                                         // instruction faults again
+    }
+    uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
+    launch->fault_address = address;
+    launch->fault = 3;
+    if (signal == SIGFPE) {
+        launch->fault = 5;
+    } else if (in_fiber_guard(address)) {
+        launch->fault = 4;
+    } else {
+#if defined(__x86_64__)
+        // the page fault's error code: bit 1 is set for a write
+        auto* uc = static_cast<ucontext_t*>(context);
+        launch->fault = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? 2 : 1;
+#else
+        (void)context;
+#endif
+    }
+    for (int i = 0; i < 3; ++i) {
+        launch->error_block[i] = (&emu_block_idx.x)[i];
+        launch->error_thread[i] = current ? (&current->tid.x)[i] : 0;
+    }
+    siglongjmp(faulted, 1);
+}
+
+int find_tls(dl_phdr_info* info, size_t, void* base) {
+    if (reinterpret_cast<void*>(info->dlpi_addr) != base) return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            shared_start = static_cast<char*>(info->dlpi_tls_data);
+            shared_bytes = info->dlpi_phdr[i].p_memsz;
+            shared_found = shared_start != nullptr;
+        }
+    }
+    return 1;
+}
+
+bool locate_shared_memory() {
+    tls_anchor = 0;  // the block of this thread now exists
+    Dl_info self;
+    dladdr(reinterpret_cast<void*>(&emu_run), &self);
+    shared_found = false;
+    dl_iterate_phdr(find_tls, self.dli_fbase);
+    return shared_found;
+}
+
+}  // namespace
+
+extern "C" void emu_syncthreads() { block_current(AT_BARRIER); }
+
+extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned long long bits, int arg, int width) {
+    Fiber* f = current;
+    if (!(mask >> f->lane & 1u))
+        fail("lane %d calls %s with mask 0x%08x, which leaves it out", f->lane, WARP_CALLS[kind], mask);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        fail("%s with width %d: the width is a power of 2 up to 32", WARP_CALLS[kind], width);
+    f->kind = kind;
+    f->mask = mask;
+    f->value = bits;
+    f->arg = arg;
+    f->width = width;
+    block_current(AT_WARP);
+    return current->value;
+}
+
+extern "C" int emu_run(EmuLaunch* l, void (*b)(void*), void* context) {
+    launch = l;
+    body = b;
+    body_context = context;
+    l->fault = 0;
+    l->message[0] = '\0';
+    page_size = sysconf(_SC_PAGESIZE);
+    n_threads = static_cast<int>(l->block[0] * l->block[1] * l->block[2]);
+    if (n_threads < 1 || n_threads > 1024) {
+        snprintf(l->message, sizeof l->message, "a block of %d threads", n_threads);
+        return 1;
+    }
+    while (static_cast<int>(fibers.size()) < n_threads) fibers.push_back(make_fiber());
+    order.resize(n_threads);
+    current = nullptr;
+    if (!locate_shared_memory()) {
+        snprintf(l->message, sizeof l->message, "the library's thread-local block (its shared memory) is not found");
+        return 1;
+    }
+    emu_block_dim = dim3(l->block[0], l->block[1], l->block[2]);
+    emu_grid_dim = dim3(l->grid[0], l->grid[1], l->grid[2]);
+
+    if (!signal_stack) signal_stack = static_cast<char*>(malloc(1 << 16));
+    stack_t alternate = {}, previous_stack;
+    alternate.ss_sp = signal_stack;
+    alternate.ss_size = 1 << 16;
+    sigaltstack(&alternate, &previous_stack);
+    struct sigaction action = {};
+    action.sa_sigaction = on_fault;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    for (int s : SIGNALS) sigaction(s, &action, &previous[s]);
+    launching_thread = pthread_self();
+    in_launch = 1;
+
+    int result;
+    if (sigsetjmp(faulted, 1))
+        result = 2;
+    else if (_setjmp(aborted))
+        result = 1;
+    else
+        result = run_blocks();
+
+    in_launch = 0;
+    for (int s : SIGNALS) sigaction(s, &previous[s], nullptr);
+    sigaltstack(&previous_stack, nullptr);
+    return result;
+}
+
+// Memory for a copy of an array argument of `bytes` bytes: a mapping of a PROT_NONE page, the bytes rounded
+// up to whole pages, and another PROT_NONE page. emulated.py puts the array at the end of the middle pages,
+// so that the first byte past it faults.
+EMU_EXPORT void* emu_map_guarded(size_t bytes) {
+    size_t page = sysconf(_SC_PAGESIZE), middle = (bytes + page - 1) / page * page;
+    char* mapping = static_cast<char*>(
+        mmap(nullptr, middle + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (mapping == MAP_FAILED) return nullptr;
+    mprotect(mapping, page, PROT_NONE);
+    mprotect(mapping + page + middle, page, PROT_NONE);
+    return mapping;
+}
+
+EMU_EXPORT void emu_unmap_guarded(void* mapping, size_t bytes) {
+    size_t page = sysconf(_SC_PAGESIZE), middle = (bytes + page - 1) / page * page;
+    munmap(mapping, middle + 2 * page);
+}

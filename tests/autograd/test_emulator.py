@@ -1,0 +1,692 @@
+"""The emulated CUDA device (autograd/kernels/emulated.py, autograd/kernels/emulator/): CUDA's semantics
+on the CPU, shown with tiny kernels of the tests' own; the project's real kernels, run through their
+launchers on it, giving their references' numbers (and masks, bit for bit) in every order of the
+threads; and mutation tests: a copy of a source with one of the bugs the emulator exists to catch
+fails its kernel's check, where the unmutated copy passes."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import autograd as ag
+from autograd import backend
+from autograd import functional as F
+from autograd.kernels import emulated, gpu
+from autograd.kernels.emulated import EmulatorError
+from tests import fake_cuda
+from tests.autograd.test_functional import fresh_stream
+from tests.autograd.test_kernels import assert_fast_equals_reference
+from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
+from tests.autograd.test_kernels_adam import train
+from tests.autograd.test_kernels_loss_embedding import assert_close, both_paths, summation_slack
+from tests.autograd.test_kernels_norm_gelu import assert_paths_agree, layer_norm_dtypes
+
+if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to build the kernels for the CPU", allow_module_level=True)
+
+ALL_ORDERS = tuple(emulated.ORDERS)  # as written, reversed, shuffled
+
+# ----- tiny kernels of the tests' own
+
+SOURCE = r"""
+// Every thread writes its entry of a tile; after the barrier each reads another thread's entry.
+// Blocks and grids of three dimensions: each block takes n = its threads' count of x.
+extern "C" __global__ void rotate(const float* x, float* y, int shift) {
+    __shared__ float tile[1024];
+    int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int n = blockDim.x * blockDim.y * blockDim.z;
+    long long base = (blockIdx.x + gridDim.x * (blockIdx.y + 1ll * gridDim.y * blockIdx.z)) * n;
+    tile[t] = 2.0f * x[base + t];
+    __syncthreads();
+    y[base + t] = tile[(t + shift) % n];
+}
+
+// Each thread reads its right neighbour's entry and overwrites its own: without a barrier between
+// the two, a thread may read an entry already overwritten (a race that no NaN shows).
+#define SHIFT_LEFT(name, BETWEEN)                           \
+    extern "C" __global__ void name(float* x) {             \
+        __shared__ float tile[1024];                        \
+        int t = threadIdx.x;                                \
+        tile[t] = x[t];                                     \
+        __syncthreads();                                    \
+        float right = tile[(t + 1) % blockDim.x];           \
+        BETWEEN;                                            \
+        tile[t] = 2.0f * right;                             \
+        __syncthreads();                                    \
+        x[t] = tile[t];                                     \
+    }
+SHIFT_LEFT(shift_left, __syncthreads())
+SHIFT_LEFT(shift_left_racing, (void)0)
+
+extern "C" __global__ void shuffles(const float* x, float* out, int offset, int width) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, n = gridDim.x * blockDim.x;
+    float v = x[i];
+    out[i] = __shfl_xor_sync(0xFFFFFFFFu, v, offset, width);
+    out[n + i] = __shfl_down_sync(0xFFFFFFFFu, v, offset, width);
+    out[2 * n + i] = __shfl_up_sync(0xFFFFFFFFu, v, offset, width);
+    out[3 * n + i] = __shfl_sync(0xFFFFFFFFu, v, offset, width);
+}
+
+// Lanes below `early` leave before the warp's shuffle.
+extern "C" __global__ void early_exit(float* x, int early) {
+    if (threadIdx.x < early) return;
+    x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
+}
+
+// The odd lanes take one shuffle more than the even ones.
+extern "C" __global__ void diverging(float* x) {
+    float v = x[threadIdx.x];
+    if (threadIdx.x % 2) v = __shfl_down_sync(0xFFFFFFFFu, v, 1);
+    x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+}
+
+// Lane 3 waits at a barrier while the rest of its warp shuffles.
+extern "C" __global__ void barrier_in_a_shuffle(float* x) {
+    if (threadIdx.x == 3) __syncthreads();
+    else x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, x[threadIdx.x], 1);
+}
+
+// Every lane shuffles with a mask of lanes 0 to 15.
+extern "C" __global__ void outside_the_mask(float* x) {
+    x[threadIdx.x] = __shfl_xor_sync(0x0000FFFFu, x[threadIdx.x], 1);
+}
+
+// Threads below `early` leave before the barrier that the others wait at.
+extern "C" __global__ void barrier_skipped(float* x, int early) {
+    __shared__ float tile[1024];
+    if (threadIdx.x < early) return;
+    tile[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    x[threadIdx.x] = tile[threadIdx.x];
+}
+
+extern "C" __global__ void copy_shifted(const float* x, float* y, long long read_shift, long long write_shift,
+                                        long long n) {
+    long long i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i + write_shift] = x[i + read_shift];
+}
+
+// Thread 0 writes through one view; after the barrier every thread reads through another.
+extern "C" __global__ void through_views(float* a, const float* b, float* out) {
+    if (threadIdx.x == 0) a[5] = 42.0f;
+    __syncthreads();
+    out[threadIdx.x] = b[threadIdx.x];
+}
+
+extern "C" __global__ void scale(float* x, float factor, int n) {
+    if (threadIdx.x < n) x[threadIdx.x] *= factor;
+}
+
+extern "C" __global__ void divide(int* x, int by) { x[threadIdx.x] /= by; }
+
+__device__ float deep(int n) {
+    volatile float frame[256];
+    frame[0] = n;
+    return n == 0 ? frame[0] : deep(n - 1) + frame[0];
+}
+extern "C" __global__ void recurse(float* x, int depth) { x[threadIdx.x] = deep(depth); }
+
+extern "C" __global__ void __launch_bounds__(64) bounded(float* x) { x[threadIdx.x] = 1.0f; }
+
+extern "C" __global__ void too_much_shared(float* x) {
+    __shared__ float big[13000];  // 52,000 bytes
+    big[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    x[threadIdx.x] = big[(threadIdx.x + 1) % blockDim.x];
+}
+
+// Every thread adds 1 to a counter and takes the larger of its index and a running maximum; old
+// values come back: atomics, in the order the scheduler runs the threads.
+extern "C" __global__ void atomics(int* counter, int* before, int* largest) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    before[t] = atomicAdd(counter, 1);
+    atomicMax(largest, t);
+}
+"""
+
+
+# What shared memory holds before a thread of the block writes it, in a template's static array and a
+# plain function's; then the block writes it, for the next block to find NaN again. A source of its own,
+# so that its library's first launch is the test's.
+SHARED_SOURCE = r"""
+template <int N>
+__device__ unsigned int seen_in_template() {
+    __shared__ float tile[N];
+    unsigned int seen = __float_as_uint(tile[threadIdx.x]);
+    __syncthreads();
+    tile[threadIdx.x] = 1.0f;
+    return seen;
+}
+__device__ unsigned int seen_in_function() {
+    __shared__ unsigned int words[64];
+    unsigned int seen = words[threadIdx.x];
+    __syncthreads();
+    words[threadIdx.x] = 7u;
+    return seen;
+}
+extern "C" __global__ void shared_at_start(unsigned int* seen) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    seen[2 * i] = seen_in_template<64>();
+    seen[2 * i + 1] = seen_in_function();
+}
+
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tests' own kernels, built for the emulated device."""
+    return emulated.build(SOURCE, "emulator_test")
+
+
+def floats(n, seed=0):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("block, grid", [((64,), (3,)), ((8, 4, 2), (2, 3, 2)), ((1024,), (1,))])
+def test_a_barrier_waits_for_every_thread_of_the_block(tiny, block, grid):
+    """Each thread reads, after __syncthreads(), an entry another thread wrote: in every order."""
+    n = int(np.prod(block))
+    x = floats(n * int(np.prod(grid)))
+    y = np.zeros_like(x)
+    with emulated.thread_orders(*ALL_ORDERS):
+        tiny.kernel("rotate")(grid, block, (x, y, np.int32(5)))
+    expected = np.roll(2 * x.reshape(-1, n), -5, axis=1).reshape(-1)
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_a_race_between_barriers_shows_as_a_difference_between_orders(tiny):
+    """A read and an overwrite of the same shared entry with no barrier between: each single order
+    gives numbers (no NaN), different ones; thread_orders names the kernel. With the barrier, none."""
+    x = floats(96)
+    results = {}
+    for order in ALL_ORDERS:
+        results[order] = x.copy()
+        with emulated.thread_orders(order):
+            tiny.kernel("shift_left_racing")((1,), (96,), (results[order],))
+    assert not np.isnan(results["written"]).any()
+    assert not np.array_equal(results["written"], results["reversed"])
+    with pytest.raises(EmulatorError, match=r"shift_left_racing: .*orders .* argument 0: a race"):
+        with emulated.thread_orders(*ALL_ORDERS):
+            tiny.kernel("shift_left_racing")((1,), (96,), (x.copy(),))
+    fixed = x.copy()
+    with emulated.thread_orders(*ALL_ORDERS):
+        tiny.kernel("shift_left")((1,), (96,), (fixed,))
+    np.testing.assert_array_equal(fixed, 2 * np.roll(x, -1))
+
+
+def gpu_shuffles(x, offset, width):
+    """A GPU's __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync and __shfl_sync of x, whose entries
+    go to consecutive lanes of warps: a lane whose source lies outside its segment of `width` lanes
+    keeps its own value."""
+    i = np.arange(len(x))
+    lane = i % 32
+    base = lane // width * width
+
+    def inside(source):
+        return np.where((source >= base) & (source < base + width), source, lane)
+
+    sources = [inside(lane ^ offset), inside(lane + offset), inside(lane - offset), base + offset % width]
+    return np.concatenate([x[i - lane + source] for source in sources])
+
+
+@pytest.mark.parametrize("offset, width", [(1, 32), (5, 32), (16, 32), (31, 32), (1, 8), (3, 8), (2, 4)])
+def test_shuffles_give_a_gpus_values(tiny, offset, width):
+    x = floats(128)
+    out = np.zeros(4 * len(x), np.float32)
+    with emulated.thread_orders(*ALL_ORDERS):
+        tiny.kernel("shuffles")((2,), (64,), (x, out, np.int32(offset), np.int32(width)))
+    np.testing.assert_array_equal(out, gpu_shuffles(x, offset, width))
+
+
+@pytest.mark.parametrize("order", ALL_ORDERS)
+def test_atomics_update_one_at_a_time(tiny, order):
+    """128 threads each add 1: the counter ends at 128 and each thread got a different value before
+    it, 0 to 127, in the order the threads ran; the maximum ends at the largest index."""
+    counter, before, largest = np.zeros(1, np.int32), np.full(128, -1, np.int32), np.zeros(1, np.int32)
+    with emulated.thread_orders(order):
+        tiny.kernel("atomics")((2,), (64,), (counter, before, largest))
+    assert counter[0] == 128 and largest[0] == 127
+    np.testing.assert_array_equal(np.sort(before), np.arange(128))
+    assert (before == np.arange(128)).all() == (order == "written")
+
+
+MISSING = {  # kernel: its arguments after x, and what the error says
+    "early_exit": (
+        (np.int32(4),),
+        r"lane 4 waits at __shfl_xor_sync \(mask 0xffffffff\) for lane 0, which has ended",
+    ),
+    "diverging": ((), r"the warp diverges: lane 0 waits at its shuffle #1 \(__shfl_xor.*#1 \(__shfl_down"),
+    "barrier_in_a_shuffle": ((), r"for lane 3, which waits at __syncthreads\(\)"),
+    "outside_the_mask": ((), r"16, 0, 0\): lane 16 calls __shfl_xor_sync with mask 0x0000ffff"),
+    "barrier_skipped": ((np.int32(40),), r"waits at __syncthreads\(\) while thread \(0, 0, 0\) has ended"),
+}
+
+
+@pytest.mark.parametrize("kernel", MISSING)
+def test_a_thread_missing_from_a_barrier_or_a_shuffle_is_an_error(tiny, kernel):
+    args, message = MISSING[kernel]
+    with pytest.raises(EmulatorError, match=rf"^{kernel}: block \(0, 0, 0\) thread \(.*{message}"):
+        tiny.kernel(kernel)((1,), (64,), (floats(64), *args))
+
+
+def test_shared_memory_starts_as_nan_in_every_block():
+    """Every 32-bit word 0x7FC00000 before the block writes it, in each of three blocks, though the
+    block before wrote it; also in a static array of a function template."""
+    seen = np.zeros(2 * 3 * 64, np.uint32)
+    emulated.build(SHARED_SOURCE, "emulator_test_shared").kernel("shared_at_start")((3,), (64,), (seen,))
+    assert (seen == 0x7FC00000).all()
+
+
+N = 1000  # floats: 4000 bytes, so 96 bytes of NaN lie between the guard page and the array
+
+
+@pytest.mark.parametrize(
+    "read_shift, write_shift, message",
+    [
+        (1, 0, r"block \(3, 0, 0\) thread \(231, 0, 0\): reads element 1000 of argument 0, past its end"),
+        (0, 1, r"block \(3, 0, 0\) thread \(231, 0, 0\): writes element 1000 of argument 1, past its end"),
+        (-25, 0, r"block \(0, 0, 0\) thread \(0, 0, 0\): reads element -25 of argument 0, before its start"),
+        (0, -1, r"a thread writes element -1 of argument 1, before its start"),
+    ],
+)
+def test_a_read_or_a_write_outside_an_array_is_caught_and_named(tiny, read_shift, write_shift, message):
+    x, y = floats(N), np.zeros(N, np.float32)
+    args = (x, y, np.int64(read_shift), np.int64(write_shift), np.int64(N))
+    with pytest.raises(EmulatorError, match=rf"^copy_shifted: {message}"):
+        tiny.kernel("copy_shifted")((4,), (256,), args)
+    assert (y == 0).all()  # a failed launch writes nothing back
+
+
+def test_a_read_just_before_an_array_reads_nan_and_a_null_pointer_is_named(tiny):
+    x, y = floats(N), np.zeros(N, np.float32)
+    tiny.kernel("copy_shifted")((4,), (256,), (x, y, np.int64(-1), np.int64(0), np.int64(N)))
+    assert np.isnan(y[0]) and (y[1:] == x[:-1]).all()
+    with pytest.raises(EmulatorError, match=r"reads address 0x[0-9a-f]+: through a null pointer"):
+        tiny.kernel("copy_shifted")((4,), (256,), (np.uintp(0), y, np.int64(0), np.int64(0), np.int64(N)))
+
+
+def test_views_of_one_array_stay_views_of_one_copy(tiny):
+    """a and b overlap: what thread 0 writes through a, the others read through b (and it is written
+    back); a strided view's pointer is its first element."""
+    memory = np.zeros(16, np.float32)
+    out = np.zeros(8, np.float32)
+    tiny.kernel("through_views")((1,), (8,), (memory[:8], memory[3:11], out))
+    assert out[2] == 42 and memory[5] == 42
+    strided = np.arange(24, dtype=np.float32)[2::3]  # 2, 5, ..., 23
+    tiny.kernel("copy_shifted")((1,), (32,), (strided, out, np.int64(0), np.int64(0), np.int64(8)))
+    np.testing.assert_array_equal(out, np.arange(2, 10))  # x[i]: the i-th float from its first element
+
+
+def test_an_integer_division_by_zero_is_named(tiny):
+    with pytest.raises(EmulatorError, match=r"^divide: block \(0, 0, 0\) thread \(0, 0, 0\): an arithmetic"):
+        tiny.kernel("divide")((1,), (32,), (np.arange(32, dtype=np.int32), np.int32(0)))
+
+
+def test_a_stack_overflow_is_named_and_the_next_launch_runs(tiny):
+    x = floats(32)
+    with pytest.raises(EmulatorError, match=r"^recurse: block \(0, 0, 0\) thread \(0, 0, 0\): its stack"):
+        tiny.kernel("recurse")((1,), (32,), (x, np.int32(100_000)))
+    tiny.kernel("recurse")((1,), (32,), (x, np.int32(10)))
+    assert (x == 55).all()
+
+
+@pytest.mark.parametrize(
+    "kernel, grid, block, shared_mem, message",
+    [
+        ("bounded", (1,), (65,), 0, "65 threads per block, over 64"),
+        ("scale", (1,), (1025,), 0, "1025 threads per block, over 1024"),
+        ("scale", (1,), (1, 1, 65), 0, r"block \(1, 1, 65\) over CUDA's \(1024, 1024, 64\)"),
+        ("scale", (1, 65536), (32,), 0, r"grid \(1, 65536, 1\) over CUDA's \(2147483647, 65535, 65535\)"),
+        ("scale", (2**31,), (32,), 0, r"grid \(2147483648, 1, 1\) over"),
+        ("scale", (0,), (32,), 0, r"grid \(0, 1, 1\)"),
+        ("scale", (1,), (32,), 16, "shared_mem=16: no kernel here declares dynamic shared memory"),
+        ("too_much_shared", (1,), (32,), 0, "52000 bytes of static shared memory, over 49152"),
+    ],
+)
+def test_a_launch_over_a_gpus_limits_is_refused(tiny, kernel, grid, block, shared_mem, message):
+    args = (floats(2048),) + ((np.float32(2), np.int32(32)) if kernel == "scale" else ())
+    with pytest.raises(EmulatorError, match=f"^{kernel}: .*{message}"):
+        tiny.kernel(kernel)(grid, block, args, shared_mem=shared_mem)
+    if kernel == "bounded":
+        tiny.kernel(kernel)(grid, (64,), args)
+
+
+def replaced(args, i, value):
+    return args[:i] + (value,) + args[i + 1 :]
+
+
+# copy_shifted(const float* x, float* y, long long read_shift, long long write_shift, long long n)
+WRONG_ARGUMENTS = {
+    "an argument left out": (lambda a: a[:-1], "4 arguments for 5 parameters"),
+    "np.int32 for a long long": (
+        lambda a: replaced(a, 4, np.int32(N)),
+        r"argument 4: int32 \(4 bytes\) for long long \(8",
+    ),
+    "np.int64 for a pointer": (
+        lambda a: replaced(a, 0, np.int64(a[0].ctypes.data)),
+        "argument 0: .* for the pointer float",
+    ),
+    "an array for a value": (
+        lambda a: replaced(a, 2, np.zeros(1, np.int64)),
+        "argument 2: an array for the value long long",
+    ),
+    "a Python int": (
+        lambda a: replaced(a, 4, N),
+        "argument 4: int 1000: only arrays and NumPy scalars have a fixed width",
+    ),
+    "a float64 array for a float*": (
+        lambda a: replaced(a, 1, np.zeros(N)),
+        r"argument 1: a float64 array for a float\*",
+    ),
+    "a bfloat16 array for a float*": (
+        lambda a: replaced(a, 0, a[0].astype(ag.bfloat16)),
+        "argument 0: a bfloat16 array for a float",
+    ),
+    "np.float64 for a long long": (
+        lambda a: replaced(a, 2, np.float64(0)),
+        "argument 2: float64 for long long: an integer and a floating",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", WRONG_ARGUMENTS)
+def test_an_argument_that_does_not_fit_its_parameter_is_refused(tiny, mistake):
+    alter, message = WRONG_ARGUMENTS[mistake]
+    args = (floats(N), np.zeros(N, np.float32), np.int64(0), np.int64(0), np.int64(N))
+    tiny.kernel("copy_shifted")((4,), (256,), args)
+    with pytest.raises(EmulatorError, match=f"^copy_shifted: {message}"):
+        tiny.kernel("copy_shifted")((4,), (256,), alter(args))
+
+
+def test_an_integer_for_a_float_is_refused(tiny):
+    with pytest.raises(EmulatorError, match="^scale: argument 1: int32 for float: an integer and a floating"):
+        tiny.kernel("scale")((1,), (32,), (floats(32), np.int32(2), np.int32(32)))
+
+
+def test_kernels_are_named_as_gpu_kernel_names_them():
+    k = emulated.kernel("gelu", "gelu_forward", ag.bfloat16)
+    assert k.name == "gelu_forward_bf16" and k.params == ["pu2", "pu2", "vi8"]  # bf16: unsigned short
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        emulated.kernel("gelu", "gelu_forward", np.float64)
+    with pytest.raises(EmulatorError, match="gelu.cu has no kernel nothing_f32"):
+        emulated.kernel("gelu", "nothing", np.float32)
+
+
+def test_a_build_is_kept_on_disk_and_an_unwritable_cache_only_means_building_again(monkeypatch, tmp_path):
+    text = 'extern "C" __global__ void nothing(float* x) {}  // ' + str(tmp_path)
+    monkeypatch.setattr(emulated, "CACHE", tmp_path / "cache")
+    first = emulated._build.__wrapped__(text, "kept", False)
+    assert first.path.parent == tmp_path / "cache" and first.path.is_file()
+    monkeypatch.setattr(emulated.subprocess, "Popen", None)  # a second build would fail: it loads the file
+    assert emulated._build.__wrapped__(text, "kept", False).path == first.path
+    monkeypatch.undo()
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setattr(emulated, "CACHE", tmp_path / "a file" / "cache")
+    elsewhere = emulated._build.__wrapped__(text, "kept", False)
+    assert elsewhere.path.is_file() and tmp_path not in elsewhere.path.parents
+    elsewhere.kernel("nothing")((1,), (1,), (np.zeros(1, np.float32),))
+    shutil.rmtree(elsewhere.path.parent)
+
+
+# ----- the real kernels, through their launchers, against their references
+
+
+@pytest.fixture
+def on_emulator(monkeypatch):
+    """tests/fake_cuda.py's stand-in for CuPy, whose gpu.kernel is the emulated one: the launchers run
+    the real kernels; every launch in every order of the threads. Yields the device to use."""
+    fake_cuda.install(monkeypatch)
+    monkeypatch.setattr(gpu, "kernel", emulated.kernel)
+    with emulated.thread_orders(*ALL_ORDERS, seed=3):
+        yield "cuda:0"
+
+
+def normal(seed, *shapes):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for shape in shapes]
+
+
+DTYPES = [np.float32, ag.bfloat16]
+# heads, T, S, d, e, causal: partial tiles, both head widths of the kernels (64, 128), T < S
+ATTENTION = [
+    (2, 37, 45, 8, 8, False),
+    (3, 33, 70, 64, 40, True),
+    (2, 20, 20, 128, 128, True),
+    (1, 1, 7, 3, 2, False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("case", ATTENTION, ids=str)
+def test_scaled_dot_product_attention(on_emulator, dtype, dropout_p, case):
+    heads, n_queries, n_keys, d, e, causal = case
+    q, k, v = normal(len(case), (heads, n_queries, d), (heads, n_keys, d), (heads, n_keys, e))
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(
+            q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_stream(1)
+        )
+
+    assert_fast_equals_reference(attend, [q, k, v], on_emulator, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+@pytest.mark.parametrize("batch, time, n_head, width", [(2, 70, 2, 64), (1, 130, 3, 100), (2, 17, 1, 128)])
+def test_multi_head_attention(on_emulator, dtype, dropout_p, batch, time, n_head, width):
+    (qkv,) = normal(time, (batch, time, 3 * n_head * width))
+
+    def attend(qkv):
+        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(2))
+
+    assert_fast_equals_reference(attend, [qkv], on_emulator, dtype)
+
+
+def attention_weights(fn, inputs, device, reference):
+    """The output of attention whose values are the identity: its weights, dropped out."""
+    with ag.use_reference(reference):
+        return fn(*(ag.tensor(a, dtype=np.float32, device=device) for a in inputs)).numpy()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attentions_dropout_mask_is_the_references_bit_for_bit(on_emulator, causal):
+    """With v the identity, y is the weights after dropout: the kernel drops exactly the entries the
+    reference drops, for both attention Functions."""
+    q, k = normal(5, (3, 37, 16), (3, 45, 16))
+    v = np.broadcast_to(np.eye(45), (3, 45, 45))
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(
+            q, k, v, causal=causal, dropout_p=0.3, generator=fresh_stream(4)
+        )
+
+    (qkv,) = normal(6, (2, 20, 3 * 2 * 20))
+    qkv[:, :, 80:] = np.tile(np.eye(20), 2)  # each head's v: the identity
+
+    def attend_packed(qkv):
+        return F.multi_head_attention(qkv, 2, dropout_p=0.3, generator=fresh_stream(4))
+
+    for fn, inputs in ((attend, [q, k, v]), (attend_packed, [qkv])):
+        fast, reference = (attention_weights(fn, inputs, on_emulator, on) for on in (False, True))
+        assert 0.2 < (reference == 0).mean() < 0.8
+        np.testing.assert_array_equal(fast == 0, reference == 0)
+        np.testing.assert_allclose(fast, reference, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [48, 1000, 2000])  # a warp per row (up to 1024), a block per row
+@pytest.mark.parametrize("affine", [("weight", "bias"), ("weight",), ()])
+def test_layer_norm(on_emulator, dtype, width, affine):
+    x, weight, bias = normal(width, (3, 35, width), width, width)  # 105 rows: dw, db in 4 chunks
+    params = [{"weight": weight + 1, "bias": bias}[name] for name in affine]
+    fn = lambda x, *p: F.layer_norm(x, **dict(zip(affine, p)))  # noqa: E731
+    assert_paths_agree(fn, [x, *params], layer_norm_dtypes(dtype, len(params)), on_emulator)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu(on_emulator, dtype):
+    (x,) = normal(0, (7, 300))
+    assert_fast_equals_reference(F.gelu, [x * 3], on_emulator, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dropout_drops_the_references_entries(on_emulator, dtype):
+    (x,) = normal(1, (6, 301))
+    fast, reference = both_paths(
+        lambda t: F.dropout(t, 0.3, generator=fresh_stream(7)), [x], on_emulator, dtype
+    )
+    for a, b in zip(fast, reference):
+        np.testing.assert_array_equal(a == 0, b == 0)
+        assert_close("dropout", a, b, dtype)
+
+
+def test_dropout_of_a_0d_tensor(on_emulator):
+    """A 0-d x keeps its shape (ascontiguousarray makes it 1-d, in CuPy as in NumPy): a bug it found."""
+    assert_fast_equals_reference(
+        lambda t: F.dropout(t, 0.1, generator=fresh_stream(0)), [np.array(1.5)], on_emulator, np.float32
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_classes", [50, 1500])
+def test_cross_entropy(on_emulator, dtype, n_classes):
+    (logits,) = normal(n_classes, (2, 3, n_classes))
+    targets = np.array([[1, -100, 0], [n_classes - 1, 7, 3]])
+    targets_on_device = backend.to_device(targets, backend.parse_device(on_emulator))
+
+    def loss(z):
+        return F.cross_entropy(z * 4, targets_on_device, reduction="none")
+
+    (fast_loss, fast_grad), (loss_reference, grad_reference) = both_paths(loss, [logits], on_emulator, dtype)
+    assert_close("losses", fast_loss, loss_reference, dtype)
+    assert_close("gradient of the logits", fast_grad, grad_reference, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_embedding(on_emulator, dtype, policy):
+    ids = np.array([[1, 3, 3, 0, 10], [3, 5, 1, 1, 3]])
+    (table,) = normal(2, (11, 40))
+    ids_on_device = backend.to_device(ids, backend.parse_device(on_emulator))
+
+    def embed(weight):
+        with ag.use_precision(policy):
+            return F.embedding(ids_on_device, weight)
+
+    (out, grad), (out_reference, grad_reference) = both_paths(embed, [table], on_emulator, dtype)
+    np.testing.assert_array_equal(out, out_reference)
+    upstream = np.random.default_rng(0).standard_normal(out.shape).astype(out.dtype).astype(np.float64)
+    assert_close(
+        "gradient of the table", grad, grad_reference, dtype, summation_slack(ids, upstream, 11, dtype)
+    )
+
+
+@pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_adam_and_clip_grad_norm(on_emulator, l2_mode, clip):
+    """A parameter of two chunks, a matrix, a vector, some steps without a gradient. One order of the
+    threads: the kernels write the parameters through pointer tables, which no copy holds."""
+    shapes = [(5000,), (7, 9), (3,)]
+    with emulated.thread_orders("written"):
+        runs = [
+            train(shapes, 4, 3, on_emulator, reference, clip, l2_mode=l2_mode, lr=1e-2, l2=0.01)
+            for reference in (False, True)
+        ]
+    for what, fast, reference in zip(("parameter", "moment", "norm"), *runs):
+        assert_adam_close(fast, reference, what)
+
+
+# ----- mutation tests: the emulator catches the bugs it exists to catch
+
+# attention.cu is compiled with its float32 kernels of width 64 only, to build faster
+ATTENTION_OTHERS = ["ATTENTION_KERNELS(64, bf16, bf16)", "ATTENTION_KERNELS(128, f32, float)",
+                    "ATTENTION_KERNELS(128, bf16, bf16)", "ATTENTION_ROW_DOT(bf16, bf16)"]  # fmt: skip
+
+
+def check_attention(device):
+    q, k, v = normal(0, (2, 37, 16), (2, 37, 16), (2, 37, 16))
+    for causal in (False, True):
+
+        def attend(q, k, v, causal=causal):
+            return F.scaled_dot_product_attention(q, k, v, causal=causal)
+
+        assert_fast_equals_reference(attend, [q, k, v], device, np.float32)
+
+
+def check_layer_norm(device):
+    x, weight = normal(1, (5, 48), 48)
+    assert_paths_agree(F.layer_norm, [x, weight], [np.float32] * 2, device)
+
+
+def check_cross_entropy(device):
+    (logits,) = normal(2, (6, 50))
+    targets = backend.to_device(np.arange(6), backend.parse_device(device))
+    assert_fast_equals_reference(lambda z: F.cross_entropy(z, targets), [logits], device, np.float32)
+
+
+MUTATIONS = {
+    # the K tile's loads and the products that read it, no longer apart: threads read rows not yet loaded
+    "a: a barrier removed from the attention forward": (
+        "attention",
+        "            __syncthreads();\n            float s[RM][CN] = {};",
+        "            float s[RM][CN] = {};",
+        check_attention,
+        (EmulatorError, r"attention_forward_d64_f32: the threads in the orders .* a race between two"),
+    ),
+    # V's tile read from its second row: the last rows read past it
+    "b: a shared tile read one row off": (
+        "attention",
+        "multiply_add<RM, EN, BC, BC + 1, 1, D, 8>(acc, &sp[ty * RM][0], &sv[0][tx]);",
+        "multiply_add<RM, EN, BC, BC + 1, 1, D, 8>(acc, &sp[ty * RM][0], &sv[1][tx]);",
+        check_attention,
+        (AssertionError, "output"),
+    ),
+    # the rows of the last tile past T are written too, past the end of y
+    "c: a bound check dropped, a write past the array": (
+        "attention",
+        "            if (t >= a.n_queries) continue;\n            const float norm",
+        "            const float norm",
+        check_attention,
+        (EmulatorError, r"attention_forward_d64_f32: block \(1, 0, 0\) .* writes element \d+ of argument 3,"),
+    ),
+    # xor 2, 4, ..., 32 (32: a lane's own value) in place of 1, 2, ..., 16: no longer the warp's sum. (Any
+    # other 5 independent masks, such as offset + 1, would still give it, in another order.)
+    "d: a shuffle's offset changed": (
+        "layer_norm",
+        "v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);",
+        "v += __shfl_xor_sync(0xFFFFFFFFu, v, offset * 2);",
+        check_layer_norm,
+        (AssertionError, "Not equal to tolerance"),
+    ),
+    # lanes past the block's warps read the reduction's shared array where no warp wrote: NaN
+    "e: a shared array read before it is written": (
+        "cross_entropy",
+        "value = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : identity;",
+        "value = shared[lane];",
+        check_cross_entropy,
+        (AssertionError, "nan"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_a_mutated_kernel_fails_its_check_and_the_unmutated_one_passes(on_emulator, monkeypatch, mutation):
+    name, old, new, check, (failure, message) = MUTATIONS[mutation]
+    text = gpu.source(name)
+    for other in ATTENTION_OTHERS if name == "attention" else ():
+        text = text.replace(f"\n{other}\n", "\n")
+    assert text.count(old) == 1, "the mutation no longer applies: update it to the source"
+    source = gpu.source
+    for copy in (text, text.replace(old, new)):
+        monkeypatch.setattr(gpu, "source", lambda n, copy=copy: copy if n == name else source(n))
+        if copy is text:
+            check(on_emulator)
+        else:
+            with pytest.raises(failure, match=message):
+                check(on_emulator)
