@@ -162,9 +162,21 @@ def open_run(parser, run, device):
         parser.error(f"--device: {error}")
     backend.use_device(device)
     try:
-        return load_run(run, device)
+        model, tokenizer = load_run(run, device)
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
+    check_tokenizer_fits(parser, run, model.config.vocab_size, tokenizer)
+    return model, tokenizer
+
+
+def check_tokenizer_fits(parser, run, vocab_size, tokenizer):
+    """A usage error where the run's model and its tokenizer do not go together: a checkpoint of
+    another run, whose ids would read as other tokens (or past the table)."""
+    if vocab_size != tokenizer.vocab_size:
+        parser.error(
+            f"--run: {run}: the model has {vocab_size:,} tokens and the run's tokenizer "
+            f"{tokenizer.vocab_size:,}: the checkpoint is not of this run's tokenizer"
+        )
 
 
 def check_json_folder(parser, args):

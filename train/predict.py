@@ -15,7 +15,7 @@ from tinygpt.tasks import encode_examples
 
 from . import glue, metrics
 from .checkpoint import read_weights
-from .cli import add_command, add_device_argument, add_text_arguments, positive_int
+from .cli import add_command, add_device_argument, add_text_arguments, check_tokenizer_fits, positive_int
 from .run import load_tokenizer, read_config
 
 MAIN_METRIC = {"mrpc": "f1"}  # the paper's figure for MRPC; other tasks rank runs by their first metric
@@ -113,6 +113,7 @@ def load_head(parser, args, config, dataset):
         tokenizer = load_tokenizer(os.path.join(args.run, "tokenizer"))
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
+    check_tokenizer_fits(parser, args.run, config.vocab_size, tokenizer)
     return head.to(device).eval(), tokenizer
 
 

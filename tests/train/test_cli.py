@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
+import autograd as ag
 from autograd import backend
+from tinygpt import GPT, GPTConfig
 from train import evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run import read_metrics
@@ -216,3 +218,33 @@ def test_a_device_is_checked_and_kept_as_given():
     assert device_name("auto") == "auto" and device_name("cpu") == "cpu"
     with pytest.raises(argparse.ArgumentTypeError, match="'cuda:N', 'auto' or 'cuda-emulated'"):
         device_name("gpu")
+
+
+COMMANDS_OF_A_RUN = {
+    "evaluate perplexity": (evaluate.main, ["perplexity", "--run", "{run}", "--data", "{data}"]),
+    "evaluate summary": (evaluate.main, ["summary", "--run", "{run}"]),
+    "evaluate zeroshot": (
+        evaluate.main,
+        ["zeroshot", "--run", "{run}", "--task", "sst2", "--data", "{data}"],
+    ),
+    "generate": (generate.main, ["--run", "{run}", "--prompt", "the cat", "--max-new-tokens", "3"]),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS_OF_A_RUN)
+def test_a_checkpoint_that_is_not_of_the_runs_tokenizer_is_refused(tmp_path, capsys, command):
+    """A run whose newest checkpoint holds a model of 9,030 tokens and whose tokenizer has 300: the
+    model's ids would be read as other tokens, so every command that loads the run refuses it, in
+    one line naming both sizes, instead of a perplexity or a traceback."""
+    run = tmp_path / "run"
+    tiny_run(run)
+    ag.manual_seed(0)
+    GPT(GPTConfig(vocab_size=9030, n_ctx=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        run / "checkpoints" / "2"
+    )
+    data = tmp_path / "held_out.tsv"  # text for perplexity, an SST-2 file for zeroshot
+    data.write_text("sentence\tlabel\nthe cat sat on the mat.\t1\n", encoding="utf-8")
+    main, argv = COMMANDS_OF_A_RUN[command]
+    status, lines = usage_error(capsys, main, [a.format(run=run, data=data) for a in argv])
+    assert status == 2 and len(lines) == 1
+    assert "the model has 9,030 tokens and the run's tokenizer 300" in lines[0]

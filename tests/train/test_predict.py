@@ -12,6 +12,7 @@ from train import finetune
 from train.evaluate import main
 from train.predict import output_path
 
+from .runs import tiny_run
 from .test_finetune import FAST, examples, pretrained_run, write_jsonl
 
 SST2_LABEL = {"neg": "0", "pos": "1"}
@@ -126,6 +127,10 @@ def test_usage_errors_name_the_argument(runs, tmp_path, capsys):
     no_best = tmp_path / "no-best"
     shutil.copytree(runs / "sst2", no_best, ignore=shutil.ignore_patterns("best"))
     wrong = write_tsv(tmp_path / "wrong.tsv", ["index", "text"], [(0, "a cat")])
+    other_tokenizer = tmp_path / "other-tokenizer"  # the run with another run's tokenizer, of 300 tokens
+    shutil.copytree(runs / "sst2", other_tokenizer, ignore=shutil.ignore_patterns("tokenizer"))
+    tiny_run(tmp_path / "tiny")
+    shutil.copytree(tmp_path / "tiny" / "tokenizer", other_tokenizer / "tokenizer")
     data = runs / "test.unlabelled.tsv"
     cases = [
         (
@@ -135,6 +140,7 @@ def test_usage_errors_name_the_argument(runs, tmp_path, capsys):
         ([no_best, "--data", data], f"--run: {no_best} has no best/ weights"),
         ([runs / "pretrained", "--data", data], f"--run: {runs / 'pretrained'} is not a fine-tuning run"),
         ([runs / "sst2", "--data", wrong], f"--data: {wrong}: line 1: the header has no column 'sentence'"),
+        ([other_tokenizer, "--data", data], f"--run: {other_tokenizer}: the model has 276 tokens and"),
         ([runs / "sst2", "--data", data, "--out", tmp_path / "nowhere" / "x.tsv"], "--out: the folder of"),
     ]
     for argv, expected in cases:
