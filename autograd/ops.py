@@ -4,6 +4,7 @@ Every op works on raw numpy or cupy arrays (`xp` is whichever module the data be
 Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input's shape.
 """
 
+import math
 from itertools import accumulate
 
 import numpy as np
@@ -153,8 +154,7 @@ class MatMul(Function):
             grad_a = unbroadcast(_matmul(g2, xp.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
         if need_b:
             if b2.ndim == 2:  # (..., n, k) @ (k, m): one product of two matrices for b
-                k, m = b2.shape
-                grad_b = backend.matmul(a2.reshape(-1, k).T, g2.reshape(-1, m))
+                grad_b = backend.matmul(_rows(a2).T, _rows(g2))
             else:
                 grad_b = unbroadcast(_matmul(xp.swapaxes(a2, -1, -2), g2), b2.shape)
             grad_b = grad_b.reshape(b.shape)
@@ -166,10 +166,15 @@ def _matmul(a, b):
     rows stacked), and stacks of bfloat16 on a GPU multiplied in float32: CuPy's products of stacks
     take no bfloat16 and ignore TF32 (backend.matmul)."""
     if a.ndim >= 2 and b.ndim == 2:
-        return backend.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1])
+        return backend.matmul(_rows(a), b).reshape(*a.shape[:-1], b.shape[1])
     if a.dtype == bfloat16 and get_array_module(a) is not np:
         return (widened(a) @ widened(b)).astype(bfloat16)
     return a @ b
+
+
+def _rows(a):
+    """a (..., k) as the matrix of its rows, (rows, k); k may be 0, which reshape(-1, 0) refuses."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def _normalize_axes(axis, ndim):

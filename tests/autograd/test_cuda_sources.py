@@ -17,6 +17,7 @@ from autograd import backend, random
 from autograd.kernels import gpu
 
 from .. import fake_cuda
+from .test_random import GOLDEN_KEEP, GOLDEN_P, ONE_ABOVE
 
 if os.environ.get("CI"):  # CI installs NVRTC: there a missing one must fail, not skip
     from cupy_backends.cuda.libs import nvrtc
@@ -126,6 +127,26 @@ def test_dropout_decisions_on_the_host_are_the_masks_of_autograd_random(
     ]
     kept = np.array([int(a) for a in common_on_host(lines)], dtype=bool).reshape(examples, per_example)
     np.testing.assert_array_equal(kept, expected)
+
+
+def test_dropout_keeps_the_golden_case_on_the_host(common_on_host):
+    """dropout_keeps's rule is u >= threshold: test_random's golden case (MaskStream(0, 0), p =
+    0xBC57 / 2^16 keeps position 5, whose number that is; 0xBC58 / 2^16 drops it)."""
+    threshold = round(GOLDEN_P * 65536)
+    lines = [f"d 0 0 0 {threshold + above} 0 {j}" for above in (0, 1) for j in range(8)]
+    assert common_on_host(lines) == [str(int(keep)) for keep in GOLDEN_KEEP + ONE_ABOVE]
+
+
+@settings(max_examples=10)
+@given(st.integers(0, 2**64 - 1), WORD, st.integers(0, 5), WORD, st.integers(0, 40))
+def test_dropout_keeps_a_drawn_number_at_its_own_threshold_on_the_host(
+    common_on_host, seed, step, site, example, j
+):
+    """u, the number drawn for entry j of `example`: kept at threshold u, dropped at u + 1."""
+    words = random.philox4x32_10((j // 8, example, site, seed >> 32), (seed % 2**32, step))
+    u = (int(words[(j % 8) // 2]) >> (16 * (j % 2))) & 0xFFFF
+    answers = common_on_host([f"d {seed} {step} {site} {u + above} {example} {j}" for above in (0, 1)])
+    assert answers == ["1", "0"], u
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # ml_dtypes, for the NaNs

@@ -7,7 +7,7 @@ direction) and `jacobian_check` (every entry; the drawn sizes are small enough f
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -109,6 +109,42 @@ def test_division_broadcasts_like_numpy(device, pair):
     check_gradients(lambda x, y: x / y, x, y)
 
 
+# each input's gradient times the result's gradient g, before it is summed back onto the input's shape
+LOCAL_GRADIENTS = {
+    "x + y": (lambda g, a, b: g, lambda g, a, b: g),
+    "x - y": (lambda g, a, b: g, lambda g, a, b: -g),
+    "x * y": (lambda g, a, b: g * b, lambda g, a, b: g * a),
+    "x / y": (lambda g, a, b: g / b, lambda g, a, b: -g * a / b**2),
+}
+
+
+def summed_onto(g, shape):
+    """g summed onto `shape` entry by entry: each entry gets the sum of g over the entries of the
+    result it was broadcast to (zero where it met none), counted without axis arithmetic."""
+    size = int(np.prod(shape))
+    owner = np.broadcast_to(np.arange(size).reshape(shape), g.shape)
+    return np.bincount(owner.ravel(), weights=g.ravel(), minlength=size).reshape(shape)
+
+
+@pytest.mark.parametrize("expression", LOCAL_GRADIENTS)
+@example(shapes_=hnp.BroadcastableShapes(input_shapes=((1, 3), (0, 3)), result_shape=(0, 3)))
+@given(shapes_=hnp.mutually_broadcastable_shapes(num_shapes=2, min_side=0, max_dims=3, max_side=3))
+def test_broadcasts_against_length_0_axes_have_gradients_of_the_inputs_shapes(device, expression, shapes_):
+    """A size-1 axis broadcast against a length-0 one (x (1, 3) + y (0, 3) is (0, 3)): each input's
+    gradient has its own shape and holds zeros where it met no entry of the result."""
+    (a_shape, b_shape), shape = shapes_
+    a, b = (0.5 + np.arange(int(np.prod(s))).reshape(s) % 3 for s in (a_shape, b_shape))
+    g = np.cos(np.arange(int(np.prod(shape)))).reshape(shape)
+    x, y = leaf(a, device), leaf(b, device)
+    z = {"x + y": x + y, "x - y": x - y, "x * y": x * y, "x / y": x / y}[expression]
+    assert z.shape == shape
+    z.backward(ag.tensor(g, dtype=np.float64, device=device))
+    for t, local, s in zip((x, y), LOCAL_GRADIENTS[expression], (a_shape, b_shape)):
+        expected = summed_onto(local(g, a, b), s)
+        assert to_host(t.grad).shape == s
+        np.testing.assert_allclose(to_host(t.grad), expected, rtol=1e-12, atol=1e-12)
+
+
 @checks_gradient_of(ops.Div)
 @given(a=shapes().flatmap(away_from_zero), c=st.sampled_from([1, -2, 0.5]))
 def test_number_divided_by_tensor(device, a, c):
@@ -199,6 +235,21 @@ def test_matmul_follows_numpy_rules(device, a_kind, b_kind, data):
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(x @ y, a @ b)
     check_gradients(lambda x, y: x @ y, x, y)
+
+
+@given(st.lists(st.integers(0, 2), max_size=2), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3))
+def test_matmul_with_length_0_axes_gives_numpys_shapes_and_values(device, batch, n, k, m):
+    """(..., n, k) @ (k, m) where any of n, k, m may be 0 (k = 0: a sum of nothing, zeros): the
+    product, and the gradients of its sum, dA = 1 B^T and dB = the sum of A^T 1 over the batch."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((*batch, n, k)), rng.standard_normal((k, m))
+    x, y = leaf(a, device), leaf(b, device)
+    (x @ y).sum().backward()
+    assert_tensor_equals(x @ y, a @ b)
+    upstream = np.ones((*batch, n, m))
+    np.testing.assert_allclose(to_host(x.grad), upstream @ b.T)
+    summed = list(range(a.ndim - 1))  # the batch axes and n
+    np.testing.assert_allclose(to_host(y.grad), np.tensordot(a, upstream, axes=(summed, summed)))
 
 
 @checks_gradient_of(ops.MatMul)

@@ -142,6 +142,37 @@ def test_a_fraction_one_minus_p_is_kept(device, seed, step, p):
     assert abs(keep.mean() - (1 - p)) <= 6 * math.sqrt(p * (1 - p) / keep.size)
 
 
+# The golden case of the keep rule u >= round(p * 2^16). MaskStream(0, 0)'s first draw, example 0,
+# positions 0..7, draws Random123's first known answer (Philox at counter 0, key 0) as 16-bit numbers,
+# the low half of each word first: E8D5 6627 C58D E169 AC4C BC57 DBD8 9B00. p = 0xBC57 / 2^16 sets
+# the threshold to position 5's own number, which is kept.
+GOLDEN_P, GOLDEN_KEEP = 0xBC57 / 2**16, [True, False, True, True, False, True, True, False]
+ONE_ABOVE = [keep and j != 5 for j, keep in enumerate(GOLDEN_KEEP)]  # p = 0xBC58 / 2^16 drops it
+
+
+@pytest.mark.parametrize(
+    "p, expected", [(GOLDEN_P, GOLDEN_KEEP), (GOLDEN_P + 2**-16, ONE_ABOVE)], ids=["at", "above"]
+)
+def test_a_number_equal_to_the_threshold_is_kept(device, p, expected):
+    """The golden case, in MaskStream's masks and in dropout itself (on a GPU device, its CUDA
+    kernel draws the mask)."""
+    assert backend.to_host(MaskStream(0, 0).keep_mask((1, 8), p, on(device))).tolist() == [expected]
+    y = F.dropout(ag.tensor(np.ones((1, 8)), device=device), p, generator=MaskStream(0, 0))
+    assert (y.numpy() != 0).tolist() == [expected]
+
+
+@given(SEEDS, STEPS, st.integers(0, 2**32 - 3), st.integers(0, 3), st.integers(0, 40))
+def test_a_drawn_number_is_kept_at_its_own_threshold_and_dropped_above_it(seed, step, first, site, j):
+    """p = u / 2^16, u the number drawn for entry (1, j) of draw `site`: the entry is kept; at one
+    step of 2^-16 more it is dropped."""
+    words = philox4x32_10((j // 8, first + 1, site, seed >> 32), (seed % 2**32, step % 2**32))
+    u = (int(words[(j % 8) // 2]) >> (16 * (j % 2))) & 0xFFFF
+    for above in (0, 1):
+        stream = MaskStream(seed, step, first)
+        stream.site = site
+        assert stream.keep_mask((3, 41), (u + above) / 2**16)[1, j] == (not above), (u, above)
+
+
 @given(mask_cases())
 def test_p_zero_keeps_everything_and_p_one_nothing(device, case):
     seed, step, first_example, shape, _ = case
