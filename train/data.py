@@ -9,9 +9,12 @@ next-token targets). The order of the windows is a function of (seed, epoch) alo
 batch of any step can be rebuilt, which is what makes resuming exact.
 """
 
+import contextlib
+import glob
 import hashlib
 import os
 import struct
+import time
 import warnings
 
 import numpy as np
@@ -72,13 +75,26 @@ def tokenize_corpus(texts, tokenizer, cache=None):
             f"{path}: not a whole token cache ({problem}); tokenizing the corpus again", stacklevel=2
         )
     ids = np.fromiter((i for text in texts for i in tokenizer.encode(text)), dtype=dtype)
-    os.makedirs(folder, exist_ok=True)
-    temporary = f"{path}.partial-{os.getpid()}"
-    with open(temporary, "wb") as f:
-        f.write(CACHE_HEADER.pack(CACHE_MAGIC, len(ids), hashlib.sha256(ids).digest()))
-        ids.tofile(f)
-    os.replace(temporary, path)
+    write_token_cache(path, ids)
     return ids, path, False
+
+
+def write_token_cache(path, ids):
+    """Write the cache file whole (through a .partial-<pid> file) or not at all: a folder that cannot
+    take it (a full disk, a file in its way, no permission) is a warning, and the run goes on without."""
+    temporary = f"{path}.partial-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        remove_orphans(os.path.dirname(path))
+        with open(temporary, "wb") as f:
+            f.write(CACHE_HEADER.pack(CACHE_MAGIC, len(ids), hashlib.sha256(ids).digest()))
+            f.write(memoryview(ids))
+        os.replace(temporary, path)
+    except OSError as error:
+        reason = error.strerror or error
+        warnings.warn(f"{path}: cannot write the token cache ({reason}); going on without it", stacklevel=3)
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
 
 
 def read_token_cache(path, dtype):
@@ -95,6 +111,22 @@ def read_token_cache(path, dtype):
     if hashlib.sha256(ids).digest() != checksum:
         return None, "its ids do not match their checksum"
     return ids, None
+
+
+def remove_orphans(folder, minutes=10):
+    """Remove the .partial-<pid> files whose writer is gone (no such process, or the file untouched
+    for `minutes`): a process killed while writing leaves one, and nothing else would remove it."""
+    for partial in glob.glob(os.path.join(glob.escape(folder), "*.partial-*")):
+        try:
+            if time.time() - os.path.getmtime(partial) < minutes * 60:
+                os.kill(int(partial.rpartition("-")[2]), 0)  # signal 0: only asks whether the process exists
+                continue
+        except ProcessLookupError:
+            pass  # its writer is gone
+        except (OSError, ValueError, OverflowError):
+            continue  # another user's live process, a file removed meanwhile, or a name not ours
+        with contextlib.suppress(OSError):
+            os.remove(partial)
 
 
 class Windows:

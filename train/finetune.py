@@ -303,6 +303,7 @@ def write_results(run_dir, results):
 
 
 @cli.interruptible
+@loop.command  # puts back the signal handlers and lets the run folder go
 def main(argv=None):
     parser, args = parse_args(argv)
     distributed.run(parser, args, functools.partial(fine_tune, argv=argv))
@@ -411,13 +412,15 @@ def results_so_far(run_dir, task, datasets, encoded):
 def finish(run, args, datasets, encoded, results):
     """After the last step: the test set's predictions and, where it has labels, figures (with the
     best epoch's weights), and the report."""
+    run.interrupt.at_once()
+    plot = plot_metrics(run.dir)  # before the test set, which a signal may cut short
     names = datasets["dev"].metrics
     if "test" in encoded:
         results["test"] = predict_test(
             run.dir, run.model, datasets["test"], encoded["test"], names, args.batch_size
         )
         write_results(run.dir, results)
-    report(run.dir, results, names, run.elapsed)
+    report(run.dir, results, names, run.elapsed, plot)
 
 
 def predict_test(run_dir, head, dataset, data, metric_names, batch_size):
@@ -429,8 +432,9 @@ def predict_test(run_dir, head, dataset, data, metric_names, batch_size):
     return figures
 
 
-def report(run_dir, results, metric_names, elapsed):
-    """The closing lines: dev figures per epoch, the best, cut and skipped examples, test, files."""
+def report(run_dir, results, metric_names, elapsed, plot):
+    """The closing lines: dev figures per epoch, the best, cut and skipped examples, test, files
+    (`plot`: the loss curve drawn, or None)."""
 
     def figures(record):
         return ", ".join(f"{name} {record[name]:.4f}" for name in metric_names)
@@ -453,7 +457,6 @@ def report(run_dir, results, metric_names, elapsed):
     if "test" in results:
         test = figures(results["test"]) if results["test"] else "no labels to measure"
         print(f"test (best epoch's weights): {test}; predictions in {run_dir}/predictions.tsv")
-    plot = plot_metrics(run_dir)
     print(f"run folder: {run_dir}" + (f" (loss curve: {plot})" if plot else ""))
 
 

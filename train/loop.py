@@ -7,6 +7,7 @@ lines and its evaluation stay in the module; what a run does the same way in bot
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -23,11 +24,15 @@ from autograd.optim import clip_grad_norm
 from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, remove_partials, save_checkpoint
 from .run import (
     append_metrics,
+    check_free,
     check_new_run_folder,
     empty_run_folder,
+    hold_folder,
     new_run_folder,
+    plot_metrics,
     read_config,
     read_metrics,
+    release_folder,
     rewrite_metrics,
     run_folder_of,
     save_tokenizer,
@@ -47,6 +52,29 @@ ON_RESUME = (
     "keep_checkpoints",
 )
 MAX_LOSS = math.log(sys.float_info.max)  # the largest loss whose perplexity is a float
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a run handles (Interrupt)
+_returns = []  # the ExitStack of each command under way (see command), innermost last
+
+
+def command(main):
+    """main(argv) of a training command, which undoes when it returns, normally or by an exception,
+    what it set up for its run: SIGNALS' handlers are put back and the run folder it held is let go,
+    so that a caller in Python (a test, a notebook) gets its process back as it was."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        with contextlib.ExitStack() as stack:
+            for number in SIGNALS:
+                previous = signal.getsignal(number)
+                if previous is not None:  # None: set outside Python, and not to be put back from it
+                    stack.callback(signal.signal, number, previous)
+            _returns.append(stack)
+            try:
+                return main(argv)
+            finally:
+                _returns.pop()
+
+    return run
 
 
 class Interrupt:
@@ -55,13 +83,24 @@ class Interrupt:
 
     def __init__(self):
         self.requested = 0
-        for number in (signal.SIGINT, signal.SIGTERM):
+        for number in SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, signum, frame):
         self.requested = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def at_once(self):
+        """From now on (the closing lines, once the last step is saved) a signal ends the command at
+        once, with status 128 + its number: there is nothing left to save."""
+        for number in SIGNALS:
+            signal.signal(number, _end_at_once)
+
+
+def _end_at_once(signum, frame):
+    print(f"\ninterrupted ({signal.Signals(signum).name}); the run is complete", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def perplexity(loss):
@@ -81,11 +120,12 @@ def stop_on_os_error(run_dir):
 
 # ----- start or resume ---------------------------------------------------------------------------
 def new_run(parser, args, group, name):
-    """The folder of a new run, --out or runs/<name>-<date>-<time>: a usage error where it is not
-    empty, unless --overwrite (Run.begin empties it once every other check has passed)."""
+    """The folder of a new run, --out or runs/<name>-<date>-<time>: a usage error where a run holds
+    it, or it is not empty, unless --overwrite (Run.begin empties it once every other check has passed)."""
     run_dir = args.out or new_run_folder(name)
     try:
         if group.main:
+            check_free(run_dir)
             check_new_run_folder(run_dir, args.overwrite)
     except ValueError as error:
         parser.error(f"--out: {error}")
@@ -148,7 +188,13 @@ def check_data(parser, args, digest):
 
 def start_job(parser, args, group, parts_per_rank=1):
     """This rank's device, once the ranks agree on the command line and the global batch splits
-    into parts_per_rank equal parts on every rank; a problem is a usage error."""
+    into parts_per_rank equal parts on every rank, and no other run holds the folder --resume names;
+    a problem is a usage error."""
+    try:
+        if args.resume and group.main:
+            check_free(run_folder_of(args.resume))
+    except ValueError as error:
+        parser.error(f"--resume: {error}")
     # ranks started with other flags would wait for each other at different places
     group.check_same("command line", json.dumps(vars(args), sort_keys=True).encode())
     if args.batch_size % (group.size * parts_per_rank):
@@ -210,17 +256,25 @@ class LossLog:
             }
             if self.run.group.main:
                 append_metrics(self.run.dir, record)
-        progress.set_postfix(
-            loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}", **{self.rate_name: f"{rate:,.0f}"}
-        )
+        postfix = {"loss": f"{record['loss']:.3f}", "lr": f"{record['lr']:.2e}"}
+        postfix[self.rate_name] = f"{rate:,.0f}"
+        progress.set_postfix(postfix)
+        if progress.lines:  # off a terminal: a plain line, with the time left at the rate since the last
+            left = tqdm.format_interval((progress.total - steps[-1]) * (now - self.since) / len(steps))
+            shown = ", ".join(f"{name.replace('_per_s', '/s')} {value}" for name, value in postfix.items())
+            print(f"{progress.lines} step {steps[-1]}/{progress.total}: {shown}, ETA {left}", flush=True)
         self.pending, self.since = [], now
 
 
 def progress_bar(total, start, description, group):
-    """The run's progress in steps, drawn by rank 0 alone."""
-    return tqdm(
-        total=total, initial=start, desc=description, unit="step", dynamic_ncols=True, disable=not group.main
-    )
+    """The run's progress in steps, shown by rank 0 alone: a tqdm bar on a terminal. Off one (a batch
+    job's log, where the bar's redraws would pile up) its `lines` tell LossLog.write to print a plain
+    line each time it logs, as nanoGPT does. TQDM_DISABLE turns both off."""
+    shown, terminal = group.main and not os.environ.get("TQDM_DISABLE"), sys.stderr.isatty()
+    disable = not (shown and terminal)
+    bar = tqdm(total=total, initial=start, desc=description, unit="step", dynamic_ncols=True, disable=disable)
+    bar.lines = description if shown and not terminal else None
+    return bar
 
 
 # ----- the run ------------------------------------------------------------------------------------
@@ -251,9 +305,14 @@ class Run:
         if last_step is not None and step > last_step:
             parser.error(f"--steps {last_step}: the run in {self.dir} is at step {step} already")
         self.elapsed = state.get("elapsed", 0.0)
+        self.hold()
         if self.group.main:
+            try:
+                metrics = [m for m in read_metrics(self.dir) if m["step"] <= step]
+            except ValueError as error:
+                parser.error(f"--resume: {error}")
             remove_partials(self.dir)
-            rewrite_metrics(self.dir, [m for m in read_metrics(self.dir) if m["step"] <= step])
+            rewrite_metrics(self.dir, metrics)
             for later in [s for s in checkpoint_steps(self.dir) if s > step]:
                 shutil.rmtree(os.path.join(self.dir, "checkpoints", str(later)))
                 print(f"removed checkpoint {later}, after the one resumed")
@@ -264,13 +323,35 @@ class Run:
         """Write a new run's folder (emptied first with --overwrite): its tokenizer, and config.json
         with the model config, the run's flags and `settings` (rank 0 writes). Returns 0, the step
         where the loop starts."""
+        self.hold(args.overwrite)
         if self.group.main:
-            if args.overwrite:
-                empty_run_folder(self.dir)
-            os.makedirs(self.dir, exist_ok=True)
+            kept = empty_run_folder(self.dir) if args.overwrite else []
+            if kept:
+                more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
+                print(f"--overwrite kept what no run writes in {self.dir}: {', '.join(kept[:10])}{more}")
             save_tokenizer(tokenizer, self.dir)
             write_config(self.dir, config, {**settings_of(args), **settings})
         return 0
+
+    def hold(self, overwrite=None):
+        """Hold the run folder until the command returns (rank 0, which alone writes it; see
+        run.hold_folder) and, for a new run (`overwrite` given), check again that it may go there: a
+        run may have filled it since new_run. Where it may not, every rank ends with a usage error."""
+        refused = None
+        if self.group.main:
+            os.makedirs(self.dir, exist_ok=True)
+            try:
+                descriptor = hold_folder(self.dir)
+                if _returns:  # let go when the command returns
+                    _returns[-1].callback(release_folder, self.dir, descriptor)
+                if overwrite is not None:
+                    check_new_run_folder(self.dir, overwrite)
+            except ValueError as error:
+                refused = f"python -m {self.module}: error: {error}"
+        if self.group.any(refused):
+            if refused:
+                print(refused, file=sys.stderr)
+            self.group.exit_together(2)
 
     def announce(self, config, device):
         """Print the run folder and the model it trains."""
@@ -327,6 +408,8 @@ class Run:
         """After a Ctrl-C or SIGTERM (which every rank has agreed on) and the checkpoint saved for
         it: say how to resume, and end the job with status 128 + the signal's number (130, 143)."""
         progress.close()
+        if self.group.main:
+            plot_metrics(self.dir)  # the loss curve of what is logged, as a finished run has it
         number = self.interrupt.requested or signal.SIGINT  # a rank the signal did not reach
         print(
             f"\ninterrupted after step {step} ({signal.Signals(number).name}); checkpoint {checkpoint}\n"

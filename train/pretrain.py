@@ -191,7 +191,8 @@ def read_tokens(parser, args, run_dir, group):
     digest = os.path.basename(cache_path).split(".")[0]  # the cache file is named by their hash
     group.check_same("corpus or tokenizer", digest.encode())
     loop.check_data(parser, args, digest)
-    print(f"{len(ids):,} tokens ({'reused' if reused else 'written to'} {cache_path})")
+    cached = "reused" if reused else "written to" if os.path.isfile(cache_path) else "not cached in"
+    print(f"{len(ids):,} tokens ({cached} {cache_path})")
     return tokenizer, ids, digest
 
 
@@ -276,6 +277,7 @@ def validate(run, val, args, step, progress):
 
 
 @cli.interruptible
+@loop.command  # puts back the signal handlers and lets the run folder go
 def main(argv=None):
     parser, args = parse_args(argv)
     distributed.run(parser, args, functools.partial(train_model, argv=argv))
@@ -316,6 +318,7 @@ def train_model(parser, args, group, argv=None):
             start = run.begin(config, tokenizer, args, data_hash=data_hash)
         run.announce(config, device)
         train_steps(run, args, train, val, start, total)
+        run.interrupt.at_once()
         if group.main:
             report(run.model, tokenizer, train.ids, val.ids, run_dir, args, run.elapsed)
 
@@ -359,16 +362,19 @@ def train_steps(run, args, train, val, start, total):
 
 
 def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):
-    """The closing lines: validation perplexity beside the unigram baseline, a sample, the files."""
-    val = read_metrics(run_dir)
-    last = [m for m in val if "val_loss" in m][-1]
+    """The closing lines: the last validation perplexity logged beside the unigram baseline, a
+    sample, the files. A resume that trains no step may have no validation pass to show: say so."""
+    passes = [m for m in read_metrics(run_dir) if "val_loss" in m]
     baseline = data.unigram_perplexity(train_ids, val_ids, tokenizer.vocab_size)
     print(f"\ntrained {args.steps} steps in {elapsed / 60:.1f} min of compute")
-    print(f"validation perplexity {last['val_perplexity']:.1f} (unigram baseline {baseline:.1f})")
+    measured = f"no validation pass logged by step {args.steps}"
+    if passes:
+        measured = f"validation perplexity {passes[-1]['val_perplexity']:.1f} at step {passes[-1]['step']}"
+    print(f"{measured} (unigram baseline {baseline:.1f})")
+    plot = plot_metrics(run_dir)  # before the sample, which a signal may cut short
     prompt = tokenizer.encode("The ")
     sample = generate(model.eval(), prompt, args.sample_tokens, temperature=0.8, top_k=40, seed=args.seed)
     print(f"sample: {tokenizer.decode(prompt + sample)!r}")
-    plot = plot_metrics(run_dir)
     print(f"run folder: {run_dir}" + (f" (loss curve: {plot})" if plot else ""))
 
 

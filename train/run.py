@@ -6,11 +6,13 @@ A run folder holds:
     checkpoints/     see train/checkpoint.py
     metrics.jsonl    one JSON object per line: {"step", "loss", ...} or {"step", "val_loss", ...}
     loss.png         the loss curve, when matplotlib is installed
+    .lock            held by the run under way, which it names (see hold_folder)
 """
 
+import fcntl
 import json
 import os
-import shutil
+import sys
 import time
 
 from tinygpt import GPT, GPTConfig
@@ -50,16 +52,21 @@ def read_config(run_dir):
         raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
 
 
-RUN_FILES = ("config.json", "tokenizer", "checkpoints", "metrics.jsonl", "loss.png", "labels.json")
-RUN_FILES += ("best", "results.json", "predictions.tsv")  # a fine-tune's
+# what runs write, which --overwrite removes by name: the run folder's files, the tokenizer's, a checkpoint's
+RUN_FILES = ("config.json", "metrics.jsonl", "loss.png", "labels.json", "results.json", "predictions.tsv")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json", "tokenizer_config.json")
+TOKENIZER_FILES += GPT1Tokenizer.FILES
+WEIGHT_FILES = ("config.json", "model.safetensors", "head.safetensors", "optimizer.safetensors", "state.json")
+LOCK_FILE = ".lock"
 
 
 def check_new_run_folder(path, overwrite=False):
-    """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is
-    empty, or (with `overwrite`) any folder, whose run files empty_run_folder then removes."""
+    """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is empty
+    (but for the lock file), or (with `overwrite`) any folder, whose run files empty_run_folder then
+    removes."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder")
-    entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    entries = sorted(set(os.listdir(path)) - {LOCK_FILE}) if os.path.isdir(path) else []
     if entries and not overwrite:
         held = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
         raise ValueError(
@@ -69,14 +76,77 @@ def check_new_run_folder(path, overwrite=False):
 
 
 def empty_run_folder(path):
-    """Remove a run's files from `path` (--overwrite), leaving any other file there alone."""
+    """Remove what a run writes from `path` (--overwrite), by name: RUN_FILES, the tokenizer's files,
+    best/ and the checkpoints, and their folders where nothing else is left in them. Returns what is
+    kept, the paths (under `path`) of the files and folders that no run writes."""
     remove_partials(path)
-    for name in RUN_FILES:
-        target = os.path.join(path, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        elif os.path.exists(target):
-            os.remove(target)
+    checkpoints = os.path.join(path, "checkpoints")
+    steps = [name for name in os.listdir(checkpoints) if name.isdigit()] if os.path.isdir(checkpoints) else []
+    plan = {os.path.join("checkpoints", step): WEIGHT_FILES for step in steps}
+    plan.update({"checkpoints": (), "best": WEIGHT_FILES, "tokenizer": TOKENIZER_FILES, "": RUN_FILES})
+    kept = []
+    for folder, names in plan.items():  # each folder after those inside it
+        where = os.path.join(path, folder)
+        if not os.path.isdir(where):
+            continue
+        for name in [name for name in names if os.path.isfile(os.path.join(where, name))]:
+            os.remove(os.path.join(where, name))
+        left = [os.path.join(folder, name) for name in sorted(os.listdir(where))]
+        kept += [name for name in left if name not in plan and name != LOCK_FILE]
+        if folder and not left:
+            os.rmdir(where)
+    return kept
+
+
+def hold_folder(run_dir):
+    """Hold run_dir for this process: an exclusive flock on run_dir/.lock, which the process's id is
+    written to. The lock ends with the process, so a killed run leaves none; release_folder ends it
+    before. Returns its descriptor; raises ValueError naming the process that holds it already."""
+    path = os.path.join(run_dir, LOCK_FILE)
+    descriptor = lock(run_dir, os.O_RDWR | os.O_CREAT, fcntl.LOCK_EX, tries=5)
+    while not os.path.exists(path) or not os.path.samestat(os.fstat(descriptor), os.stat(path)):
+        os.close(descriptor)  # its holder removed the file as we opened it: take the one now there
+        descriptor = lock(run_dir, os.O_RDWR | os.O_CREAT, fcntl.LOCK_EX, tries=5)
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"{os.getpid()}\n".encode())
+    return descriptor
+
+
+def release_folder(run_dir, descriptor):
+    """End hold_folder's lock, removing the lock file first (a process that opened it meanwhile
+    finds another file at its path, and tries again)."""
+    try:
+        os.remove(os.path.join(run_dir, LOCK_FILE))
+    finally:
+        os.close(descriptor)
+
+
+def check_free(run_dir):
+    """Raise ValueError, naming the process, where a run holds run_dir; nothing is written (the lock
+    file, where there is one, is opened to read, and a shared lock tried)."""
+    try:
+        os.close(lock(run_dir, os.O_RDONLY, fcntl.LOCK_SH, tries=1))
+    except OSError:  # no lock file, or no folder: no run holds it
+        pass
+
+
+def lock(run_dir, flags, kind, tries):
+    """A descriptor of run_dir's lock file, opened with `flags` and flocked (`kind`) without waiting:
+    tried `tries` times 50 ms apart (check_free holds it for a moment only), then a ValueError naming
+    the process that holds it."""
+    descriptor = os.open(os.path.join(run_dir, LOCK_FILE), flags, 0o644)
+    for _ in range(tries):
+        try:
+            fcntl.flock(descriptor, kind | fcntl.LOCK_NB)
+            return descriptor
+        except BlockingIOError:
+            time.sleep(0.05)
+    holder = os.read(descriptor, 20).decode(errors="replace").strip() or "(starting)"
+    os.close(descriptor)
+    raise ValueError(
+        f"{run_dir} is in use by process {holder}, a run that holds it (its lock file "
+        f"{os.path.join(run_dir, LOCK_FILE)}): wait for it to end, or choose another folder"
+    )
 
 
 def new_run_folder(name):
@@ -107,11 +177,29 @@ def append_metrics(run_dir, record):
 
 
 def read_metrics(run_dir):
+    """The records of metrics.jsonl. A last line cut short (a write that a full disk or a kill ended
+    before its newline) is dropped, saying so on stderr; any other line that is not a JSON object
+    with an integer "step" is a ValueError naming the file and the line."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last line, no newline after it
+                print(f"{path}, line {number}: cut short (an unfinished write), dropped", file=sys.stderr)
+                break
+            record = None
+        if not isinstance(record, dict) or type(record.get("step")) is not int:
+            raise ValueError(f'{path}, line {number}: not a JSON object with an integer "step": {line!r:.60}')
+        records.append(record)
+    return records
 
 
 def rewrite_metrics(run_dir, records):

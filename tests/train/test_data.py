@@ -1,6 +1,12 @@
 """The token cache, the windows and the order of batches."""
 
+import builtins
+import errno
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +68,68 @@ def test_a_damaged_token_cache_is_named_and_written_again(tokenizer, tmp_path, h
     np.testing.assert_array_equal(third, ids)
 
 
+def full_disk(path, mode="r", *args, **kwargs):
+    """open(), as on a disk that fills up: a cache file takes a few bytes, then no more."""
+    f = builtins.open(path, mode, *args, **kwargs)
+    if ".partial-" in str(path):
+        f.write(b"a few bytes")
+        f.write = no_space
+    return f
+
+
+def no_space(data):
+    """A write to a full disk."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def read_only(path, mode="r", *args, **kwargs):
+    """open(), as in a folder that this process may read but not write (root may write anywhere)."""
+    if "w" in mode:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return builtins.open(path, mode, *args, **kwargs)
+
+
+@pytest.mark.parametrize("fault", ["full disk", "read-only folder", "TINYGPT_CACHE is a file"])
+def test_a_cache_that_cannot_be_written_is_a_warning_and_leaves_nothing(
+    tokenizer, tmp_path, monkeypatch, fault
+):
+    """The ids come back all the same, a one-line warning names the file and the reason, and no
+    .partial file is left behind."""
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    cache, reason = folder, {"full disk": "No space left", "read-only folder": "Permission denied"}.get(fault)
+    if fault == "full disk":
+        monkeypatch.setattr(data, "open", full_disk, raising=False)
+    elif fault == "read-only folder":
+        folder.chmod(0o555)
+        if os.geteuid() == 0:
+            monkeypatch.setattr(data, "open", read_only, raising=False)
+    else:
+        (tmp_path / "a file").write_text("not a folder")
+        monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a file"))
+        cache, reason = None, "Not a directory"
+    with pytest.warns(
+        UserWarning, match=rf": cannot write the token cache \({reason}.*\); going on"
+    ) as caught:
+        ids, path, reused = data.tokenize_corpus(TEXTS, tokenizer, cache=cache)
+    assert [str(w.message).split(": ")[0] for w in caught] == [path] and "\n" not in str(caught[0].message)
+    assert not reused and not os.path.exists(path) and os.listdir(folder) == []
+    np.testing.assert_array_equal(ids, [i for text in TEXTS for i in tokenizer.encode(text)])
+
+
+def test_partial_files_of_writers_that_are_gone_are_removed(tokenizer, tmp_path):
+    """Writing the cache removes the .partial-<pid> files of processes that no longer run, and those
+    untouched for ten minutes; a live process's fresh one stays."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    names = {"dead": f"a.uint16.partial-{int(gone.stdout)}", "old": f"b.uint16.partial-{os.getppid()}"}
+    names["live"] = f"c.uint16.partial-{os.getppid()}"
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"half a cache")
+    os.utime(tmp_path / names["old"], (time.time() - 3600,) * 2)
+    _, path, _ = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted([Path(path).name, names["live"]])
+
+
 @given(st.integers(2, 200), st.integers(1, 8))
 def test_windows_are_contiguous_and_cover_every_target_once(length, n_ctx):
     ids = np.arange(length)
@@ -84,6 +152,26 @@ def test_the_batch_of_a_step_depends_only_on_step_and_seed(step, seed):
     per_epoch = windows.count // 4
     epoch = np.concatenate([windows.training_batch(s, 4, seed)[:, 0] for s in range(per_epoch)])
     assert len(set(epoch.tolist())) == per_epoch * 4  # no window twice within an epoch
+
+
+def test_another_epoch_or_seed_gives_another_order():
+    """One Windows object asked for epochs and seeds in turn: each (seed, epoch) has an order of its
+    own, the one a fresh object gives, however the asks before it went; the batches of the same
+    place in two epochs differ."""
+    windows = data.Windows(np.arange(401), 10)
+    pairs = [(0, 0), (0, 1), (1, 1), (1, 0), (0, 0), (1, 0), (0, 1), (0, 0)]
+    orders = {}
+    for seed, epoch in pairs:
+        order = windows.order(seed, epoch).tolist()
+        assert order == data.Windows(np.arange(401), 10).order(seed, epoch).tolist(), (seed, epoch)
+        assert orders.setdefault((seed, epoch), order) == order
+    assert len({tuple(order) for order in orders.values()}) == len(orders) == 4
+    per_epoch = windows.count // 4
+    for step in range(per_epoch):
+        assert not np.array_equal(
+            windows.training_batch(step, 4, 0), windows.training_batch(step + per_epoch, 4, 0)
+        )
+        assert not np.array_equal(windows.training_batch(step, 4, 0), windows.training_batch(step, 4, 1))
 
 
 def test_split_holds_out_the_end_and_refuses_a_tiny_corpus():

@@ -96,6 +96,31 @@ def test_resume_continues_with_the_same_losses(corpus, tmp_path):
     assert len(uninterrupted) == 20
 
 
+def test_resuming_to_the_checkpoints_own_step_reports_what_the_run_has(corpus, tmp_path, capsys):
+    """--resume at step 2 with --steps 2 trains nothing: the closing lines say that no validation
+    pass is logged (none ran by step 2) and still give the baseline, a sample and the folder."""
+    out = tmp_path / "run"
+    run(corpus, out, "--steps", "4", "--eval-every", "100", "--save-every", "2")
+    capsys.readouterr()
+    pretrain.main(["--resume", str(out / "checkpoints" / "2"), "--steps", "2", "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert "no validation pass logged by step 2" in printed and "unigram baseline" in printed
+    assert "sample: " in printed and f"run folder: {out}" in printed
+    assert checkpoint_steps(out) == [2]
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_a_warning_not_the_run(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """TINYGPT_CACHE naming a file: the run warns, trains on the ids in memory, and says they are
+    not cached."""
+    (tmp_path / "a file").write_text("not a folder")
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a file"))
+    with pytest.warns(UserWarning, match="cannot write the token cache"):
+        run(corpus, tmp_path / "run", "--steps", "2")
+    assert checkpoint_steps(tmp_path / "run") == [2] and "tokens (not cached in " in capsys.readouterr().out
+
+
 def test_gradient_accumulation_gives_the_losses_of_one_pass(corpus, tmp_path):
     """--grad-accum 4 cuts each batch of 8 into 4 backward passes of 2 windows: the same 20 losses
     as one pass within 1e-5, dropout on (a window's masks follow its place in the batch)."""
