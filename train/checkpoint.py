@@ -128,6 +128,7 @@ def load_checkpoint(path, model, optimizer=None):
         model.load_state_dict(weights)
     except ValueError as error:
         raise ValueError(f"{folder}: the checkpoint does not fit this model: {error}") from None
+    check_finite(folder, model.named_parameters())
     if optimizer is not None:
         moments = read_moments(os.path.join(folder, "optimizer.safetensors"), model)
         names = [name for name, _ in model.named_parameters()]
@@ -139,6 +140,13 @@ def load_checkpoint(path, model, optimizer=None):
             }
         )
     return state
+
+
+def check_finite(folder, parameters):
+    """Raise ValueError, naming the checkpoint, where a weight is NaN or infinite: not a usable model."""
+    for name, p in parameters:
+        if not p.xp.isfinite(p.data).all():
+            raise ValueError(f"{folder}: not a usable checkpoint: {name} holds NaN or infinite weights")
 
 
 def integer(low):

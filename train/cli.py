@@ -12,8 +12,10 @@ import sys
 
 from autograd import backend
 from autograd.precision import POLICIES
+from autograd.serialization import SafetensorsError
 
-from .run import load_run
+from .checkpoint import check_finite, find_checkpoint
+from .run import load_run, read_config, run_folder_of
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -34,7 +36,12 @@ class Parser(argparse.ArgumentParser):
     would bury it; --help shows the usage."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, shown(f"{self.prog}: error: {message}\n"))
+
+
+def shown(text):
+    """Text to print: a name that is not UTF-8 (a lone surrogate, from undecodable bytes) escaped."""
+    return text.encode(errors="backslashreplace").decode()
 
 
 def grouped_parser(prog, description, groups):
@@ -78,6 +85,15 @@ non_negative_float = argument_type(float, lambda x: 0 <= x < math.inf, "a finite
 fraction = argument_type(float, lambda p: 0 <= p < 1, "a number in [0, 1)")
 
 
+def utf8_text(value):
+    """value itself, where it is text: a lone surrogate (bytes of argv that did not decode) is not."""
+    value.encode()  # a UnicodeEncodeError, a ValueError, for a lone surrogate
+    return value
+
+
+text = argument_type(utf8_text, str, "text (bytes that do not decode are not text)")
+
+
 def device_name(text):
     """An argparse type for --device: a name autograd.backend.parse_device takes on this machine
     (cuda needs CuPy and a GPU), kept as given: 'auto' and 'cuda' pick each rank's GPU later."""
@@ -101,6 +117,65 @@ def interruptible(main):
             sys.exit(128 + signal.SIGINT)
 
     return run
+
+
+def expected_errors(main):
+    """main(argv), where an OSError (a path that cannot be read or written) or a SafetensorsError (a
+    weights file not whole) that no check caught ends it with one line, status 1; others are bugs."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        try:
+            return main(argv)
+        except (OSError, SafetensorsError) as error:
+            prog = getattr(sys.modules[main.__module__].__spec__, "name", main.__module__)
+            sys.exit(shown(f"python -m {prog}: error: {error}"))
+
+    return run
+
+
+def check_writable(parser, flag, path, later=()):
+    """A usage error before any work where `path` (to write) cannot be: a name too long, a file above
+    it, or the nearest of it and its folders read-only; `later`: os.stat's errors left to the run."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, *later):
+        pass
+    except OSError as error:
+        parser.error(f"{flag}: {error}")
+    there = os.path.abspath(path)
+    while not os.path.exists(there):
+        there = os.path.dirname(there)
+    if not os.access(there, os.W_OK):
+        parser.error(f"{flag}: {path} cannot be written ({there} is read-only)")
+
+
+def check_settings(parser, args):
+    """A usage error where the settings in config.json of the run --resume names are not what the
+    command line could have given: not an object, or a value its argument's type refuses."""
+    try:
+        settings = read_config(run_folder_of(find_checkpoint(args.resume)))[1]
+    except (OSError, ValueError):
+        return  # loop.resumed_args says what is wrong
+    if not isinstance(settings, dict):
+        parser.error(f"--resume: the settings in the config.json of {args.resume} are not an object")
+    for action in [a for a in parser._actions if a.dest in settings and a.dest != "device"]:  # may differ
+        saved = settings[action.dest]
+        if saved is None and action.default is None:
+            continue  # an option left out
+        for value in saved if isinstance(saved, list) else [saved]:
+            if not setting_fits(action, value):
+                parser.error(f"--resume: the run's config.json has {action.dest} {value!r:.40}, not valid")
+
+
+def setting_fits(action, value):
+    """Whether a saved setting is a value its option could have given: its type's, among its choices."""
+    kind = str if action.default is None or isinstance(action.default, list) else type(action.default)
+    try:
+        typed = action.type(str(value)) == value if action.type else type(value) is kind
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return False
+    return typed and value in (action.choices or [value])
 
 
 def add_run_argument(parser):
@@ -163,6 +238,7 @@ def open_run(parser, run, device):
     backend.use_device(device)
     try:
         model, tokenizer = load_run(run, device)
+        check_finite(find_checkpoint(run), model.named_parameters())
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
     check_tokenizer_fits(parser, run, model.config.vocab_size, tokenizer)
@@ -183,6 +259,8 @@ def check_json_folder(parser, args):
     """A usage error before any work where --json could not be written: its folder is missing."""
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         parser.error(f"--json: the folder of {args.json} does not exist")
+    if args.json:
+        check_writable(parser, "--json", args.json)
 
 
 def write_results(args, results):

@@ -143,6 +143,7 @@ def build_parser():
 
 
 @cli.interruptible
+@cli.expected_errors
 def main(argv=None):
     args = build_parser().parse_args(argv)
     return args.handler(args)

@@ -63,6 +63,8 @@ def parse_args(argv):
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
     if args.from_scratch and args.transfer_layers is not None:
         parser.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
+    if args.out:
+        cli.check_writable(parser, "--out", args.out, later=(NotADirectoryError,))  # rank 0's to meet
     return parser, args
 
 
@@ -303,6 +305,7 @@ def write_results(run_dir, results):
 
 
 @cli.interruptible
+@cli.expected_errors
 @loop.command  # puts back the signal handlers and lets the run folder go
 def main(argv=None):
     parser, args = parse_args(argv)
@@ -315,6 +318,7 @@ def fine_tune(parser, args, group, argv=None):
     given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
+        cli.check_settings(parser, args)
         args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS)
         args.warmup_ratio = vars(args).pop("warmup", args.warmup_ratio)  # the name in older runs
         labels = saved_labels(parser, args, run_dir)

@@ -12,19 +12,21 @@ from .cli import (
     Parser,
     add_device_argument,
     add_run_argument,
+    expected_errors,
     interruptible,
     non_negative_int,
     open_run,
     positive_int,
     probability,
     temperature,
+    text,
 )
 
 
 def build_parser():
     parser = Parser(prog="python -m train.generate", description=__doc__.split("\n")[0], formatter_class=Help)
     add_run_argument(parser)
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--prompt", required=True, type=text, help="the text to continue")
     parser.add_argument("--max-new-tokens", type=non_negative_int, default=100, help="tokens to generate")
     parser.add_argument(
         "--temperature",
@@ -59,6 +61,7 @@ def continuation(tokenizer, prompt_ids, new_ids):
 
 
 @interruptible
+@expected_errors
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ import numpy as np
 from autograd import backend
 from autograd.tensor import no_grad
 
+from . import cli
 from .cli import add_command, add_device_argument, non_negative_int, open_run, positive_int
 
 PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot]'"
@@ -77,6 +78,7 @@ def attention_command(parser, args):
         import matplotlib  # noqa: F401  (checked first: no point loading a model we cannot draw)
     except ImportError:
         parser.error(PLOT_NEEDS)
+    cli.check_writable(parser, "--out", args.out)
     model, tokenizer = open_run(parser, args.run, args.device)
     n_layer, n_ctx = model.config.n_layer, model.config.n_ctx
     if args.layer >= n_layer:
@@ -92,7 +94,7 @@ def attention_command(parser, args):
         draw_attention(weights, token_labels(tokenizer, ids), f"layer {args.layer} of {args.run}", args.out)
     except OSError as error:
         parser.error(f"--out: {error}")
-    print(f"wrote {args.out}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
+    print(f"wrote {cli.shown(args.out)}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
     return weights
 
 
@@ -105,7 +107,7 @@ def add_attention_command(commands):
         description="Draw the attention weights of every head of one layer over the tokens of a text "
         "(rows attend to columns; the causal mask leaves the upper triangle empty).",
     )
-    parser.add_argument("--text", required=True, help="the text to run through the model")
+    parser.add_argument("--text", required=True, type=cli.text, help="the text to run through the model")
     parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
     parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
     add_device_argument(parser)

@@ -13,8 +13,8 @@ from tinygpt.files import UndecodableFiles
 from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
-from . import glue, metrics
-from .checkpoint import read_weights
+from . import cli, glue, metrics
+from .checkpoint import check_finite, read_weights
 from .cli import add_command, add_device_argument, add_text_arguments, check_tokenizer_fits, positive_int
 from .run import load_tokenizer, read_config
 
@@ -93,7 +93,7 @@ def fine_tune_of(parser, run):
     one, or has no best/ weights, is a usage error."""
     try:
         config, settings = read_config(run)
-        if "has_labels" not in settings:
+        if not isinstance(settings, dict) or "has_labels" not in settings:
             raise ValueError(f"{run} is not a fine-tuning run (its config.json has no task)")
         if not os.path.isdir(os.path.join(run, "best")):
             raise ValueError(f"{run} has no best/ weights (a fine-tune writes them after its first epoch)")
@@ -110,6 +110,7 @@ def load_head(parser, args, config, dataset):
     try:
         head = make_head(dataset.kind, GPT(config), dataset.n_classes)
         head.load_state_dict(read_weights(os.path.join(args.run, "best"), head))
+        check_finite(os.path.join(args.run, "best"), head.named_parameters())
         tokenizer = load_tokenizer(os.path.join(args.run, "tokenizer"))
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
@@ -138,6 +139,7 @@ def predict_command(parser, args):
     out = output_path(args, task, layout)
     if not os.path.isdir(os.path.dirname(out) or "."):
         parser.error(f"--out: the folder of {out} does not exist")
+    cli.check_writable(parser, "--out", out)
     try:
         dataset = glue.read(task, args.data, labels, encoding=args.encoding, errors=args.errors)
     except UndecodableFiles as error:

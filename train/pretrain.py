@@ -52,6 +52,8 @@ def parse_args(argv):
     n_embd, n_head = args.n_embd or preset.n_embd, args.n_head or preset.n_head
     if n_embd % n_head:
         parser.error(f"--n-embd {n_embd} does not split into --n-head {n_head} heads of equal width")
+    if args.out:
+        cli.check_writable(parser, "--out", args.out, later=(NotADirectoryError,))  # rank 0's to meet
     return parser, args
 
 
@@ -181,11 +183,16 @@ def read_tokens(parser, args, run_dir, group):
         )
     except UndecodableFiles as error:
         parser.error(f"--data: {error.advice(flags=True)}")
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         parser.error(str(error))
-    tokenizer = (
-        load_tokenizer(os.path.join(run_dir, "tokenizer")) if args.resume else build_tokenizer(args, texts)
-    )
+    try:
+        tokenizer = (
+            load_tokenizer(os.path.join(run_dir, "tokenizer"))
+            if args.resume
+            else build_tokenizer(args, texts)
+        )
+    except (ValueError, OSError) as error:
+        parser.error(f"{'--resume' if args.resume else 'the tokenizer'}: {error}")
     # on every rank: the same text gives the same ids
     ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
     digest = os.path.basename(cache_path).split(".")[0]  # the cache file is named by their hash
@@ -277,6 +284,7 @@ def validate(run, val, args, step, progress):
 
 
 @cli.interruptible
+@cli.expected_errors
 @loop.command  # puts back the signal handlers and lets the run folder go
 def main(argv=None):
     parser, args = parse_args(argv)
@@ -288,6 +296,7 @@ def train_model(parser, args, group, argv=None):
     rank 0 writes the run folder. argv: the command line (the flags given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
+        cli.check_settings(parser, args)
         flags = {
             "may_change": ("steps", "eval_every", "sample_tokens"),
             "data": ("data", "encoding", "errors"),

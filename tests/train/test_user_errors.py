@@ -1,0 +1,268 @@
+"""No user error ends in a traceback: a missing or broken tokenizer, a --data folder holding a folder
+named x.txt, a name too long, a prompt that is not text, an output that cannot be written, a run's
+config.json or checkpoint that is damaged each end a command with one line (status 2 for a usage
+error found before the work, 1 for a failed run), and nothing in the run folder is changed."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autograd.serialization import load_file, save_file
+from train import evaluate, generate, pretrain
+
+from .runs import tiny_run
+
+SMALL = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
+SMALL += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sample-tokens", "0"]
+
+
+def one_line_error(capsys, main, argv, status=2):
+    """The one stderr line of main(argv), which must stop it with `status` (either of 1, 2: None)."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    code = stop.value.code
+    if isinstance(code, str):  # sys.exit(message): Python prints it, the status is 1
+        print(code, file=__import__("sys").stderr)
+        code = 1
+    assert code in ((1, 2) if status is None else (status,))
+    [line] = capsys.readouterr().err.strip().splitlines()
+    return line
+
+
+def snapshot(folder):
+    """Every file under `folder` (but the lock file) and a digest of its bytes."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if name != ".lock":
+                path = os.path.join(root, name)
+                files[os.path.relpath(path, folder)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return files
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """(a pretraining run folder at step 1, its corpus, a folder for the token cache)."""
+    root = tmp_path_factory.mktemp("user_errors")
+    corpus = root / "corpus.txt"
+    corpus.write_text("The cat sat on the mat and the dog sat on the log. " * 40, encoding="utf-8")
+    cache = root / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINYGPT_CACHE", str(cache))
+        pretrain.main(["--data", str(corpus), "--out", str(root / "run"), *SMALL, "--steps", "1"])
+    return root / "run", corpus, cache
+
+
+@pytest.fixture
+def run(base, tmp_path, monkeypatch):
+    """A copy of the base run, on the base run's token cache."""
+    monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
+    shutil.copytree(base[0], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def new_run(corpus, out, *extra):
+    return ["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "1", *extra]
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer", "--gpt1-tokenizer"])
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_missing_or_broken_tokenizer_is_a_usage_error(base, tmp_path, capsys, monkeypatch, flag, broken):
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "tokenizer"
+    if broken:
+        folder.mkdir()
+        for name in ("vocab.json", "merges.txt", "encoder_bpe_40000.json", "vocab_40000.bpe"):
+            (folder / name).write_text("{not json")
+    line = one_line_error(capsys, pretrain.main, [*new_run(base[1], tmp_path / "out"), flag, str(folder)])
+    assert str(folder) in line and not (tmp_path / "out").exists()
+
+
+def test_resuming_a_run_whose_tokenizer_is_broken_is_a_usage_error(run, capsys):
+    (run / "tokenizer" / "vocab.json").write_text("{not json")
+    before = snapshot(run)
+    line = one_line_error(capsys, pretrain.main, ["--resume", str(run), "--steps", "2"])
+    assert "vocab.json" in line and snapshot(run) == before
+
+
+def test_a_data_folder_holding_a_folder_named_like_a_text_file_is_a_usage_error(base, tmp_path, capsys):
+    (tmp_path / "data" / "x.txt").mkdir(parents=True)
+    (tmp_path / "data" / "a.txt").write_text("hello world " * 50)
+    line = one_line_error(capsys, pretrain.main, new_run(tmp_path / "data", tmp_path / "out"))
+    assert "x.txt" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("which", ["--data", "--out"])
+def test_a_name_too_long_is_a_usage_error(base, tmp_path, capsys, which):
+    long = tmp_path / ("a" * 300)
+    argv = new_run(long, tmp_path / "out") if which == "--data" else new_run(base[1], long)
+    line = one_line_error(capsys, pretrain.main, argv)
+    assert "File name too long" in line and not (tmp_path / "out").exists()
+
+
+def test_a_prompt_that_is_not_text_is_a_usage_error(tmp_path, capsys):
+    tiny_run(tmp_path / "run")
+    line = one_line_error(capsys, generate.main, ["--run", str(tmp_path / "run"), "--prompt", "\udc80"])
+    assert "--prompt" in line
+
+
+@pytest.mark.parametrize("command", ["perplexity", "attention"])
+@pytest.mark.parametrize("how", ["read-only", "below a file"])
+def test_an_output_that_cannot_be_written_is_a_usage_error_before_the_work(
+    tmp_path, capsys, monkeypatch, command, how
+):
+    tiny_run(tmp_path / "run")
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20)
+    (tmp_path / "file").write_text("")
+    folder = tmp_path / ("file" if how == "below a file" else "out")
+    folder.mkdir(exist_ok=True) if how == "read-only" else None
+    if how == "read-only":  # the tests run as root, whom chmod does not stop
+        monkeypatch.setattr(os, "access", lambda path, mode: not str(path).startswith(str(folder)))
+    monkeypatch.setattr("train.cli.load_run", lambda *a: pytest.fail("the work began"))
+    run = ["--run", str(tmp_path / "run"), "--device", "cpu"]
+    if command == "perplexity":
+        argv = ["perplexity", *run, "--data", str(tmp_path / "text.txt"), "--json", str(folder / "r.json")]
+    else:
+        argv = ["attention", *run, "--text", "hi", "--layer", "0", "--out", str(folder / "a.png")]
+    line = one_line_error(capsys, evaluate.main, argv)
+    assert str(folder) in line
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda config: {**config, "settings": 5},
+        lambda config: {**config, "settings": {**config["settings"], "batch_size": "eight"}},
+        lambda config: {**config, "settings": {**config["settings"], "steps": 0}},
+    ],
+    ids=["settings", "batch_size", "steps"],
+)
+def test_a_damaged_config_is_a_usage_error_of_resume(run, capsys, change):
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps(change(config)))
+    before = snapshot(run)
+    line = one_line_error(capsys, pretrain.main, ["--resume", str(run), "--steps", "2"])
+    assert "--resume" in line and snapshot(run) == before
+
+
+def poison(checkpoint):
+    path = checkpoint / "model.safetensors"
+    save_file({name: np.full_like(a, np.nan) for name, a in load_file(str(path)).items()}, str(path))
+
+
+def test_a_checkpoint_of_nan_weights_is_refused_by_generate_and_resume(run, capsys):
+    poison(run / "checkpoints" / "1")
+    before = snapshot(run)
+    line = one_line_error(capsys, generate.main, ["--run", str(run), "--prompt", "hi", "--device", "cpu"])
+    assert "checkpoints/1" in line and "NaN" in line
+    line = one_line_error(capsys, pretrain.main, ["--resume", str(run), "--steps", "2"])
+    assert "checkpoints/1" in line and "NaN" in line and snapshot(run) == before
+
+
+def test_a_real_bug_is_still_a_traceback(tmp_path, monkeypatch):
+    tiny_run(tmp_path / "run")
+    monkeypatch.setattr(generate, "generate", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        generate.main(["--run", str(tmp_path / "run"), "--prompt", "hi", "--device", "cpu"])
+
+
+# the property: generated bad arguments and damaged run-folder files
+FILES = [
+    "config.json",
+    "tokenizer/vocab.json",
+    "tokenizer/merges.txt",
+    "checkpoints/1/model.safetensors",
+    "checkpoints/1/optimizer.safetensors",
+    "checkpoints/1/state.json",
+    "checkpoints/1/config.json",
+]
+WRONG = st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | st.text(max_size=4) | st.just([])
+
+
+@st.composite
+def damage(draw, run):
+    """Change one file of `run`: cut short, replaced by bytes, or (config.json) a field of the wrong type."""
+    name = draw(st.sampled_from(FILES))
+    path = run / name
+    data = path.read_bytes()
+    how = draw(st.sampled_from(["cut", "bytes", "field"]))
+    if how == "cut":
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    elif how == "bytes":
+        data = draw(st.binary(max_size=64))
+    else:
+        config = json.loads((run / "config.json").read_text())
+        part = draw(st.sampled_from(["model", "settings"]))
+        field = draw(st.sampled_from(sorted(config[part])))
+        config[part][field] = draw(WRONG)
+        path, data = run / "config.json", json.dumps(config).encode()
+    path.write_bytes(data)
+    return name
+
+
+def commands(run, tmp):
+    """(main, argv) of each command on `run` (a resume of --steps 1 on a run at step 1 trains no step)."""
+    text, results, cpu = str(tmp / "text.txt"), str(tmp / "results.json"), ["--device", "cpu"]
+    attention = ["attention", "--run", str(run), "--text", "hi", "--layer", "0", "--out", str(tmp / "a.png")]
+    return {
+        "generate": (generate.main, ["--run", str(run), "--prompt", "hi", "--max-new-tokens", "2", *cpu]),
+        "perplexity": (
+            evaluate.main,
+            ["perplexity", "--run", str(run), "--data", text, "--json", results, *cpu],
+        ),
+        "attention": (evaluate.main, [*attention, *cpu]),
+        "summary": (evaluate.main, ["summary", "--run", str(run)]),
+        "resume": (pretrain.main, ["--resume", str(run), "--steps", "1", *cpu]),
+    }
+
+
+BAD_PATHS = st.sampled_from(["missing", "a" * 300, "file/below", "file", "\udcff", ""])
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_no_generated_user_error_ends_in_a_traceback(base, tmp_path_factory, capsys, data):
+    """Each command ends normally, or with one line, status 1 or 2, and a usage error (2) leaves the
+    run folder as it was."""
+    tmp = tmp_path_factory.mktemp("case")
+    run = tmp / "run"
+    shutil.copytree(base[0], run)
+    (tmp / "text.txt").write_text("the cat sat on the mat. " * 20)
+    (tmp / "file").write_text("")
+    name, (main, argv) = data.draw(st.sampled_from(sorted(commands(run, tmp).items())))
+    if data.draw(st.booleans()):  # a damaged file of the run
+        data.draw(damage(run))
+    else:  # a bad path in place of one the command reads or writes
+        index = data.draw(st.sampled_from([i for i, arg in enumerate(argv) if str(tmp) in arg]))
+        argv = [*argv[:index], str(tmp / data.draw(BAD_PATHS)), *argv[index + 1 :]]
+    before = snapshot(run)
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINYGPT_CACHE", str(base[2]))
+        try:
+            main(argv)
+        except SystemExit as stop:
+            code = 1 if isinstance(stop.code, str) else stop.code
+            lines = capsys.readouterr().err.strip().splitlines() or [stop.code]
+            assert code in (1, 2) and len(lines) == 1 and lines[0].startswith("python -m train.")
+            assert code == 1 or snapshot(run) == before
+
+
+def test_predict_on_a_run_whose_settings_are_not_an_object_is_a_usage_error(tmp_path, capsys):
+    tiny_run(tmp_path / "run")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps({**config, "settings": 5}))
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\ta cat\n")
+    argv = ["predict", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "test.tsv"), "--task", "sst2"]
+    line = one_line_error(capsys, evaluate.main, argv)
+    assert "--run" in line and "not a fine-tuning run" in line
+
+
+def test_the_settings_of_a_whole_run_pass_the_check(run):
+    pretrain.main(["--resume", str(run), "--steps", "1", "--device", "cpu"])  # at step 1: no step to train
