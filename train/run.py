@@ -241,7 +241,8 @@ def plot_metrics(run_dir):
     """Draw loss.png (see loss_figure); returns its path, or None when matplotlib is not installed
     (the quick start installs it: pip install -e '.[plot]')."""
     try:
-        figure = loss_figure(read_metrics(run_dir), os.path.basename(os.path.abspath(run_dir)))
+        name = os.path.basename(os.path.abspath(run_dir))  # bytes of a name that are not UTF-8, escaped:
+        figure = loss_figure(read_metrics(run_dir), name.encode(errors="backslashreplace").decode())
     except ImportError:
         return None
     path = os.path.join(run_dir, "loss.png")

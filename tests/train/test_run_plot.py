@@ -1,5 +1,7 @@
 """loss.png: pretraining's losses, and a fine-tune's task loss L2 beside its dev metrics."""
 
+import os
+
 import pytest
 
 from train.run import append_metrics, loss_figure, plot_metrics
@@ -48,3 +50,12 @@ def test_plot_metrics_writes_loss_png(tmp_path):
     path = plot_metrics(tmp_path)
     with open(path, "rb") as f:
         assert path.endswith("loss.png") and f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_folder_whose_name_is_not_utf8_gets_its_plot(tmp_path):
+    """A name of bytes that do not decode (they arrive as lone surrogates) is escaped in the title,
+    where matplotlib's fonts would refuse it."""
+    folder = tmp_path / os.fsdecode(b"run-\xff")
+    folder.mkdir()
+    append_metrics(folder, {"step": 1, "loss": 3.0, "lr": 0.1})
+    assert plot_metrics(folder) == os.path.join(folder, "loss.png") and (folder / "loss.png").exists()
