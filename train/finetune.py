@@ -64,7 +64,7 @@ def parse_args(argv):
     if args.from_scratch and args.transfer_layers is not None:
         parser.error("--from-scratch re-initialises every layer: it does not go with --transfer-layers")
     if args.out:
-        cli.check_writable(parser, "--out", args.out, later=(NotADirectoryError,))  # rank 0's to meet
+        cli.check_writable(parser, "--out", args.out)
     return parser, args
 
 

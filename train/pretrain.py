@@ -53,7 +53,7 @@ def parse_args(argv):
     if n_embd % n_head:
         parser.error(f"--n-embd {n_embd} does not split into --n-head {n_head} heads of equal width")
     if args.out:
-        cli.check_writable(parser, "--out", args.out, later=(NotADirectoryError,))  # rank 0's to meet
+        cli.check_writable(parser, "--out", args.out)
     return parser, args
 
 

@@ -225,15 +225,17 @@ def test_ctrl_c_stops_every_rank_after_saving_a_checkpoint(mpiexec, corpus, tmp_
 
 
 def test_a_rank_that_fails_ends_the_job_with_its_error(mpiexec, corpus, tmp_path):
-    """Rank 0 cannot write the run folder (a file stands where its parent folder goes) while rank 1
-    waits for it in the first step: the job ends at once with rank 0's message, naming the path."""
-    (tmp_path / "file").write_text("not a folder")
-    out = tmp_path / "file" / "run"
-    code, output = run_job(
-        mpiexec(2, pretrain_args(corpus, out, "--steps", "50", "--save-every", "3")), mpiexec.env
-    )
+    """Rank 0 cannot write its first checkpoint (a file of the user's stands where checkpoints/
+    goes, which --overwrite keeps) while rank 1 waits for it in the next step: the job ends at once
+    with rank 0's message, naming the path."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("a file of the user's")
+    argv = pretrain_args(corpus, out, "--steps", "50", "--save-every", "3", "--overwrite")
+    code, output = run_job(mpiexec(2, argv), mpiexec.env)
     assert code != 0 and "TIMED OUT" not in output
-    assert f"rank 0: {out}: Not a directory" in output
+    failed = f"rank 0: could not write a checkpoint in {out / 'checkpoints'}: [Errno 20] Not a directory"
+    assert failed in output
 
 
 def test_a_rank_started_on_other_data_ends_the_job_with_its_traceback(mpiexec, corpus, tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autograd.serialization import load_file, save_file
-from train import evaluate, generate, pretrain
+from train import evaluate, finetune, generate, pretrain
 
 from .runs import tiny_run
 
@@ -266,3 +266,20 @@ def test_predict_on_a_run_whose_settings_are_not_an_object_is_a_usage_error(tmp_
 
 def test_the_settings_of_a_whole_run_pass_the_check(run):
     pretrain.main(["--resume", str(run), "--steps", "1", "--device", "cpu"])  # at step 1: no step to train
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_an_out_below_a_file_is_a_usage_error_before_anything_is_written(tmp_path, capsys, command):
+    """A file where --out's parent folder goes: refused with one line before the work (it was met
+    when the run first wrote, after the tokenizer and the model were built)."""
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "run"
+    common = ["--out", str(out), "--device", "cpu"]
+    if command == "pretrain":
+        line = one_line_error(capsys, pretrain.main, ["--data", str(tmp_path / "file"), *common])
+    else:
+        splits = ["--train", str(tmp_path / "file"), "--dev", str(tmp_path / "file")]
+        argv = ["--init-from", str(tmp_path), "--task", "sst2", *splits, *common]
+        line = one_line_error(capsys, finetune.main, argv)
+    assert f"--out: [Errno 20] Not a directory: '{out}'" in line
+    assert sorted(os.listdir(tmp_path)) == ["file"]
