@@ -49,7 +49,7 @@ class EmulatedArray(np.ndarray):
         return np.array(self.view(np.ndarray))
 
     def __getitem__(self, index):  # an entry is a 0-d array, as CuPy's
-        return on_device(super().__getitem__(index))
+        return on_device(super().__getitem__(index), type(self))
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -59,10 +59,10 @@ class EmulatedArray(np.ndarray):
         if out is not None:
             kwargs["out"] = tuple(host_view(a) for a in out)
         result = getattr(ufunc, method)(*raw, **kwargs)
-        return out[0] if out is not None and len(out) == 1 else on_device(result)
+        return out[0] if out is not None and len(out) == 1 else on_device(result, type(self))
 
     def __array_function__(self, function, types, args, kwargs):
-        return on_device(super().__array_function__(function, types, args, kwargs))
+        return on_device(super().__array_function__(function, types, args, kwargs), type(self))
 
 
 def host_view(a):
@@ -70,13 +70,13 @@ def host_view(a):
     return a.view(np.ndarray) if isinstance(a, EmulatedArray) else a
 
 
-def on_device(result):
-    """NumPy's result as the device's: arrays viewed as EmulatedArray, scalars as 0-d arrays."""
+def on_device(result, kind=EmulatedArray):
+    """NumPy's result as the device's: arrays viewed as `kind`, scalars as 0-d arrays."""
     if isinstance(result, tuple):
-        return tuple(on_device(r) for r in result)
+        return tuple(on_device(r, kind) for r in result)
     if isinstance(result, np.generic):
         result = np.asarray(result)
-    return result.view(EmulatedArray) if type(result) is np.ndarray else result
+    return result.view(kind) if type(result) is np.ndarray else result
 
 
 class ArrayModule(types.ModuleType):
@@ -85,15 +85,15 @@ class ArrayModule(types.ModuleType):
     ndarray = EmulatedArray
 
     def asarray(self, a, dtype=None):
-        if isinstance(a, EmulatedArray) and (dtype is None or a.dtype == np.dtype(dtype)):
+        if isinstance(a, self.ndarray) and (dtype is None or a.dtype == np.dtype(dtype)):
             return a
-        return np.array(host_view(a), dtype=dtype).view(EmulatedArray)
+        return np.array(host_view(a), dtype=dtype).view(self.ndarray)
 
     def array(self, a, dtype=None, order="K"):
-        return np.array(host_view(a), dtype=dtype, order=order).view(EmulatedArray)
+        return np.array(host_view(a), dtype=dtype, order=order).view(self.ndarray)
 
     def ascontiguousarray(self, a, dtype=None):
-        return on_device(np.ascontiguousarray(host_view(a), dtype=dtype))
+        return on_device(np.ascontiguousarray(host_view(a), dtype=dtype), self.ndarray)
 
     def __getattr__(self, name):
         found = getattr(np, name)
@@ -101,7 +101,7 @@ class ArrayModule(types.ModuleType):
             return found  # dtypes (xp.float32) and constants
 
         def made_on_device(*args, **kwargs):
-            return on_device(found(*args, **kwargs))
+            return on_device(found(*args, **kwargs), self.ndarray)
 
         return made_on_device
 

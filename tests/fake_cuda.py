@@ -20,6 +20,7 @@ import numpy as np
 
 import autograd as ag
 from autograd import backend
+from autograd.emulated_gpu import ArrayModule, EmulatedArray, host_view, on_device
 from autograd.kernels import adam, gpu
 
 DEVICES = 2
@@ -50,18 +51,15 @@ class Device:
         pass
 
 
-class Memory(NamedTuple):
-    ptr: int
-
-
 class Product(NamedTuple):
     shapes: tuple
     dtypes: tuple  # the inputs' and the result's
     compute_type: int  # of float32 products, when it was made
 
 
-class GpuArray(np.ndarray):
-    """A NumPy array that lives on GPU `device_id` (the current device where it was made)."""
+class GpuArray(EmulatedArray):
+    """An array of the emulated device's kind that lives on GPU `device_id` (the current device where
+    it was made), and whose operations follow CuPy's rules (check_current, as_cupy_multiplies)."""
 
     products = []
 
@@ -69,27 +67,15 @@ class GpuArray(np.ndarray):
         self.device_id = getattr(source, "device_id", Device.current)
 
     device = property(lambda self: Device(self.device_id))
-    data = property(lambda self: Memory(self.ctypes.data))  # cupy's a.data.ptr
-
-    def get(self):
-        return np.array(self.view(np.ndarray))
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
-        arrays = [*inputs, *(out or ())]
-        check_current(f"np.{ufunc.__name__}", arrays)
-        raw = [a.view(np.ndarray) if isinstance(a, GpuArray) else a for a in inputs]
-        if out is not None:
-            kwargs["out"] = tuple(a.view(np.ndarray) for a in out)
-        result = getattr(ufunc, method)(*raw, **kwargs)
-        if ufunc is np.matmul:
-            result = as_cupy_multiplies(*raw, result)
-        if out is not None:
-            return out[0] if len(out) == 1 else out
-        return on_current(result)
+        check_current(f"np.{ufunc.__name__}", [*inputs, *(out or ())])
+        result = super().__array_ufunc__(ufunc, method, *inputs, out=out, **kwargs)
+        return as_cupy_multiplies(*inputs, result) if ufunc is np.matmul else result
 
     def __array_function__(self, function, types, args, kwargs):
         check_current(f"np.{function.__name__}", [*args, *kwargs.values()])
-        return on_current(super().__array_function__(function, types, args, kwargs))
+        return super().__array_function__(function, types, args, kwargs)
 
 
 def as_cupy_multiplies(a, b, result):
@@ -107,12 +93,11 @@ def as_cupy_multiplies(a, b, result):
 
 def bfloat16_matmul_to_float32(a, b):
     """backend's cuBLAS product of bfloat16 matrices written in float32, recorded as a product."""
-    raw_a, raw_b = a.view(np.ndarray), b.view(np.ndarray)
-    result = raw_a @ raw_b  # NumPy's product of bfloat16 is float32
+    result = host_view(a) @ host_view(b)  # NumPy's product of bfloat16 is float32
     GpuArray.products.append(
         Product((a.shape, b.shape), (a.dtype, b.dtype, result.dtype), FakeLinalg.compute_type)
     )
-    return on_current(result)
+    return on_device(result, GpuArray)
 
 
 def check_current(what, values):
@@ -125,21 +110,10 @@ def check_current(what, values):
                 )
 
 
-def on_current(result):
-    """A result of NumPy's as an array of the current device: a NumPy scalar as a 0-d array, as CuPy
-    gives them (Python numbers and other objects as they are)."""
-    if isinstance(result, tuple):
-        return tuple(on_current(r) for r in result)
-    if isinstance(result, np.generic):
-        result = np.asarray(result)
-    if type(result) is np.ndarray:
-        return result.view(GpuArray)  # __array_finalize__ tags it with the current device
-    return result
-
-
-class FakeCupy(types.ModuleType):
-    """The module `cupy` as the engine uses it: NumPy's functions, whose new arrays are made on the
-    current device; a host array is copied there by asarray, a device array stays where it is."""
+class FakeCupy(ArrayModule):
+    """The module `cupy` as the engine uses it: the emulated device's array module, its arrays
+    GpuArrays; a host array is copied to the current device by asarray, a device array stays where
+    it is. Its `empty` gives zeros, the outputs of kernels that do not run."""
 
     ndarray = GpuArray
 
@@ -148,35 +122,11 @@ class FakeCupy(types.ModuleType):
         runtime = types.SimpleNamespace(getDeviceCount=lambda: DEVICES)
         self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime, get_current_stream=lambda: None)
 
-    def asarray(self, a, dtype=None, order=None):
-        if isinstance(a, GpuArray) and (dtype is None or a.dtype == np.dtype(dtype)):
-            return a
-        return np.array(np.asarray(a), dtype=dtype, order=order or "K").view(GpuArray)
-
-    def array(self, a, dtype=None, order="K", copy=True):
-        return np.array(a.view(np.ndarray) if isinstance(a, GpuArray) else a, dtype, order=order).view(
-            GpuArray
-        )
-
     def empty(self, shape, dtype=float):
         return self.zeros(shape, dtype)
 
     def empty_like(self, a, dtype=None):
         return self.zeros_like(a, dtype)
-
-    def ascontiguousarray(self, a, dtype=None):
-        contiguous = np.ascontiguousarray(a, dtype=dtype)
-        return contiguous if isinstance(contiguous, GpuArray) else contiguous.view(GpuArray)
-
-    def __getattr__(self, name):
-        found = getattr(np, name)
-        if isinstance(found, type) or not callable(found):
-            return found  # dtypes (cupy.float32), constants
-
-        def on_device(*args, **kwargs):
-            return on_current(found(*args, **kwargs))
-
-        return on_device
 
 
 class Launch(NamedTuple):

@@ -112,8 +112,9 @@ def _build(text, name, debug):
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
             for k in kernels
         )
-        _write(stem.with_suffix(".cu"), text)  # the source gdb shows
-        _write(stem.with_suffix(".cpp"), f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}')
+        gpu.write_whole(stem.with_suffix(".cu"), text)  # the source gdb shows
+        unit = f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}'
+        gpu.write_whole(stem.with_suffix(".cpp"), unit)
         partial = f"{library}.partial-{os.getpid()}"
         core = EMULATOR / "cuda.cpp"
         command = ["g++", *flags, "-I", str(EMULATOR), "-o", partial, f"{stem}.cpp", str(core)]
@@ -126,7 +127,7 @@ def _build(text, name, debug):
             errors = compiling.communicate()[1]
         if compiling.returncode:
             raise EmulatorError(f"{name}: g++ does not compile it for the emulator:\n{errors}")
-        _write(about, json.dumps({"kernels": kernels, "limits": limits}))
+        gpu.write_whole(about, json.dumps({"kernels": kernels, "limits": limits}))
         os.replace(partial, library)  # whole or not at all: another process may load it meanwhile
     return Library(name, library, **json.loads(about.read_text()))
 
@@ -145,12 +146,6 @@ def _writable(folder):
         return None
 
 
-def _write(path, text):
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    partial.write_text(text)
-    partial.replace(path)
-
-
 def kernel_names(text):
     """The extern "C" __global__ functions of a source, found once the preprocessor has expanded it."""
     command = ["g++", "-E", "-P", "-x", "c++", "-std=c++17", "-"]
@@ -165,17 +160,11 @@ def ptx_limits(text, name):
     """{kernel: [its __launch_bounds__ (0: none), its bytes of static shared memory]} from the PTX that
     NVRTC makes of the source (as gpu.compile_source does), or None where NVRTC is not installed."""
     try:
-        from cupy_backends.cuda.libs import nvrtc
+        ptx = gpu.compile_source(name, "compute_90", text).decode()
     except ImportError:
         return None
-    program = nvrtc.createProgram(text, f"{name}.cu", [], [])
-    try:
-        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", *gpu.OPTIONS])
-        ptx = nvrtc.getPTX(program).decode()
-    except nvrtc.NVRTCError as error:
-        raise EmulatorError(f"{name}: NVRTC does not compile it:\n{nvrtc.getProgramLog(program)}") from error
-    finally:
-        nvrtc.destroyProgram(program)
+    except RuntimeError as error:
+        raise EmulatorError(f"{name}: NVRTC: {error}") from error
     declared = r"\.shared\s+(?:\.align\s+\d+\s+)?\.[a-z](\d+)\s+(\w+)(?:\[(\d+)\])?\s*;"
 
     def size(bits, count):

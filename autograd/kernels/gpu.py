@@ -34,12 +34,12 @@ def source(name):
     return (SOURCES / "common.cuh").read_text() + "\n" + (SOURCES / f"{name}.cu").read_text()
 
 
-def compile_source(name, arch):
-    """autograd/kernels/cuda/<name>.cu compiled by NVRTC with OPTIONS for `arch`: PTX for a virtual
-    architecture ("compute_90"), a binary for a real one ("sm_90")."""
+def compile_source(name, arch, text=None):
+    """autograd/kernels/cuda/<name>.cu (or `text`, under that name) compiled by NVRTC with OPTIONS for
+    `arch`: PTX for a virtual architecture ("compute_90"), a binary for a real one ("sm_90")."""
     from cupy_backends.cuda.libs import nvrtc
 
-    program = nvrtc.createProgram(source(name), f"{name}.cu", [], [])
+    program = nvrtc.createProgram(source(name) if text is None else text, f"{name}.cu", [], [])
     try:
         try:
             nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *OPTIONS])
@@ -77,12 +77,21 @@ def cached_compile(name, arch, nvrtc_version):
     binary = compile_source(name, arch)
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".partial-{os.getpid()}")
-        partial.write_bytes(binary)
-        partial.replace(path)  # whole or not at all: another process may read it at the same time
+        write_whole(path, binary)
     except OSError:
         pass
     return binary
+
+
+def write_whole(path, data):
+    """Write bytes or text to `path` (a Path) whole or not at all, through a .partial-<pid> file:
+    another process may read it at the same time."""
+    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    if isinstance(data, bytes):
+        partial.write_bytes(data)
+    else:
+        partial.write_text(data)
+    partial.replace(path)
 
 
 def kernel(name, function, dtype):

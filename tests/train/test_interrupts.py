@@ -35,17 +35,23 @@ def start(corpus, out, *extra):
     if not extra or extra[0] != "--resume":
         command += ["--data", str(corpus), "--out", str(out), *SMALL]
     log = open(out.parent / f"{out.name}.log", "a")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}  # its lines as they come
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(corpus, tmp_path):
-    out = tmp_path / "run"
+def signalled_in_training(corpus, out, number):
+    """A long pretraining process into `out`, sent the signal `number` once it has logged 3 steps."""
     process = start(corpus, out, "--steps", "100000", "--log-every", "1", "--save-every", "100000")
     deadline = time.time() + 60
     while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
         time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(number)
+    return process
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(corpus, tmp_path):
+    out = tmp_path / "run"
+    process = signalled_in_training(corpus, out, signal.SIGTERM)
     assert process.wait(timeout=30) == 143
     [step] = checkpoint_steps(out)
     assert f"interrupted after step {step} (SIGTERM)" in (tmp_path / "run.log").read_text()
@@ -191,9 +197,5 @@ def test_a_signal_while_the_closing_sample_is_drawn_ends_the_run_at_once(
 
 def test_a_run_stopped_by_a_signal_gets_its_loss_curve(corpus, tmp_path):
     out = tmp_path / "run"
-    process = start(corpus, out, "--steps", "100000", "--log-every", "1", "--save-every", "100000")
-    deadline = time.time() + 60
-    while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
-        time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
+    process = signalled_in_training(corpus, out, signal.SIGINT)
     assert process.wait(timeout=30) == 130 and (out / "loss.png").exists()
