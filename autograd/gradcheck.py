@@ -47,13 +47,17 @@ def _close(analytic, numeric, atol, rtol):
     return abs(analytic - numeric) <= atol + rtol * abs(numeric)
 
 
-def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
+def _name(i, names):
+    return f"input {names[i] if names else i}"
+
+
+def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0, names=None):
     """Check the gradient of fn(*inputs) for each float64 input that requires grad.
 
     The output is weighted by random numbers w, and for each input x a random direction u is
     drawn: the backward's <dL/dx, u> must equal (L(x + eps u) - L(x - eps u)) / (2 eps), where
     L = sum(w * fn(...)). fn must compute the same function on every call (fix dropout's seed).
-    Raises GradcheckError naming every input that disagrees.
+    Raises GradcheckError naming every input that disagrees (by `names`, else by position).
     """
     inputs, out_shape = _checked_inputs(fn, inputs)
     rng = np.random.default_rng(seed)
@@ -79,7 +83,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
         numeric = (plus - minus) / (2 * eps)
         if not _close(analytic, numeric, atol, rtol):
             failures.append(
-                f"input {i} of shape {x.shape}: backward gives {analytic:.10g} along a "
+                f"{_name(i, names)} of shape {x.shape}: backward gives {analytic:.10g} along a "
                 f"random direction, finite differences {numeric:.10g} "
                 f"(difference {abs(analytic - numeric):.3g})"
             )
@@ -87,11 +91,12 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0):
         raise GradcheckError("gradients disagree with finite differences:\n  " + "\n  ".join(failures))
 
 
-def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10):
+def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10, names=None):
     """Compare the whole Jacobian of fn(*inputs) with central differences, entry by entry.
 
     Raises GradcheckError listing up to `max_entries` disagreeing entries as
-    (input, input index, output index, backward value, finite-difference value).
+    input[index] -> output[index]: backward value, finite-difference value; an input is named by
+    `names`, else by its position.
     """
     inputs, out_shape = _checked_inputs(fn, inputs)
     device = next(x.device for x in inputs if isinstance(x, Tensor))
@@ -130,12 +135,13 @@ def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10):
                 if not _close(a, n, atol, rtol):
                     output = [int(k) for k in np.unravel_index(j, out_shape)]
                     bad.append(
-                        f"input {i}{list(index)} -> output {output}: "
+                        f"{_name(i, names)}{list(index)} -> output {output}: "
                         f"backward {a:.10g}, finite differences {n:.10g}"
                     )
     if bad:
         shown = "\n  ".join(bad[:max_entries])
         more = f"\n  ... and {len(bad) - max_entries} more" if len(bad) > max_entries else ""
         raise GradcheckError(
-            f"{len(bad)} Jacobian entries disagree with finite differences:\n  {shown}{more}"
+            f"{len(bad)} Jacobian {'entry disagrees' if len(bad) == 1 else 'entries disagree'} "
+            f"with finite differences:\n  {shown}{more}"
         )

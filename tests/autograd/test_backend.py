@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend
-from tests.helpers import arrays, shapes
+from autograd.testing import arrays, shapes
 
 
 def test_cpu_device_names():

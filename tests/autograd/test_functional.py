@@ -17,8 +17,8 @@ from hypothesis.extra import numpy as hnp
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
-from autograd.gradcheck import gradcheck, jacobian_check
-from tests.helpers import arrays, checks_gradient_of, leaf, shapes
+from autograd.gradcheck import jacobian_check
+from autograd.testing import arrays, assert_gradients, checks_gradient_of, indices, leaf, shapes
 
 JACOBIAN_MAX_ENTRIES = 64  # full Jacobian checks only below this many input entries: they cost O(n^2)
 TOLERANCE = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -27,9 +27,9 @@ SEEDS = st.integers(0, 2**32 - 1)
 pytestmark = pytest.mark.usefixtures("each_path")  # every test on the fast and the reference paths
 
 
-def check_gradients(fn, inputs):
-    """gradcheck along a random direction; the full Jacobian too when the inputs are small."""
-    gradcheck(fn, inputs)
+def check_gradients_at(fn, inputs):
+    """The gradients along a random direction, the full Jacobian too when the inputs are small."""
+    assert_gradients(fn, *inputs)
     if sum(x.size for x in inputs if x.requires_grad) <= JACOBIAN_MAX_ENTRIES:
         jacobian_check(fn, inputs)
 
@@ -142,7 +142,7 @@ def test_linear_gradient(device, inputs):
     """Gradients of x, W and (when given) b match finite differences."""
     x, weight, bias = inputs
     tensors = [leaf(a, device) for a in (x, weight, bias) if a is not None]
-    check_gradients(F.linear, tensors)
+    check_gradients_at(F.linear, tensors)
 
 
 @given(linear_inputs())
@@ -151,7 +151,7 @@ def test_linear_gradient_through_a_transposed_weight(device, each_path, inputs):
     CPU's fast path lays it out like W itself (contiguous) rather than like the transposed view."""
     x, weight, bias = inputs
     tensors = [leaf(a, device) for a in (x, weight.T.copy(), bias) if a is not None]
-    check_gradients(lambda x, table, *b: F.linear(x, table.T, *b), tensors)
+    check_gradients_at(lambda x, table, *b: F.linear(x, table.T, *b), tensors)
     F.linear(*tensors[:1], tensors[1].T, *tensors[2:]).sum().backward()
     if each_path == "fast" and device == "cpu":
         assert tensors[1].grad.flags.c_contiguous
@@ -184,7 +184,7 @@ def test_linear_names_a_mis_shaped_weight_or_bias(device, weight_shape, bias_sha
 def ids_and_table(draw):
     """A table (rows, dim) and integer ids of any shape (0 to 3 axes), often repeating rows."""
     n_rows, dim = draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    ids = draw(hnp.arrays(np.int64, shapes(min_dims=0), elements=st.integers(0, n_rows - 1)))
+    ids = draw(indices(n_rows, shapes(min_dims=0)))
     return ids, draw(arrays((n_rows, dim)))
 
 
@@ -230,7 +230,7 @@ def test_embedding_gradient(device, ids_and_table):
     """The table's gradient matches finite differences (ids carry no gradient)."""
     ids, table = ids_and_table
     ids = on_device(ids, device)
-    check_gradients(lambda weight: F.embedding(ids, weight), [leaf(table, device)])
+    check_gradients_at(lambda weight: F.embedding(ids, weight), [leaf(table, device)])
 
 
 @pytest.mark.parametrize("bad_id", [-1, 3])
@@ -291,7 +291,7 @@ def test_log_softmax_is_log_of_softmax(device, x_and_axis):
 def test_softmax_and_log_softmax_gradients(device, fn, x_and_axis):
     """Gradients along any axis match finite differences."""
     x, axis = x_and_axis
-    check_gradients(lambda x: fn(x, axis=axis), [leaf(x, device)])
+    check_gradients_at(lambda x: fn(x, axis=axis), [leaf(x, device)])
 
 
 def softmax_vjp(x, upstream):
@@ -342,7 +342,7 @@ def logits_and_targets(draw, logits=None):
     if logits is None:
         logits = draw(arrays(shapes(min_dims=2, max_dims=3, max_side=5)))
     n_classes = logits.shape[-1]
-    targets = draw(hnp.arrays(np.int64, logits.shape[:-1], elements=st.integers(0, n_classes - 1)))
+    targets = draw(indices(n_classes, logits.shape[:-1]))
     ignore_index = draw(st.sampled_from([-100, -1]))
     ignored = draw(hnp.arrays(np.bool_, targets.shape))
     ignored.flat[0] = False
@@ -383,7 +383,7 @@ def test_cross_entropy_gradient(device, reduction, case):
     """The logits' gradient matches finite differences for every reduction, with ignored targets."""
     logits, targets, ignore_index = case
     targets = on_device(targets, device)
-    check_gradients(
+    check_gradients_at(
         lambda z: F.cross_entropy(z, targets, ignore_index=ignore_index, reduction=reduction),
         [leaf(logits, device)],
     )
@@ -464,7 +464,7 @@ def test_gelu_exact_is_x_times_normal_cdf(device, x):
 @given(arrays(shapes(), -6.0, 6.0))
 def test_gelu_gradient(device, approximate, x):
     """Gradients of both forms match finite differences."""
-    check_gradients(lambda x: F.gelu(x, approximate=approximate), [leaf(x, device)])
+    check_gradients_at(lambda x: F.gelu(x, approximate=approximate), [leaf(x, device)])
 
 
 def test_gelu_rejects_an_unknown_approximation(device):
@@ -512,7 +512,7 @@ def test_layer_norm_gradient(device, affine, data):
     if eps < 0.1:
         x = x + np.arange(x.shape[-1])
     params = [leaf(data.draw(arrays(x.shape[-1:])), device) for _ in affine]
-    check_gradients(
+    check_gradients_at(
         lambda x, *params: F.layer_norm(x, eps=eps, **dict(zip(affine, params))),
         [leaf(x, device), *params],
     )
@@ -528,7 +528,7 @@ def test_layer_norm_of_constant_rows_is_the_bias(device, data):
     out = F.layer_norm(leaf(x, device), leaf(weight, device), leaf(bias, device))
     np.testing.assert_allclose(out.numpy(), np.broadcast_to(bias, shape), rtol=0, atol=1e-9)
     # finite differences follow a slope of 1 / sqrt(eps) only for a large eps
-    check_gradients(
+    check_gradients_at(
         lambda x, w, b: F.layer_norm(x, w, b, eps=0.1),
         [leaf(x, device), leaf(weight, device), leaf(bias, device)],
     )
@@ -601,7 +601,7 @@ def test_dropout_with_p_one_zeroes_everything_without_nan(device):
 def test_dropout_gradient(device, x, p, seed):
     """With a fresh stream of one seed per call, every call draws the same mask, so dropout is
     a fixed function whose gradient finite differences can check."""
-    check_gradients(lambda x: F.dropout(x, p, generator=fresh_stream(seed)), [leaf(x, device)])
+    check_gradients_at(lambda x: F.dropout(x, p, generator=fresh_stream(seed)), [leaf(x, device)])
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.5, math.nan])
@@ -676,7 +676,7 @@ def test_attention_gradient(device, inputs, dropout_p, seed):
             q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_stream(seed)
         )
 
-    check_gradients(attend, [leaf(q, device), leaf(k, device), leaf(v, device)])
+    check_gradients_at(attend, [leaf(q, device), leaf(k, device), leaf(v, device)])
 
 
 @given(st.floats(0.1, 0.9), SEEDS)
@@ -736,7 +736,7 @@ def test_multi_head_attention_gradient(device, case, dropout_p, seed):
     def attend(qkv):
         return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed))
 
-    check_gradients(attend, [leaf(qkv, device)])
+    check_gradients_at(attend, [leaf(qkv, device)])
 
 
 def test_multi_head_attention_names_a_width_not_made_of_heads(device):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, kernels
 from autograd import functional as F
+from autograd.testing import arrays, functions_of, shapes
 from tests.autograd.test_functional import (
     SEEDS,
     attention_inputs,
@@ -23,8 +24,6 @@ from tests.autograd.test_functional import (
     logits_and_targets,
     packed_heads,
 )
-from tests.autograd.test_registry import _import_all, _subclasses
-from tests.helpers import arrays, shapes
 
 FAST_PATH_TESTED = set()  # Functions whose fast paths a test below compares with the reference
 TOLERANCE = {
@@ -164,8 +163,7 @@ def test_every_fast_path_is_compared_with_its_reference():
     beside this file, makes this fail."""
     for path in Path(__file__).parent.glob("test_kernels_*.py"):
         importlib.import_module(f"tests.autograd.{path.stem}")  # their tests register themselves
-    _import_all(ag)
-    fast = {f for f in _subclasses(ag.Function) if f.forward_cpu is not None or f.forward_gpu is not None}
+    fast = {f for f in functions_of(ag) if f.forward_cpu is not None or f.forward_gpu is not None}
     assert fast, "found no Function with a fast path"
     missing = sorted(f.__qualname__ for f in fast - FAST_PATH_TESTED)
     assert not missing, f"no fast-path test for: {', '.join(missing)}"

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
+from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import WITH_BF16, assert_fast_equals_reference, compares_fast_path_of
-from tests.helpers import shapes
 
 SIZES = st.integers(1, 130)  # the kernels' tiles are 16 to 64 rows: most sizes leave a partial one
 HEAD_WIDTHS = st.one_of(st.sampled_from([1, 64, 128]), st.integers(1, 128))  # zero-padded to 64 or 128

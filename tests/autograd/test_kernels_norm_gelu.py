@@ -17,9 +17,9 @@ from autograd import functional as F
 from autograd.kernels import gelu as gelu_kernels
 from autograd.kernels import gpu
 from autograd.kernels import layer_norm as layer_norm_kernels
+from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS
 from tests.autograd.test_kernels import TOLERANCE, WITH_BF16, compares_fast_path_of
-from tests.helpers import shapes
 
 GPT1_WIDTH, GPT1_CONTEXT, GPT1_INNER = 768, 512, 3072
 AFFINE = [(), ("weight",), ("bias",), ("weight", "bias")]

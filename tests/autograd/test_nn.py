@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend, nn
-from autograd.gradcheck import gradcheck, jacobian_check
-from tests.helpers import arrays, away_from_zero, leaf, shapes
+from autograd.gradcheck import jacobian_check
+from autograd.testing import arrays, assert_gradients, away_from_zero, indices, leaf, shapes
 
 SEEDS = st.integers(0, 2**32 - 1)
 JACOBIAN_MAX_ENTRIES = 128  # the full Jacobian too when the input and parameters are this small
@@ -57,8 +56,9 @@ def check_layer_gradients(module, x, seed=0):
         ag.manual_seed(seed)
         return module(x)
 
-    inputs = [x, *module.parameters()]
-    gradcheck(fn, inputs)
+    named = dict(module.named_parameters())
+    inputs = [x, *named.values()]
+    assert_gradients(fn, *inputs, names=["x", *named])
     if sum(t.size for t in inputs if isinstance(t, ag.Tensor)) <= JACOBIAN_MAX_ENTRIES:
         jacobian_check(fn, inputs)
 
@@ -392,7 +392,7 @@ def test_embedding_init_is_normal_002():
 
 def int_ids(n):
     """Integer ids of 1 or 2 axes in [0, n), repeats likely."""
-    return hnp.arrays(np.int64, shapes(min_dims=1, max_dims=2), elements=st.integers(0, n - 1))
+    return indices(n, shapes(min_dims=1, max_dims=2))
 
 
 @given(st.data())

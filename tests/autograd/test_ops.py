@@ -14,8 +14,18 @@ from hypothesis.extra import numpy as hnp
 import autograd as ag
 from autograd import ops
 from autograd.backend import to_host
-from autograd.gradcheck import gradcheck, jacobian_check
-from tests.helpers import arrays, away_from_zero, checks_gradient_of, leaf, shapes
+from autograd.gradcheck import jacobian_check
+from autograd.testing import (
+    arrays,
+    assert_gradients,
+    away_from_zero,
+    broadcastable_arrays,
+    checks_gradient_of,
+    distinct,
+    indices,
+    leaf,
+    shapes,
+)
 
 
 def assert_tensor_equals(tensor, expected):
@@ -27,17 +37,11 @@ def assert_tensor_equals(tensor, expected):
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
-def check_gradients(fn, *inputs):
-    """The backward pass of fn agrees with central finite differences at these inputs."""
-    gradcheck(fn, inputs)
+def check_gradients_at(fn, *inputs):
+    """The backward pass of fn agrees with central finite differences at these inputs, along a
+    random direction and entry by entry."""
+    assert_gradients(fn, *inputs)
     jacobian_check(fn, inputs)
-
-
-def broadcastable_arrays(count, elements=arrays):
-    """`count` arrays whose shapes broadcast together (size-1 and missing axes included)."""
-    return hnp.mutually_broadcastable_shapes(num_shapes=count, max_dims=3, max_side=3).flatmap(
-        lambda shapes_: st.tuples(*(elements(shape) for shape in shapes_.input_shapes))
-    )
 
 
 def positive(shape):
@@ -74,7 +78,7 @@ def test_add_sub_mul_broadcast_like_numpy(device, expression, pair):
     a, b = pair
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(fn(x, y), fn(a, b))
-    check_gradients(fn, x, y)
+    check_gradients_at(fn, x, y)
 
 
 NUMBER_OPERAND_OPS = {
@@ -96,7 +100,7 @@ def test_ops_with_a_python_number_on_either_side(device, expression, a, c):
     fn = NUMBER_OPERAND_OPS[expression]
     x = leaf(a, device)
     assert_tensor_equals(fn(x, c), fn(a, c))
-    check_gradients(lambda x: fn(x, c), x)
+    check_gradients_at(lambda x: fn(x, c), x)
 
 
 @checks_gradient_of(ops.Div)
@@ -106,7 +110,7 @@ def test_division_broadcasts_like_numpy(device, pair):
     a, b = pair
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(x / y, a / b)
-    check_gradients(lambda x, y: x / y, x, y)
+    check_gradients_at(lambda x, y: x / y, x, y)
 
 
 # each input's gradient times the result's gradient g, before it is summed back onto the input's shape
@@ -151,7 +155,7 @@ def test_number_divided_by_tensor(device, a, c):
     """c / x (Tensor.__rtruediv__) matches NumPy and has gradient -c / x**2."""
     x = leaf(a, device)
     assert_tensor_equals(c / x, c / a)
-    check_gradients(lambda x: c / x, x)
+    check_gradients_at(lambda x: c / x, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -160,7 +164,7 @@ def test_power_with_integer_exponent(device, a, exponent):
     """x ** k for a whole k works for negative x too, with gradient k * x**(k-1)."""
     x = leaf(a, device)
     assert_tensor_equals(x**exponent, a**exponent)
-    check_gradients(lambda x: x**exponent, x)
+    check_gradients_at(lambda x: x**exponent, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -169,7 +173,7 @@ def test_power_with_real_exponent_of_positive_base(device, a, exponent):
     """x ** p for a real p (negative and fractional too) on positive x."""
     x = leaf(a, device)
     assert_tensor_equals(x**exponent, a**exponent)
-    check_gradients(lambda x: x**exponent, x)
+    check_gradients_at(lambda x: x**exponent, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -178,7 +182,7 @@ def test_number_raised_to_tensor(device, a, base):
     """c ** x (Tensor.__rpow__) matches NumPy and has gradient log(c) * c**x."""
     x = leaf(a, device)
     assert_tensor_equals(base**x, base**a)
-    check_gradients(lambda x: base**x, x)
+    check_gradients_at(lambda x: base**x, x)
 
 
 @checks_gradient_of(ops.Pow)
@@ -188,7 +192,7 @@ def test_tensor_raised_to_tensor(device, pair):
     a, b = pair
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(x**y, a**b)
-    check_gradients(lambda x, y: x**y, x, y)
+    check_gradients_at(lambda x, y: x**y, x, y)
 
 
 def test_power_zero_has_zero_gradient_even_at_zero(device):
@@ -204,7 +208,7 @@ def test_negation(device, a):
     """-x matches NumPy and passes the gradient back with its sign flipped."""
     x = leaf(a, device)
     assert_tensor_equals(-x, -a)
-    check_gradients(lambda x: -x, x)
+    check_gradients_at(lambda x: -x, x)
 
 
 # ----- matrix product
@@ -234,7 +238,7 @@ def test_matmul_follows_numpy_rules(device, a_kind, b_kind, data):
     a, b = data.draw(matmul_operands(a_kind, b_kind))
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(x @ y, a @ b)
-    check_gradients(lambda x, y: x @ y, x, y)
+    check_gradients_at(lambda x, y: x @ y, x, y)
 
 
 @given(st.lists(st.integers(0, 2), max_size=2), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3))
@@ -260,8 +264,8 @@ def test_matmul_with_a_numpy_operand(device, pair):
     x, w = leaf(a, device), leaf(b, device)
     assert_tensor_equals(x @ b, a @ b)
     assert_tensor_equals(a @ w, a @ b)
-    check_gradients(lambda x: x @ b, x)
-    check_gradients(lambda w: a @ w, w)
+    check_gradients_at(lambda x: x @ b, x)
+    check_gradients_at(lambda w: a @ w, w)
 
 
 # ----- reductions
@@ -280,15 +284,7 @@ def test_sum_and_mean_over_any_axes(device, reduction, shape_axis, keepdims, dat
         return getattr(t, reduction)(axis=axis, keepdims=keepdims)
 
     assert_tensor_equals(reduce(x), reduce(a))
-    check_gradients(reduce, x)
-
-
-@st.composite
-def distinct_values(draw, shape):
-    """An array of `shape` whose entries are all different, at least 0.5 apart (no ties for max)."""
-    size = int(np.prod(shape))
-    order = draw(st.permutations(range(size)))
-    return (np.array(order, dtype=np.float64) - size / 2).reshape(shape) * 0.5
+    check_gradients_at(reduce, x)
 
 
 @checks_gradient_of(ops.Max)
@@ -297,10 +293,10 @@ def test_max_over_any_axes(device, shape_axis, keepdims, data):
     """max with axis None, int, negative int or tuple and keepdims; without ties its gradient
     goes entirely to the one largest entry of each group."""
     shape, axis = shape_axis
-    a = data.draw(distinct_values(shape))
+    a = data.draw(distinct(shape))
     x = leaf(a, device)
     assert_tensor_equals(x.max(axis=axis, keepdims=keepdims), a.max(axis=axis, keepdims=keepdims))
-    check_gradients(lambda x: x.max(axis=axis, keepdims=keepdims), x)
+    check_gradients_at(lambda x: x.max(axis=axis, keepdims=keepdims), x)
 
 
 @given(shape_axis=shape_and_axis(), keepdims=st.booleans(), data=st.data())
@@ -350,7 +346,7 @@ def test_exp_log_tanh(device, name, data):
         return getattr(t, name)()
 
     assert_tensor_equals(apply(x), numpy_fn(a))
-    check_gradients(apply, x)
+    check_gradients_at(apply, x)
 
 
 # ----- shape ops
@@ -376,7 +372,7 @@ def test_reshape(device, shapes_, data):
     x = leaf(a, device)
     assert_tensor_equals(x.reshape(new_shape), a.reshape(new_shape))
     assert_tensor_equals(x.reshape(*new_shape), a.reshape(new_shape))
-    check_gradients(lambda x: x.reshape(new_shape), x)
+    check_gradients_at(lambda x: x.reshape(new_shape), x)
 
 
 @checks_gradient_of(ops.Transpose)
@@ -389,7 +385,7 @@ def test_transpose_with_axes(device, a, data):
     x = leaf(a, device)
     assert_tensor_equals(x.transpose(axes), a.transpose(axes))
     assert_tensor_equals(x.transpose(*axes), a.transpose(axes))
-    check_gradients(lambda x: x.transpose(axes), x)
+    check_gradients_at(lambda x: x.transpose(axes), x)
 
 
 @checks_gradient_of(ops.Transpose)
@@ -399,7 +395,7 @@ def test_transpose_without_axes_and_T_reverse_the_axes(device, a):
     x = leaf(a, device)
     assert_tensor_equals(x.transpose(), a.transpose())
     assert_tensor_equals(x.T, a.T)
-    check_gradients(lambda x: x.T, x)
+    check_gradients_at(lambda x: x.T, x)
 
 
 # ----- indexing
@@ -414,7 +410,7 @@ def test_basic_indexing(device, data):
     index = data.draw(hnp.basic_indices(a.shape, allow_newaxis=True))
     x = leaf(a, device)
     assert_tensor_equals(x[index], a[index])
-    check_gradients(lambda x: x[index], x)
+    check_gradients_at(lambda x: x[index], x)
 
 
 INDEX_KINDS = {  # how an integer index is written
@@ -438,7 +434,7 @@ def test_integer_array_indexing_with_repeated_positions(device, kind, along, a, 
     x = leaf(a, device)
     expected = a[positions] if along == "first axis" else a[..., positions]
     assert_tensor_equals(select(x), expected)
-    check_gradients(select, x)
+    check_gradients_at(select, x)
 
 
 def test_repeated_index_example(device):
@@ -457,7 +453,7 @@ def test_boolean_mask_indexing(device, mask_over, a, data):
     mask = data.draw(hnp.arrays(np.bool_, mask_shape))
     x = leaf(a, device)
     assert_tensor_equals(x[mask], a[mask])
-    check_gradients(lambda x: x[mask], x)
+    check_gradients_at(lambda x: x[mask], x)
 
 
 # ----- joining tensors
@@ -484,7 +480,7 @@ def test_concat(device, inputs):
     parts, axis = inputs
     tensors = [leaf(p, device) for p in parts]
     assert_tensor_equals(ag.concat(tensors, axis=axis), np.concatenate(parts, axis=axis))
-    check_gradients(lambda *ts: ag.concat(ts, axis=axis), *tensors)
+    check_gradients_at(lambda *ts: ag.concat(ts, axis=axis), *tensors)
 
 
 @st.composite
@@ -503,7 +499,7 @@ def test_stack(device, inputs):
     parts, axis = inputs
     tensors = [leaf(p, device) for p in parts]
     assert_tensor_equals(ag.stack(tensors, axis=axis), np.stack(parts, axis=axis))
-    check_gradients(lambda *ts: ag.stack(ts, axis=axis), *tensors)
+    check_gradients_at(lambda *ts: ag.stack(ts, axis=axis), *tensors)
 
 
 # ----- selecting
@@ -518,7 +514,7 @@ def test_where_broadcasts_condition_and_both_branches(device, shapes_, data):
     a, b = data.draw(arrays(a_shape)), data.draw(arrays(b_shape))
     x, y = leaf(a, device), leaf(b, device)
     assert_tensor_equals(ag.where(condition, x, y), np.where(condition, a, b))
-    check_gradients(lambda x, y: ag.where(condition, x, y), x, y)
+    check_gradients_at(lambda x, y: ag.where(condition, x, y), x, y)
 
 
 @checks_gradient_of(ops.Where)
@@ -533,7 +529,7 @@ def test_where_with_a_number_operand(device, number_side, a, number, data):
     else:
         select, expected = (lambda x: ag.where(condition, x, number)), np.where(condition, a, number)
     assert_tensor_equals(select(x), expected)
-    check_gradients(select, x)
+    check_gradients_at(select, x)
 
 
 # ----- gradients gathered in place
@@ -546,14 +542,14 @@ def test_a_tied_table_gathers_every_gradient(device, n_rows, width, n_ids, data)
     comes out contiguous."""
     from autograd import functional as F
 
-    ids = data.draw(hnp.arrays(np.int64, (2, n_ids), elements=st.integers(0, n_rows - 1)))
+    ids = data.draw(indices(n_rows, (2, n_ids)))
     table, x = data.draw(arrays((n_rows, width))), data.draw(arrays((2, 3, width)))
 
     def model(table, x):
         hidden = F.embedding(ids, table).sum(axis=1, keepdims=True) + x
         return F.linear(hidden, table.T) * 2 + (table.reshape(-1) * table.reshape(-1)).sum()
 
-    check_gradients(model, leaf(table, device), leaf(x, device))
+    check_gradients_at(model, leaf(table, device), leaf(x, device))
     t = leaf(table, device)
     model(t, leaf(x, device)).sum().backward()
     assert t.grad.flags.c_contiguous

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from autograd import backend
 from autograd.nn import Parameter
 from autograd.optim import Adam, clip_grad_norm, warmup_constant, warmup_cosine, warmup_linear
-from tests.helpers import arrays, away_from_zero, shapes
+from autograd.testing import arrays, away_from_zero, shapes
 
 HAND = dict(rtol=1e-9, atol=1e-12)  # float64 against the same formula written out in NumPy
 LRS = st.floats(1e-3, 0.1)

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, precision
 from autograd import functional as F
+from autograd.testing import arrays
 from tinygpt import GPT, GPTConfig
-
-from ..helpers import arrays
 
 BF16 = ag.bfloat16
 ROUNDING = 2**-8  # a bfloat16 keeps 8 significant bits: one rounding moves a value by at most 2^-8 of it

@@ -13,7 +13,7 @@ import autograd as ag
 from autograd import backend, parallel
 from autograd import functional as F
 from autograd.random import MaskStream, current, philox4x32_10, use_masks
-from tests.helpers import arrays, leaf
+from autograd.testing import arrays, leaf
 
 SEEDS = st.integers(0, 2**64 - 1)
 STEPS = st.integers(0, 2**40)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd.backend import to_host
-from tests.helpers import arrays, leaf, shapes
+from autograd.testing import arrays, leaf, shapes
 
 
 def host(array):

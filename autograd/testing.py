@@ -1,0 +1,212 @@
+"""Property-based gradient tests for autograd ops, your own included. Needs hypothesis.
+
+    from autograd import testing
+
+    def test_swish_gradient():
+        testing.check_gradients(swish, testing.arrays(testing.shapes()))
+
+The strategies draw shapes and float64 values that keep finite differences honest: away from
+zero denominators, from an op's kinks, from ties. `check_gradients` draws inputs, compares the
+backward pass with central finite differences and, when they disagree, lets hypothesis shrink
+the inputs to a small example whose error names the input and the entries. `checks_gradient_of`
+and `assert_every_function_tested` make a suite fail when one of its ops has no gradient test.
+"""
+
+import importlib
+import inspect
+import math
+import pkgutil
+
+import numpy as np
+
+try:
+    from hypothesis import given
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+except ImportError as error:  # the engine itself never needs hypothesis
+    raise ImportError(
+        "autograd.testing needs hypothesis: pip install hypothesis (or tinygpt's test extra: "
+        "pip install 'tinygpt[test]')"
+    ) from error
+
+from .gradcheck import GradcheckError, gradcheck, jacobian_check
+from .tensor import Function, Tensor, no_grad, tensor
+
+# ----- strategies ------------------------------------------------------------------------------
+
+
+def shapes(min_dims=0, max_dims=3, min_side=1, max_side=4):
+    """Array shapes of min_dims to max_dims axes, each of min_side to max_side entries."""
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+
+
+def broadcastable_shapes(count=2, min_dims=0, max_dims=3, min_side=1, max_side=3):
+    """Tuples of `count` shapes that broadcast together, size-1 and missing axes included."""
+    return hnp.mutually_broadcastable_shapes(
+        num_shapes=count, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
+    ).map(lambda drawn: drawn.input_shapes)
+
+
+def arrays(shape, low=-3.0, high=3.0, dtype=np.float64):
+    """Arrays of `shape` (a shape or a strategy for one) with finite values in [low, high]."""
+    elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=np.dtype(dtype).itemsize * 8)
+    return hnp.arrays(dtype, shape, elements=elements)
+
+
+def broadcastable_arrays(count=2, elements=arrays, **shape_options):
+    """Tuples of `count` arrays whose shapes broadcast together; `elements(shape)` draws each."""
+    return broadcastable_shapes(count, **shape_options).flatmap(
+        lambda drawn: st.tuples(*(elements(shape) for shape in drawn))
+    )
+
+
+def away_from(points, shape, margin=0.1, low=-3.0, high=3.0):
+    """Float64 arrays with values in [low, high], each at least `margin` from every one of
+    `points`: inputs away from an op's kinks (relu and abs at 0, clip at its bounds), where a
+    finite difference would straddle two slopes."""
+    points = sorted(points)
+    gaps_fit = all(b - a >= 2 * margin for a, b in zip(points, points[1:]))
+    if not gaps_fit or (points and (points[0] - margin < low or points[-1] + margin > high)):
+        raise ValueError(f"away_from: the points {points} +- {margin} must lie apart, inside [{low}, {high}]")
+
+    def step_over_gaps(value):  # draw on the line with the gaps cut out, then put them back
+        for point in points:
+            value += 2 * margin if value >= point - margin else 0.0
+        return value
+
+    elements = st.floats(low, high - 2 * margin * len(points)).map(step_over_gaps)
+    return hnp.arrays(np.float64, shape, elements=elements)
+
+
+def away_from_zero(shape, low=0.5, high=3.0):
+    """Float64 arrays whose entries have magnitude in [low, high], either sign: safe denominators."""
+    return away_from([0.0], shape, margin=low, low=-high, high=high)
+
+
+def distinct(shape, gap=1e-3, low=-3.0, high=3.0):
+    """Float64 arrays in [low, high] whose entries differ pairwise by at least `gap`: no ties for
+    max or sort, whose gradient would pick one of two equal entries."""
+    steps = st.integers(math.ceil(low / gap), math.floor(high / gap)).map(lambda k: k * gap)
+    return hnp.arrays(np.float64, shape, elements=steps, unique=True)
+
+
+def indices(size, shape, negative=False):
+    """Int64 arrays of `shape` with entries in [0, size), or in [-size, size) with `negative`:
+    token ids for an embedding, positions to gather."""
+    return hnp.arrays(np.int64, shape, elements=st.integers(-size if negative else 0, size - 1))
+
+
+def leaf(array, device="cpu", requires_grad=True):
+    """A float64 leaf tensor on `device` holding `array`."""
+    return tensor(array, requires_grad=requires_grad, dtype=np.float64, device=device)
+
+
+def tensors(values, device="cpu", requires_grad=True):
+    """Float64 leaf tensors on `device` holding the arrays that the strategy `values` draws."""
+    return values.map(lambda array: leaf(array, device, requires_grad))
+
+
+# ----- the gradient property -------------------------------------------------------------------
+
+
+def assert_gradients(fn, *inputs, names=None, eps=1e-6, atol=1e-6, rtol=1e-5, max_jacobian=4096):
+    """Check the backward of fn(*inputs) against finite differences along a random direction
+    (`gradcheck`). When the two disagree and the Jacobian has at most `max_jacobian` entries,
+    compare it whole (`jacobian_check`), so that the error names the entries."""
+    try:
+        gradcheck(fn, inputs, eps=eps, atol=atol, rtol=rtol, names=names)
+    except GradcheckError:
+        with no_grad():
+            outputs = fn(*inputs).data.size
+        entries = sum(x.data.size for x in inputs if isinstance(x, Tensor) and x.requires_grad)
+        if outputs * entries <= max_jacobian:
+            jacobian_check(fn, inputs, eps=eps, atol=atol, rtol=rtol, names=names)
+        raise
+
+
+def check_gradients(fn, *strategies, device="cpu", **tolerances):
+    """A hypothesis property: for inputs drawn from `strategies`, one per argument of fn (a
+    strategy that draws a tuple gives several), the backward of fn agrees with central finite
+    differences in float64. Drawn float arrays become float64 tensors on `device` that require
+    grad; tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the
+    inputs and raises a GradcheckError that names the input and entries that disagree.
+    `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`."""
+    parameters = _parameter_names(fn)
+    keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
+
+    def gradients_agree(**drawn):
+        inputs = [_as_input(value, device) for key in keys for value in _spread(drawn[key])]
+        names = parameters[: len(inputs)] if len(parameters) >= len(inputs) else None
+        assert_gradients(fn, *inputs, names=names, **tolerances)
+
+    title = getattr(fn, "__name__", "")
+    gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
+    given(**dict(zip(keys, strategies)))(gradients_agree)()
+
+
+def _parameter_names(fn):
+    """The names of fn's positional parameters (none when it takes *args or has no signature)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins and callables without a signature
+        return []
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return []
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _spread(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _as_input(value, device):
+    if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+        return leaf(value, device)
+    return value
+
+
+# ----- which Function has a gradient test ------------------------------------------------------
+
+_GRADIENT_TESTED = set()
+
+
+def checks_gradient_of(*functions):
+    """Mark a test as the gradient test of these Function subclasses."""
+    _GRADIENT_TESTED.update(functions)
+    return lambda test: test
+
+
+def functions_of(package):
+    """The Function subclasses defined in `package` (a module or a package), every module of it
+    imported first."""
+    _import_all(package)
+    return {f for f in _subclasses(Function) if _defined_in(f, package)}
+
+
+def untested_functions(package, tests=None):
+    """Names of the Function subclasses of `package` that no test marks with
+    `checks_gradient_of`; every module of `tests` is imported first, so that every mark is seen."""
+    _import_all(tests)
+    return sorted(f"{f.__module__}.{f.__qualname__}" for f in functions_of(package) - _GRADIENT_TESTED)
+
+
+def assert_every_function_tested(package, tests=None):
+    """Fail naming every Function subclass of `package` that has no gradient test in `tests`."""
+    missing = untested_functions(package, tests)
+    assert not missing, f"no gradient test for: {', '.join(missing)}"
+
+
+def _import_all(module):
+    """Import every module inside a package (a module alone, or None, has none to import)."""
+    for info in pkgutil.walk_packages(getattr(module, "__path__", []), getattr(module, "__name__", "") + "."):
+        importlib.import_module(info.name)
+
+
+def _defined_in(function, package):
+    return function.__module__ == package.__name__ or function.__module__.startswith(package.__name__ + ".")
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)

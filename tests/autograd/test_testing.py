@@ -1,0 +1,200 @@
+"""autograd.testing: its strategies draw what they promise, its gradient property passes a right
+backward and shrinks a wrong one to a small example naming the input, and its registry names
+every Function that no test checks."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import autograd as ag
+from autograd import Function, testing
+from autograd.testing import checks_gradient_of
+
+
+class Softplus(Function):
+    """log(1 + e^x); d/dx = sigmoid(x). `wrong_above` breaks the backward for x above it."""
+
+    wrong_above = np.inf
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x
+        return np.logaddexp(0.0, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        slope = 1.0 / (1.0 + np.exp(-ctx.x))
+        return grad * np.where(ctx.x > Softplus.wrong_above, 2 * slope, slope)
+
+
+def softplus(x):
+    return Softplus.apply(x)
+
+
+@pytest.fixture
+def wrong_above_one(monkeypatch):
+    monkeypatch.setattr(Softplus, "wrong_above", 1.0)
+
+
+# ----- strategies
+
+
+@given(shape=testing.shapes(min_dims=1, max_dims=2, min_side=2, max_side=3))
+def test_shapes_keep_their_bounds(shape):
+    assert 1 <= len(shape) <= 2 and all(2 <= side <= 3 for side in shape)
+
+
+@given(shapes=testing.broadcastable_shapes(3))
+def test_broadcastable_shapes_broadcast_together(shapes):
+    assert len(shapes) == 3
+    np.broadcast_shapes(*shapes)
+
+
+@given(pair=testing.broadcastable_arrays(2, lambda shape: testing.arrays(shape, -1.0, 1.0)))
+def test_broadcastable_arrays_broadcast_and_keep_their_bounds(pair):
+    a, b = pair
+    assert (a + b).shape == np.broadcast_shapes(a.shape, b.shape)
+    assert a.dtype == np.float64 and np.all(np.abs(np.concatenate([a.ravel(), b.ravel()])) <= 1.0)
+
+
+@given(array=testing.arrays(testing.shapes(), low=-2.0, high=0.5))
+def test_arrays_hold_finite_values_in_their_bounds(array):
+    assert array.dtype == np.float64 and np.all((array >= -2.0) & (array <= 0.5))
+
+
+@given(data=st.data(), margin=st.floats(0.01, 0.3), kinks=st.lists(st.integers(-2, 2), unique=True))
+def test_away_from_keeps_every_value_off_every_kink(data, margin, kinks):
+    array = data.draw(testing.away_from(kinks, testing.shapes(), margin=margin))
+    distances = np.abs(array[..., None] - np.array(kinks, dtype=float))
+    assert np.all(distances >= margin * (1 - 1e-9)) and np.all(np.abs(array) <= 3.0)
+
+
+def test_away_from_refuses_kinks_closer_than_two_margins():
+    with pytest.raises(ValueError, match=r"must lie apart"):
+        testing.away_from([0.0, 0.1], (2,), margin=0.1)
+
+
+@given(array=testing.away_from_zero(testing.shapes(), low=0.25, high=2.0))
+def test_away_from_zero_makes_safe_denominators(array):
+    assert np.all((np.abs(array) >= 0.25) & (np.abs(array) <= 2.0))
+
+
+@given(array=testing.distinct(testing.shapes(min_dims=1), gap=0.01))
+def test_distinct_arrays_have_no_ties(array):
+    values = np.sort(array.ravel())
+    assert np.all(np.diff(values) >= 0.01 * (1 - 1e-9))
+
+
+@given(ids=testing.indices(5, testing.shapes()), signed=testing.indices(5, (20,), negative=True))
+def test_indices_stay_inside_the_size(ids, signed):
+    assert ids.dtype == np.int64 and np.all((ids >= 0) & (ids < 5))
+    assert np.all((signed >= -5) & (signed < 5))
+
+
+def test_tensors_are_float64_leaves_on_the_device(device):
+    @given(x=testing.tensors(testing.arrays((2, 3), low=0.0, high=1.0), device=device))
+    def drawn(x):
+        assert x.dtype == np.float64 and x.requires_grad and x.device == ag.backend.parse_device(device)
+        assert x.shape == (2, 3) and np.all(x.numpy() >= 0.0)
+
+    drawn()
+
+
+# ----- the gradient property
+
+
+@checks_gradient_of(Softplus)
+def test_a_right_backward_passes_on_every_device(device):
+    testing.check_gradients(softplus, testing.arrays(testing.shapes()), device=device)
+
+
+def test_a_wrong_backward_shrinks_to_one_entry_and_names_the_input(wrong_above_one):
+    seen = []
+    with pytest.raises(ag.GradcheckError, match=r"input x\[\] -> output \[\]") as failure:
+        testing.check_gradients(
+            lambda x: seen.append(x.numpy()) or softplus(x), testing.arrays(testing.shapes())
+        )
+    shrunk = seen[-1]
+    assert shrunk.size == 1 and 1.0 < shrunk.item() <= 3.0
+    assert any("x=array(" in note for note in failure.value.__notes__)
+
+
+def test_the_failure_names_the_one_input_that_disagrees(wrong_above_one):
+    def scaled(weight, x):
+        return weight * softplus(x)
+
+    strategies = testing.arrays((2,), 0.5, 1.5), testing.arrays((2,), 1.5, 3.0)
+    with pytest.raises(ag.GradcheckError, match=r"input x\[") as failure:
+        testing.check_gradients(scaled, *strategies)
+    assert "input weight" not in str(failure.value)
+
+
+def test_a_strategy_drawing_a_tuple_gives_several_inputs(wrong_above_one):
+    with pytest.raises(ag.GradcheckError, match=r"input b\["):
+        testing.check_gradients(
+            lambda a, b: a * softplus(b),
+            testing.broadcastable_arrays(2, lambda shape: testing.arrays(shape, 1.5, 3.0)),
+        )
+    testing.check_gradients(lambda *ab: ab[0] * ab[1], testing.broadcastable_arrays(2))
+
+
+def test_ids_and_tensors_pass_as_drawn(device):
+    def lookup(ids, table):
+        assert isinstance(ids, np.ndarray) and table.device == ag.backend.parse_device(device)
+        return ag.functional.embedding(ids, table)
+
+    table = testing.tensors(testing.arrays((4, 3)), device=device)
+    testing.check_gradients(lookup, testing.indices(4, testing.shapes(max_dims=2)), table)
+
+
+def test_a_large_jacobian_is_left_to_the_random_direction(wrong_above_one):
+    with pytest.raises(ag.GradcheckError, match=r"input x of shape \(3, 3\).*along a random direction"):
+        testing.check_gradients(softplus, testing.arrays((3, 3), 1.5, 3.0), max_jacobian=10)
+
+
+# ----- the registry
+
+
+def write_package(root, name, files):
+    for path, text in files.items():
+        (root / name / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / path).write_text(textwrap.dedent(text))
+
+
+def test_the_registry_names_every_function_no_test_checks(tmp_path, monkeypatch):
+    ops = """
+        from autograd import Function
+        class Square(Function): pass
+        class Cube(Function): pass
+    """
+    test = """
+        from autograd.testing import checks_gradient_of
+        from userops.ops import Square
+        @checks_gradient_of(Square)
+        def test_square(): pass
+    """
+    write_package(tmp_path, "userops", {"__init__.py": "", "ops.py": ops, "nested/__init__.py": ops})
+    write_package(tmp_path, "usertests", {"__init__.py": "", "test_ops.py": test})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import userops
+    import usertests
+
+    missing = ["userops.nested.Cube", "userops.nested.Square", "userops.ops.Cube"]
+    assert testing.untested_functions(userops, usertests) == missing
+    with pytest.raises(AssertionError, match="no gradient test for: userops.nested.Cube, "):
+        testing.assert_every_function_tested(userops, usertests)
+
+
+def test_the_engine_does_not_need_hypothesis_and_testing_says_what_to_install():
+    block = "import sys; sys.modules['hypothesis'] = None\n"
+    engine = "import autograd, tinygpt, train.pretrain, train.finetune, train.evaluate"
+    subprocess.run([sys.executable, "-c", block + engine], check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", block + "import autograd.testing"], capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "pip install hypothesis" in result.stderr
