@@ -47,30 +47,31 @@ def token_labels(tokenizer, ids):
 
 
 def draw_attention(weights, labels, title, path):
-    """Save a grid of heatmaps, one per head, rows the attending tokens, columns the attended."""
+    """Save a grid of heatmaps, one per head, rows the attending tokens (queries), columns the attended
+    (keys), on one colour scale [0, 1] with one colour bar, so heads compare. Returns the figure."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError(PLOT_NEEDS) from None
     n_head, size = len(weights), len(labels)
-    columns = min(n_head, 4)
-    rows = math.ceil(n_head / columns)
-    cell = max(2.5, 0.28 * size)
-    figure, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows), squeeze=False)
-    for head, ax in enumerate(axes.flat):
-        if head >= n_head:
-            ax.axis("off")
-            continue
-        ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+    rows, columns = math.ceil(n_head / 4), min(n_head, 4)
+    cell = max(2.0, 0.16 * size)  # inches per panel: room for `size` 8-point labels
+    figure = Figure(figsize=(cell * columns + 2, cell * rows + 1.5), layout="compressed")
+    grid = figure.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)
+    for ax in grid.flat[n_head:]:
+        ax.axis("off")  # the last row's spare cells
+    for head, ax in enumerate(grid.flat[:n_head]):
+        image = ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+        bottom, left = head + columns >= n_head, head % columns == 0  # no panel below / to the left
+        ax.tick_params(labelsize=8, labelbottom=bottom, labelleft=left)
+        ax.tick_params("x", labelrotation=90)
         ax.set_title(f"head {head}")
-        ax.set_xticks(range(size), labels, rotation=90, fontsize=7)
-        ax.set_yticks(range(size), labels, fontsize=7)
+        ax.set(xlabel="key (attended to)" if bottom else "", ylabel="query (attending)" if left else "")
+    grid[0, 0].set(xticks=range(size), xticklabels=labels, yticks=range(size), yticklabels=labels)
+    figure.colorbar(image, ax=grid, shrink=min(1, 0.6 + 0.1 * rows), label="attention weight")
     figure.suptitle(title)
     figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
+    return figure
 
 
 def attention_command(parser, args):

@@ -12,7 +12,7 @@ import pytest
 import autograd as ag
 from autograd import backend
 from train.evaluate import main
-from train.inspection import attention_weights
+from train.inspection import attention_weights, draw_attention
 from train.zeroshot import best_threshold, continuation_log_probs
 
 from .runs import tiny_run
@@ -252,6 +252,39 @@ def test_attention_draws_a_png(run, tmp_path, capsys):
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"{len(weights)} heads of layer 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n_head, rows, columns", [(12, 3, 4), (6, 2, 4), (1, 1, 1)])
+def test_attention_figure_is_legible(tmp_path, n_head, rows, columns):
+    """GPT-1's 12 heads over 20 tokens, and fewer: a grid of heads on one colour scale, [0, 1], with
+    one colour bar; every panel's axes are the tokens, keys on x and queries on y, written and named
+    on the outer panels; and once drawn no text, panel or colour bar lies over another."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    T, labels = 20, [f"·word{i}" for i in range(20)]
+    weights = np.tril(np.random.default_rng(0).random((n_head, T, T))) / 2  # the scale stays [0, 1]
+    figure = draw_attention(weights, labels, "layer 0 of a run", tmp_path / "a.png")
+    heads = [ax for ax in figure.axes if ax.images]
+    assert [ax.get_title() for ax in heads] == [f"head {h}" for h in range(n_head)]
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in heads} == {(rows, columns)}
+    assert {ax.images[0].get_clim() for ax in heads} == {(0, 1)}
+    (colorbar,) = [ax.images[0].colorbar for ax in heads if ax.images[0].colorbar]
+    assert colorbar.ax in figure.axes and colorbar.ax.get_ylabel()
+    assert [t.get_text() for t in figure.texts] == ["layer 0 of a run"]  # the suptitle
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    drawn = [*figure.texts, colorbar.ax]
+    for head, ax in enumerate(heads):
+        for axis, outer in ((ax.xaxis, head + columns >= n_head), (ax.yaxis, head % columns == 0)):
+            assert [tick.label1.get_text() for tick in axis.get_major_ticks()] == labels
+            assert [t.get_text() for t in axis.get_ticklabels()] == (labels if outer else [])  # visible
+            assert axis.get_label_text().startswith(("key", "query")) == outer
+            drawn += [*axis.get_ticklabels(), axis.label] if outer else []
+        drawn += [ax, ax.title]
+    boxes = [(str(item), item.get_window_extent(canvas.get_renderer())) for item in drawn]
+    assert [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[:i] if box.overlaps(other)] == []
 
 
 def test_attention_without_matplotlib_says_what_to_install(run, tmp_path, capsys, monkeypatch):
