@@ -1,0 +1,105 @@
+"""docs/internals.md names code in one form, in backticks: `path` or `path:Name` (Name dotted, as
+`autograd/tensor.py:Tensor.backward`). Each must name a file of the repository and, for a Python file, a
+def, class or assignment at its top level or inside its classes (found with ast, nothing imported); for a
+C++/CUDA source, a word of its text. Relative links and images must point to files that exist (the
+attention map, docs/attention.png, is drawn by python -m train.evaluate attention)."""
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+DOC = ROOT / "docs" / "internals.md"
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)  # code blocks: commands and shapes, not references
+REFERENCE = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|cu|cuh|h|cpp|md))(?::([A-Za-z_]\w*(?:\.\w+)*))?`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def references(text):
+    """The (path, name) pairs of the code references outside code blocks; name is '' for a bare path."""
+    return sorted(set(REFERENCE.findall(FENCED.sub("", text))))
+
+
+def relative_links(text):
+    """The targets of links and images outside code blocks that are neither URLs nor #anchors."""
+    return sorted({t for t in LINK.findall(FENCED.sub("", text)) if not re.match(r"[a-z]+:|#", t)})
+
+
+def assigned(target):
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from assigned(element)
+
+
+@cache
+def python_names(path):
+    """The dotted names a Python file defines: defs, classes and assigned names, top-level and in classes."""
+    names = set()
+
+    def visit(body, prefix):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(prefix + node.name)
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(prefix + name for target in targets for name in assigned(target))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body, "")
+    return names
+
+
+def problem(path, name):
+    """Why the reference `path[:name]` is broken, or None where it is sound."""
+    file = ROOT / path
+    if not file.is_file():
+        return f"{path}: no such file"
+    if not name:
+        return None
+    if file.suffix == ".py":
+        return None if name in python_names(file) else f"{path} defines no {name}"
+    found = re.search(rf"\b{re.escape(name)}\b", file.read_text(encoding="utf-8"))
+    return None if found else f"{path} has no {name}"
+
+
+TEXT = DOC.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "path, name", references(TEXT), ids=[f"{p}:{n}" if n else p for p, n in references(TEXT)]
+)
+def test_each_code_reference_names_what_is_there(path, name):
+    assert problem(path, name) is None
+
+
+@pytest.mark.parametrize("target", relative_links(TEXT))
+def test_each_relative_link_points_to_a_file(target):
+    assert (DOC.parent / target).is_file(), f"docs/internals.md links to {target}, which is not there"
+
+
+def test_the_doc_holds_enough_references_to_check_and_its_picture():
+    assert len(references(TEXT)) >= 30  # a broken pattern would otherwise check nothing, and pass
+    assert "attention.png" in relative_links(TEXT)
+
+
+def test_the_checker_reports_made_up_references_and_skips_code_blocks():
+    text = (
+        "`autograd/tensor.py:Tensor.backward` `autograd/tensor.py:Tensor.fly` `autograd/no_such.py`\n"
+        "`autograd/kernels/cuda/gelu.cu:gelu_forward` `autograd/kernels/cuda/gelu.cu:gelu_fly`\n"
+        "```\n`autograd/in_a_code_block.py`\n```\n![a map](no-such-map.png) [a page](https://example.org)\n"
+    )
+    found = {f"{p}:{n}" if n else p: problem(p, n) for p, n in references(text)}
+    assert found == {
+        "autograd/tensor.py:Tensor.backward": None,
+        "autograd/tensor.py:Tensor.fly": "autograd/tensor.py defines no Tensor.fly",
+        "autograd/no_such.py": "autograd/no_such.py: no such file",
+        "autograd/kernels/cuda/gelu.cu:gelu_forward": None,
+        "autograd/kernels/cuda/gelu.cu:gelu_fly": "autograd/kernels/cuda/gelu.cu has no gelu_fly",
+    }
+    assert relative_links(text) == ["no-such-map.png"] and not (DOC.parent / "no-such-map.png").exists()
