@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend
-from autograd.testing import arrays, shapes
+from autograd.testing import arrays, indices, shapes
 
 
 def test_cpu_device_names():
@@ -92,7 +92,7 @@ def segmented_rows(draw, dtype):
     """(values (n, ...), segments (n,), n_segments): up to 40 rows of 0 to 2 axes, in up to 8
     segments; float64 values are whole numbers, float32 values any in [-1e4, 1e4]."""
     n_segments, n = draw(st.integers(1, 8)), draw(st.integers(0, 40))
-    segments = draw(hnp.arrays(np.int64, n, elements=st.integers(0, n_segments - 1)))
+    segments = draw(indices(n_segments, n))
     row_shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=3))
     if dtype == np.float64:
         elements = st.integers(-1000, 1000).map(float)
@@ -129,11 +129,11 @@ def test_segment_sum_in_float32_is_within_its_rounding_bound(rows):
 @st.composite
 def scatter_indices(draw):
     """(shape, index): every kind of index that may name a position twice."""
-    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
-    rows = hnp.arrays(np.int64, shapes(1, 2, 0, 5), elements=st.integers(-shape[0], shape[0] - 1))
+    shape = draw(shapes(min_dims=1))
+    rows = indices(shape[0], shapes(1, 2, 0, 5), negative=True)
     kinds = [rows, rows.map(np.ndarray.tolist), hnp.integer_array_indices(shape)]
     if len(shape) > 1:
-        column = hnp.arrays(np.int64, shapes(1, 1, 0, 5), elements=st.integers(-shape[1], shape[1] - 1))
+        column = indices(shape[1], shapes(1, 1, 0, 5), negative=True)
         kinds.append(column.map(lambda ids: (slice(None), ids)))
     return shape, draw(st.one_of(kinds))
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend, nn
@@ -17,6 +16,7 @@ from autograd import functional as F
 from autograd.gradcheck import gradcheck
 from autograd.optim import Adam
 from autograd.serialization import load_file, load_file_with_metadata, save_file
+from autograd.testing import indices
 from tinygpt import GPT, GPTConfig
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
@@ -108,7 +108,7 @@ def host(x):
 def token_ids(config):
     """(batch, time) token ids that fit `config`: up to 3 sequences of up to n_ctx tokens."""
     shapes = st.tuples(st.integers(1, 3), st.integers(1, config["n_ctx"]))
-    return hnp.arrays(np.int64, shapes, elements=st.integers(0, config["vocab_size"] - 1))
+    return indices(config["vocab_size"], shapes)
 
 
 @pytest.fixture(scope="module")
