@@ -124,13 +124,14 @@ def assert_gradients(fn, *inputs, names=None, eps=1e-6, atol=1e-6, rtol=1e-5, ma
         raise
 
 
-def check_gradients(fn, *strategies, device="cpu", **tolerances):
+def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
     """A hypothesis property: for inputs drawn from `strategies`, one per argument of fn (a
     strategy that draws a tuple gives several), the backward of fn agrees with central finite
     differences in float64. Drawn float arrays become float64 tensors on `device` that require
     grad; tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the
     inputs and raises a GradcheckError that names the input and entries that disagree.
-    `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`."""
+    `settings`: hypothesis settings for this property (as `settings(max_examples=500)`), else the
+    profile's. `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`."""
     parameters = _parameter_names(fn)
     keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
 
@@ -141,7 +142,8 @@ def check_gradients(fn, *strategies, device="cpu", **tolerances):
 
     title = getattr(fn, "__name__", "")
     gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
-    given(**dict(zip(keys, strategies)))(gradients_agree)()
+    property = given(**dict(zip(keys, strategies)))(gradients_agree)
+    (settings(property) if settings else property)()
 
 
 def _parameter_names(fn):

@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd as ag
@@ -111,6 +111,16 @@ def test_tensors_are_float64_leaves_on_the_device(device):
 @checks_gradient_of(Softplus)
 def test_a_right_backward_passes_on_every_device(device):
     testing.check_gradients(softplus, testing.arrays(testing.shapes()), device=device)
+
+
+def test_settings_reach_the_property():
+    def examples(**options):
+        drawn = []  # fn runs with the graph on once per example, for the backward
+        softplus_counted = lambda x: drawn.append(ag.is_grad_enabled()) or softplus(x)  # noqa: E731
+        testing.check_gradients(softplus_counted, testing.arrays(()), **options)
+        return sum(drawn)
+
+    assert examples(settings=settings(max_examples=7)) <= 7 < examples(settings=settings(max_examples=20))
 
 
 def test_a_wrong_backward_shrinks_to_one_entry_and_names_the_input(wrong_above_one):
