@@ -103,3 +103,12 @@ def test_the_checker_reports_made_up_references_and_skips_code_blocks():
         "autograd/kernels/cuda/gelu.cu:gelu_fly": "autograd/kernels/cuda/gelu.cu has no gelu_fly",
     }
     assert relative_links(text) == ["no-such-map.png"] and not (DOC.parent / "no-such-map.png").exists()
+
+
+def test_each_gdb_breakpoint_on_a_line_is_the_line_the_page_quotes():
+    """`break gelu.cu:17` goes stale when gelu.cu moves: the page quotes the line it means."""
+    breaks = re.findall(r"break (\w+\.cuh?):(\d+).*?the line `([^`]+)`", TEXT, re.S)
+    assert len(breaks) == len(re.findall(r"break \w+\.cuh?:\d+", TEXT)) > 0
+    for file, line, quoted in breaks:
+        source = (ROOT / "autograd" / "kernels" / "cuda" / file).read_text().splitlines()
+        assert source[int(line) - 1].strip().startswith(quoted), f"{file}:{line} is not `{quoted}`"

@@ -19,9 +19,9 @@ or at random is an EmulatorError here, naming the kernel:
 
 Each source is built once into a shared library, kept in ~/.cache/autograd/emulator (or
 $XDG_CACHE_HOME/autograd/emulator) under a hash of the source, the emulator, the flags and the
-compiler. AUTOGRAD_EMULATOR_DEBUG=1 builds with -O0 -g3, so that gdb can stop inside a kernel
+compiler. AUTOGRAD_EMULATOR_DEBUG=1 builds with -O0 -g, so that gdb can stop inside a kernel
 (`break attention_forward_d64_f32 if threadIdx.x == 9`, then `print threadIdx`, `print sk[0][0]`);
-the source it shows is the .cu file beside the library.
+it shows the file of autograd/kernels/cuda itself, which gpu.source names in #line directives.
 """
 
 import contextlib
@@ -48,7 +48,7 @@ EMULATOR = Path(__file__).parent / "emulator"
 # -U_FORTIFY_SOURCE: the fortified longjmp refuses to switch stacks (cuda.cpp's fibers)
 FLAGS = ("-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-U_FORTIFY_SOURCE")
 FLAGS += ("-fvisibility=hidden",)  # only the launchers are exported
-OPTIMISED, DEBUG = ("-O2",), ("-O0", "-g3")  # -g3: gdb knows the macros, threadIdx among them
+OPTIMISED, DEBUG = ("-O2",), ("-O0", "-g")  # -g: no macros (gdb finds none in a file named by #line)
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autograd" / "emulator"
 ORDERS = {"written": 0, "reversed": 1, "shuffled": 2}  # the threads' order between two barriers
 GRID_LIMITS, BLOCK_LIMITS = (2**31 - 1, 65535, 65535), (1024, 1024, 64)  # CUDA's, on every GPU since 2012
@@ -112,7 +112,7 @@ def _build(text, name, debug):
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
             for k in kernels
         )
-        gpu.write_whole(stem.with_suffix(".cu"), text)  # the source gdb shows
+        gpu.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
         unit = f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}'
         gpu.write_whole(stem.with_suffix(".cpp"), unit)
         partial = f"{library}.partial-{os.getpid()}"

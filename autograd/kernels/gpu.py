@@ -14,6 +14,7 @@ default keeps them.
 
 import functools
 import hashlib
+import json  # a path as a C string literal: JSON escapes it the same way
 import os
 from pathlib import Path
 
@@ -30,8 +31,10 @@ CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduse
 
 
 def source(name):
-    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: common.cuh, then the source."""
-    return (SOURCES / "common.cuh").read_text() + "\n" + (SOURCES / f"{name}.cu").read_text()
+    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: common.cuh, then the source, each after
+    a #line with its absolute path, so that compilers' messages and gdb name each file and its own lines."""
+    files = (SOURCES / "common.cuh", SOURCES / f"{name}.cu")
+    return "".join(f"#line 1 {json.dumps(str(file.absolute()))}\n{file.read_text()}\n" for file in files)
 
 
 def compile_source(name, arch, text=None):

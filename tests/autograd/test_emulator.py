@@ -5,7 +5,11 @@ threads; and mutation tests: a copy of a source with one of the bugs the emulato
 fails its kernel's check, where the unmutated copy passes."""
 
 import os
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -690,3 +694,62 @@ def test_a_mutated_kernel_fails_its_check_and_the_unmutated_one_passes(on_emulat
         else:
             with pytest.raises(failure, match=message):
                 check(on_emulator)
+
+
+# ----- debugging: gdb and the compilers name the repository's files, and each library's coordinates
+
+ROOT = Path(__file__).parents[2]
+
+# a launch of embedding.cu's kernel, then one of gelu.cu's: two libraries loaded
+TWO_LIBRARIES = """
+import numpy as np
+from autograd.kernels import emulated
+
+table, rows = np.ones((3, 4), np.float32), np.arange(3, dtype=np.int64)
+embedding = emulated.kernel("embedding", "embedding_forward_f32", np.float32)
+embedding((2,), (32,), (table, rows, np.empty_like(table), np.int64(3), np.int64(4)))
+x = np.linspace(-3, 3, 1000, dtype=np.float32)
+emulated.kernel("gelu", "gelu_forward", np.float32)((4,), (256,), (x, np.empty_like(x), np.int64(x.size)))
+"""
+
+
+def line_of(file, start):
+    """The number of the line of autograd/kernels/cuda/<file> that starts with `start`."""
+    lines = (gpu.SOURCES / file).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith(start))
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_path):
+    """A debug build under gdb: in gelu's kernel, loaded after embedding's, the condition reads gelu's
+    launch's blockIdx and threadIdx (each library has its own), and gdb names gelu.cu's own line."""
+    (tmp_path / "two.py").write_text(TWO_LIBRARIES)
+    stop = "break gelu_forward<float> if blockIdx.x == 1 && threadIdx.x == 3"
+    show = 'printf "at %u %u %u %u\\n", blockIdx.x, threadIdx.x, blockDim.x, gridDim.x'
+    commands = ["set breakpoint pending on", stop, "run", show]
+    env = {**os.environ, "AUTOGRAD_EMULATOR_DEBUG": "1", "PYTHONPATH": str(ROOT)}
+    gdb = ["gdb", "-batch", "-nx", *(part for c in commands for part in ("-ex", c))]
+    script = [sys.executable, str(tmp_path / "two.py")]
+    done = subprocess.run([*gdb, "--args", *script], capture_output=True, text=True, env=env, timeout=600)
+    if "ptrace: Operation not permitted" in done.stderr:
+        pytest.skip("gdb may not trace a process here")
+    first = line_of("gelu.cu", "__device__ void gelu_forward(") + 1  # its first statement
+    assert f") at {gpu.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
+    assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.x, threadIdx.x, blockDim.x, gridDim.x
+
+
+def test_compilers_name_the_real_file_and_line_of_an_error():
+    """gpu.source's #line directives: NVRTC, and g++ as the emulator builds a source, give the lines of
+    common.cuh and of the source themselves."""
+    text, expected = gpu.source("gelu"), []
+    for file, start in (("common.cuh", "typedef unsigned short bf16;"), ("gelu.cu", "constexpr float CUBIC")):
+        assert text.count(start) == 1
+        text = text.replace(start, f'static_assert(false, "here"); {start}')
+        expected.append(rf"{re.escape(str(gpu.SOURCES / file))}[:(]{line_of(file, start)}\b")
+    with pytest.raises(RuntimeError) as nvrtc:
+        gpu.compile_source("gelu", "compute_90", text)
+    cuda_h = str(emulated.EMULATOR / "cuda.h")
+    gxx = ["g++", "-fsyntax-only", "-std=c++17", "-include", cuda_h, "-x", "c++", "-"]
+    for log in (str(nvrtc.value), subprocess.run(gxx, input=text, capture_output=True, text=True).stderr):
+        for where in expected:  # NVRTC: path(line); g++: path:line:column
+            assert re.search(where, log), log

@@ -33,11 +33,6 @@
 
 #include "cuda.h"
 
-extern "C" {
-uint3 emu_thread_idx, emu_block_idx;
-dim3 emu_block_dim, emu_grid_dim;
-}
-
 namespace {
 
 constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber; pages are only committed where touched
@@ -70,6 +65,7 @@ jmp_buf scheduler;  // where a fiber goes back to the scheduler
 jmp_buf aborted;    // where an error found inside a fiber ends the launch
 sigjmp_buf faulted;
 EmuLaunch* launch;
+EmuCoordinates at;  // where the launched kernel reads threadIdx, blockIdx, blockDim, gridDim
 void (*body)(void*);
 void* body_context;
 pthread_t launching_thread;
@@ -113,7 +109,7 @@ Fiber* make_fiber() {
 // Switches from the scheduler to fiber f until it blocks or ends.
 void resume(Fiber* f) {
     current = f;
-    emu_thread_idx = f->tid;
+    *at.thread_idx = f->tid;
     bool fresh = !f->started;
     f->started = true;
     if (_setjmp(scheduler) == 0) _longjmp(fresh ? f->start : f->where, 1);
@@ -127,7 +123,7 @@ void block_current(State state) {
 
 void describe(const Fiber* f, const char* format, va_list args) {
     for (int i = 0; i < 3; ++i) {
-        launch->error_block[i] = (&emu_block_idx.x)[i];
+        launch->error_block[i] = (&at.block_idx->x)[i];
         launch->error_thread[i] = (&f->tid.x)[i];
     }
     vsnprintf(launch->message, sizeof launch->message, format, args);
@@ -250,7 +246,7 @@ void fill_shared_with_nan() {
 
 int run_block(unsigned long long block) {
     fill_shared_with_nan();
-    const dim3& d = emu_block_dim;
+    const dim3& d = *at.block_dim;
     for (int i = 0; i < n_threads; ++i) {
         Fiber* f = fibers[i];
         f->state = RUNNABLE;
@@ -281,12 +277,12 @@ int run_block(unsigned long long block) {
 }
 
 int run_blocks() {
-    const dim3& g = emu_grid_dim;
+    const dim3& g = *at.grid_dim;
     unsigned long long block = 0;
     for (unsigned z = 0; z < g.z; ++z)
         for (unsigned y = 0; y < g.y; ++y)
             for (unsigned x = 0; x < g.x; ++x, ++block) {
-                emu_block_idx = {x, y, z};
+                *at.block_idx = {x, y, z};
                 if (run_block(block)) return 1;
             }
     return 0;
@@ -324,7 +320,7 @@ void on_fault(int signal, siginfo_t* info, void* context) {
 #endif
     }
     for (int i = 0; i < 3; ++i) {
-        launch->error_block[i] = (&emu_block_idx.x)[i];
+        launch->error_block[i] = (&at.block_idx->x)[i];
         launch->error_thread[i] = current ? (&current->tid.x)[i] : 0;
     }
     siglongjmp(faulted, 1);
@@ -370,8 +366,9 @@ extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned lo
     return current->value;
 }
 
-extern "C" int emu_run(EmuLaunch* l, void (*b)(void*), void* context) {
+extern "C" int emu_run(EmuLaunch* l, EmuCoordinates coordinates, void (*b)(void*), void* context) {
     launch = l;
+    at = coordinates;
     body = b;
     body_context = context;
     l->fault = 0;
@@ -389,8 +386,8 @@ extern "C" int emu_run(EmuLaunch* l, void (*b)(void*), void* context) {
         snprintf(l->message, sizeof l->message, "the library's thread-local block (its shared memory) is not found");
         return 1;
     }
-    emu_block_dim = dim3(l->block[0], l->block[1], l->block[2]);
-    emu_grid_dim = dim3(l->grid[0], l->grid[1], l->grid[2]);
+    *at.block_dim = dim3(l->block[0], l->block[1], l->block[2]);
+    *at.grid_dim = dim3(l->grid[0], l->grid[1], l->grid[2]);
 
     if (!signal_stack) signal_stack = static_cast<char*>(malloc(1 << 16));
     stack_t alternate = {}, previous_stack;

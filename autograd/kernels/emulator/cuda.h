@@ -35,12 +35,11 @@ struct EmuLaunch {
     unsigned error_block[3], error_thread[3];  // out: where an error happened
     char message[512];              // out: what went wrong, for errors other than a memory fault
 };
-
-// Runs body(context) as every thread of every block: 0 when done, 1 on an error (message), 2 on a fault.
-int emu_run(EmuLaunch* launch, void (*body)(void*), void* context);
 }
 
-// ----- the thread's coordinates: globals that cuda.cpp sets before it switches to a fiber. They change only
+// ----- the thread's coordinates: static variables, so that each library's kernels have their own, which gdb
+// finds first from a kernel's frame (a global it would look up in the first library loaded). emu_run has
+// their addresses (emu::launch passes them) and sets them before it switches to a fiber. They change only
 // inside the calls below, which g++ cannot see into (cuda.cpp is another translation unit), so every read
 // after a switch reads them again.
 
@@ -52,12 +51,16 @@ struct dim3 {
     constexpr dim3(unsigned int x = 1, unsigned int y = 1, unsigned int z = 1) : x(x), y(y), z(z) {}
 };
 
-extern "C" uint3 emu_thread_idx, emu_block_idx;
-extern "C" dim3 emu_block_dim, emu_grid_dim;
-#define threadIdx emu_thread_idx
-#define blockIdx emu_block_idx
-#define blockDim emu_block_dim
-#define gridDim emu_grid_dim
+static uint3 threadIdx, blockIdx;  // the kernels' (cuda.cpp's own copies are unused)
+static dim3 blockDim, gridDim;
+struct EmuCoordinates {
+    uint3 *thread_idx, *block_idx;
+    dim3 *block_dim, *grid_dim;
+};
+
+// Runs body(context) as every thread of every block: 0 when done, 1 on an error (message), 2 on a fault.
+extern "C" int emu_run(EmuLaunch* launch, EmuCoordinates at, void (*body)(void*), void* context);
+
 constexpr int warpSize = 32;
 
 // ----- qualifiers
@@ -238,7 +241,7 @@ int launch(void (*kernel)(P...), EmuLaunch* l, void** args) {
         auto* c = static_cast<Call*>(context);
         call(c->kernel, c->args, std::index_sequence_for<P...>{});
     };
-    return emu_run(l, body, &c);
+    return emu_run(l, {&threadIdx, &blockIdx, &blockDim, &gridDim}, body, &c);
 }
 
 }  // namespace emu
