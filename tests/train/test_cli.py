@@ -197,6 +197,8 @@ def test_sigint_during_tokenizer_training_in_a_process(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's own default: a shell's background job ignores SIGINT, and its children inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     while not process.stdout.readline().startswith("training a byte-level BPE tokenizer"):
         pass
