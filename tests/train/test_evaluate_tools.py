@@ -232,24 +232,16 @@ def test_attention_weights_reproduce_the_layers_output(run):
     assert np.allclose(projected, expected, atol=1e-4)
 
 
+def attention(run, out, text="the cat sat on the mat.", layer=0):
+    """python -m train.evaluate attention of `run` over `text`, to the file `out`."""
+    argv = ["attention", "--run", str(run), "--text", text, "--layer", str(layer), "--out", str(out)]
+    return main([*argv, "--device", "cpu"])
+
+
 def test_attention_draws_a_png(run, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "attention.png"
-    weights = main(
-        [
-            "attention",
-            "--run",
-            str(run[0]),
-            "--text",
-            "the cat sat on the mat.",
-            "--layer",
-            "0",
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-        ]
-    )
+    weights = attention(run[0], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"{len(weights)} heads of layer 0" in capsys.readouterr().out
 
@@ -290,40 +282,14 @@ def test_attention_figure_is_legible(tmp_path, n_head, rows, columns):
 def test_attention_without_matplotlib_says_what_to_install(run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(SystemExit) as stop:
-        main(
-            [
-                "attention",
-                "--run",
-                str(run[0]),
-                "--text",
-                "a cat",
-                "--layer",
-                "0",
-                "--out",
-                str(tmp_path / "a.png"),
-            ]
-        )
+        attention(run[0], tmp_path / "a.png", "a cat", layer=0)
     assert stop.value.code == 2 and "pip install 'tinygpt[plot]'" in capsys.readouterr().err
 
 
 def test_attention_refuses_a_layer_the_model_lacks(run, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     with pytest.raises(SystemExit) as stop:
-        main(
-            [
-                "attention",
-                "--run",
-                str(run[0]),
-                "--text",
-                "a cat",
-                "--layer",
-                "1",
-                "--out",
-                str(tmp_path / "a.png"),
-                "--device",
-                "cpu",
-            ]
-        )
+        attention(run[0], tmp_path / "a.png", "a cat", layer=1)
     assert stop.value.code == 2 and "--layer 1: the model has blocks 0..0" in capsys.readouterr().err
 
 
