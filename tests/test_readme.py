@@ -88,14 +88,18 @@ def your_own_op():
 def test_your_own_op_trains_in_a_model_and_passes_its_five_line_test():
     op = your_own_op()
     assert all(p.grad is not None and np.any(p.grad != 0) for p in op["model"].parameters())
-    op["test_softplus_gradient"]()
+    tests = [name for name in op if name.startswith("test_")]
+    assert tests == ["test_softplus_gradient", "test_softplus_fast_path_gives_the_references_numbers"]
+    for name in tests:
+        op[name]()
 
 
 def test_a_mistake_in_your_own_ops_backward_fails_as_the_readme_shows(monkeypatch):
     op = your_own_op()
     right = op["Softplus"].backward
     wrong = staticmethod(lambda ctx, grad: right(ctx, grad) * np.where(ctx.x > 1, 2.0, 1.0))
-    monkeypatch.setattr(op["Softplus"], "backward", wrong)
+    for path in ("backward", "backward_cpu"):  # the reference, and the CPU's fast path
+        monkeypatch.setattr(op["Softplus"], path, wrong)
     with pytest.raises(ag.GradcheckError) as failure:
         op["test_softplus_gradient"]()
     [shown] = re.findall(r"```\n(GradcheckError: .*?)```", section("Your own op"), re.S)
