@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+import warnings
 
 from autograd import backend
 from autograd.precision import POLICIES
@@ -121,15 +122,18 @@ def interruptible(main):
 
 def expected_errors(main):
     """main(argv), where an OSError (a path that cannot be read or written) or a SafetensorsError (a
-    weights file not whole) that no check caught ends it with one line, status 1; others are bugs."""
+    weights file not whole) that no check caught ends it with one line, status 1; others are bugs.
+    A warning is one line too: what and why, not the line of code that gave it."""
 
     @functools.wraps(main)
     def run(argv=None):
-        try:
-            return main(argv)
-        except (OSError, SafetensorsError) as error:
-            prog = getattr(sys.modules[main.__module__].__spec__, "name", main.__module__)
-            sys.exit(shown(f"python -m {prog}: error: {error}"))
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *where, **_: print(f"warning: {message}", file=sys.stderr)
+            try:
+                return main(argv)
+            except (OSError, SafetensorsError) as error:
+                prog = getattr(sys.modules[main.__module__].__spec__, "name", main.__module__)
+                sys.exit(shown(f"python -m {prog}: error: {error}"))
 
     return run
 
