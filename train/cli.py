@@ -3,6 +3,7 @@ name a run and a device, the subcommands of train.evaluate, opening a run and wr
 
 import argparse
 import codecs
+import contextlib
 import functools
 import json
 import math
@@ -127,7 +128,7 @@ def expected_errors(main):
 
     @functools.wraps(main)
     def run(argv=None):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), names_printed_escaped():
             warnings.showwarning = lambda message, *where, **_: print(f"warning: {message}", file=sys.stderr)
             try:
                 return main(argv)
@@ -136,6 +137,21 @@ def expected_errors(main):
                 sys.exit(shown(f"python -m {prog}: error: {error}"))
 
     return run
+
+
+@contextlib.contextmanager
+def names_printed_escaped():
+    """Within it a path that is not UTF-8 (a lone surrogate, from undecodable bytes) prints escaped,
+    as stderr prints it anyway, rather than stopping the command when it says what it wrote."""
+    stdout = sys.stdout
+    before = stdout.errors if hasattr(stdout, "reconfigure") else None  # a StringIO takes any text
+    if before:
+        stdout.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        if before:
+            stdout.reconfigure(errors=before)
 
 
 def check_writable(parser, flag, path, later=()):
@@ -154,9 +170,10 @@ def check_writable(parser, flag, path, later=()):
         parser.error(f"{flag}: {path} cannot be written ({there} is read-only)")
 
 
-def check_settings(parser, args):
+def check_settings(parser, args, resolved=()):
     """A usage error where the settings in config.json of the run --resume names are not what the
-    command line could have given: not an object, or a value its argument's type refuses."""
+    command line could have given: not an object, or a value its argument's type refuses. `resolved`:
+    settings that a run saves once worked out, so never None."""
     try:
         settings = read_config(run_folder_of(find_checkpoint(args.resume)))[1]
     except (OSError, ValueError):
@@ -165,9 +182,10 @@ def check_settings(parser, args):
         parser.error(f"--resume: the settings in the config.json of {args.resume} are not an object")
     for action in [a for a in parser._actions if a.dest in settings and a.dest != "device"]:  # may differ
         saved = settings[action.dest]
-        if saved is None and action.default is None:
+        if saved is None and action.default is None and action.dest not in resolved:
             continue  # an option left out
-        for value in saved if isinstance(saved, list) else [saved]:
+        several = action.nargs in ("*", "+")  # an option of several values saves a list
+        for value in saved if several and isinstance(saved, list) else [saved]:
             if not setting_fits(action, value):
                 parser.error(f"--resume: the run's config.json has {action.dest} {value!r:.40}, not valid")
 

@@ -192,19 +192,15 @@ def saved_labels(parser, args, run_dir):
 def start_model(parser, args, run_dir, dataset):
     """(task head, tokenizer, a line on where the weights came from): from --init-from for a new
     run, else the run's own config and tokenizer (the weights then come from its checkpoint)."""
-    if args.resume:
-        config, _ = read_config(run_dir)
-        transformer, tokenizer, note = (
-            GPT(config),
-            load_tokenizer(os.path.join(run_dir, "tokenizer")),
-            "resumed",
-        )
-    else:
-        try:
+    try:
+        if args.resume:
+            transformer, note = GPT(read_config(run_dir)[0]), "resumed"
+            tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer"))
+        else:
             transformer, tokenizer = load_pretrained(args.init_from, args.tokenizer, args.gpt1_tokenizer)
             note = prepare(transformer, tokenizer, args.seed, args.from_scratch, args.transfer_layers)
-        except (OSError, ValueError) as error:
-            parser.error(f"--init-from: {error}")
+    except (OSError, ValueError) as error:
+        parser.error(f"{'--resume' if args.resume else '--init-from'}: {error}")
     ag.manual_seed(args.seed)
     head = make_head(dataset.kind, transformer, dataset.n_classes, args.clf_dropout)
     return head, tokenizer, note
@@ -446,8 +442,12 @@ def report(run_dir, results, metric_names, elapsed, plot):
     print(f"\nfine-tuned {results['task']} in {elapsed / 60:.1f} min of compute")
     for record in results["epochs"]:
         print(f"  epoch {record['epoch']}: dev {figures(record)}")
-    best = results["best"]
-    print(f"best dev (epoch {best['epoch']}, by {results['main_metric']}): {figures(best)}")
+    best = results["best"]  # None where metrics.jsonl lost the epochs (the run resumed after its last)
+    print(
+        f"best dev (epoch {best['epoch']}, by {results['main_metric']}): {figures(best)}"
+        if best
+        else "no dev epoch logged"
+    )
     print("examples cut to fit n_ctx: " + ", ".join(f"{split} {n}" for split, n in results["n_cut"].items()))
     skipped = {split: counts for split, counts in results["skipped"].items() if counts}
     if skipped:

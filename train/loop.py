@@ -182,7 +182,7 @@ def check_data(parser, args, digest):
     if args.resume and began_on not in (None, digest) and not args.allow_data_change:
         parser.error(
             f"--resume: the data is not what the run began on (its hash {digest[:12]}, the run's "
-            f"{began_on[:12]}): pass --allow-data-change to go on with it"
+            f"{str(began_on)[:12]}): pass --allow-data-change to go on with it"  # str: a damaged config's
         )
 
 

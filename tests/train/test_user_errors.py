@@ -1,7 +1,9 @@
 """No user error ends in a traceback: a missing or broken tokenizer, a --data folder holding a folder
 named x.txt, a name too long, a prompt that is not text, an output that cannot be written, a run's
 config.json or checkpoint that is damaged each end a command with one line (status 2 for a usage
-error found before the work, 1 for a failed run), and nothing in the run folder is changed."""
+error found before the work, 1 for a failed run), and nothing in the run folder is changed. The
+property draws every command (pretrain's resume, finetune and its resume, predict, generate, the
+evaluations) with a damaged file of its run folder or a bad path."""
 
 import hashlib
 import json
@@ -10,13 +12,14 @@ import shutil
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from autograd.serialization import load_file, save_file
 from train import evaluate, finetune, generate, pretrain
 
 from .runs import tiny_run
+from .test_finetune import examples, write_jsonl
 
 SMALL = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
 SMALL += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sample-tokens", "0"]
@@ -91,6 +94,20 @@ def test_resuming_a_run_whose_tokenizer_is_broken_is_a_usage_error(run, capsys):
     assert "vocab.json" in line and snapshot(run) == before
 
 
+def test_resuming_a_fine_tune_whose_tokenizer_is_broken_is_a_usage_error(tuned, tmp_path, capsys):
+    shutil.copytree(tuned / "tuned", tmp_path / "tuned")
+    (tmp_path / "tuned" / "tokenizer" / "special_tokens.json").write_text("{not json")
+    line = one_line_error(capsys, finetune.main, ["--resume", str(tmp_path / "tuned"), "--device", "cpu"])
+    assert line.startswith("python -m train.finetune: error: --resume: ") and "special_tokens.json" in line
+
+
+def test_resuming_a_whole_fine_tune_whose_metrics_lost_its_epochs_reports_none(tuned, tmp_path, capsys):
+    shutil.copytree(tuned / "tuned", tmp_path / "tuned")
+    (tmp_path / "tuned" / "metrics.jsonl").write_text("")
+    finetune.main(["--resume", str(tmp_path / "tuned"), "--device", "cpu"])
+    assert "no dev epoch logged" in capsys.readouterr().out
+
+
 def test_a_data_folder_holding_a_folder_named_like_a_text_file_is_a_usage_error(base, tmp_path, capsys):
     (tmp_path / "data" / "x.txt").mkdir(parents=True)
     (tmp_path / "data" / "a.txt").write_text("hello world " * 50)
@@ -140,8 +157,11 @@ def test_an_output_that_cannot_be_written_is_a_usage_error_before_the_work(
         lambda config: {**config, "settings": 5},
         lambda config: {**config, "settings": {**config["settings"], "batch_size": "eight"}},
         lambda config: {**config, "settings": {**config["settings"], "steps": 0}},
+        lambda config: {**config, "settings": {**config["settings"], "steps": None}},
+        lambda config: {**config, "settings": {**config["settings"], "batch_size": []}},
+        lambda config: {**config, "settings": {**config["settings"], "data_hash": True}},
     ],
-    ids=["settings", "batch_size", "steps"],
+    ids=["settings", "batch_size", "steps", "steps None", "batch_size []", "data_hash"],
 )
 def test_a_damaged_config_is_a_usage_error_of_resume(run, capsys, change):
     config = json.loads((run / "config.json").read_text())
@@ -173,27 +193,50 @@ def test_a_real_bug_is_still_a_traceback(tmp_path, monkeypatch):
 
 
 # the property: generated bad arguments and damaged run-folder files
-FILES = [
-    "config.json",
-    "tokenizer/vocab.json",
-    "tokenizer/merges.txt",
-    "checkpoints/1/model.safetensors",
-    "checkpoints/1/optimizer.safetensors",
-    "checkpoints/1/state.json",
-    "checkpoints/1/config.json",
-]
-WRONG = st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | st.text(max_size=4) | st.just([])
+# (a name holding a line break, which a command line may give, prints as it is: over two lines)
+TEXT = st.text(st.characters(exclude_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=4)
+WRONG = st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | TEXT | st.just([])
+
+
+@pytest.fixture(scope="module")
+def tuned(base):
+    """A folder of a fine-tune of the base run (tuned/: one epoch on 8 examples) beside its train, dev
+    and test files (jsonl)."""
+    folder = base[0].parent / "tuned"
+    folder.mkdir()
+    splits = [
+        arg for seed, split in enumerate(("train", "dev", "test")) for arg in (split, examples(8, seed))
+    ]
+    for split, rows in zip(splits[::2], splits[1::2]):
+        write_jsonl(folder / f"{split}.jsonl", rows)
+    argv = [
+        "--init-from",
+        base[0],
+        "--task",
+        "jsonl",
+        "--train",
+        folder / "train.jsonl",
+        "--dev",
+        folder / "dev.jsonl",
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINYGPT_CACHE", str(base[2]))
+        finetune.main([*map(str, argv), "--out", str(folder / "tuned"), "--epochs", "1", "--batch-size", "4"])
+    return folder
 
 
 @st.composite
 def damage(draw, run):
     """Change one file of `run`: cut short, replaced by bytes, or (config.json) a field of the wrong type."""
-    name = draw(st.sampled_from(FILES))
+    files = sorted(
+        str(path.relative_to(run)) for path in run.rglob("*") if path.is_file() and path.name != ".lock"
+    )
+    name = draw(st.sampled_from(files))
     path = run / name
     data = path.read_bytes()
     how = draw(st.sampled_from(["cut", "bytes", "field"]))
     if how == "cut":
-        data = data[: draw(st.integers(0, len(data) - 1))]
+        data = data[: draw(st.integers(0, max(len(data) - 1, 0)))]
     elif how == "bytes":
         data = draw(st.binary(max_size=64))
     else:
@@ -206,19 +249,39 @@ def damage(draw, run):
     return name
 
 
-def commands(run, tmp):
-    """(main, argv) of each command on `run` (a resume of --steps 1 on a run at step 1 trains no step)."""
+def commands(run, tuned, tmp):
+    """(main, argv, the run folder it reads) of each command: `run` a pretraining run at step 1 (a resume
+    of --steps 1 trains no step), `tuned` a whole fine-tune of it (a resume trains no step)."""
     text, results, cpu = str(tmp / "text.txt"), str(tmp / "results.json"), ["--device", "cpu"]
     attention = ["attention", "--run", str(run), "--text", "hi", "--layer", "0", "--out", str(tmp / "a.png")]
+    splits = ["--train", str(tmp / "train.jsonl"), "--dev", str(tmp / "dev.jsonl")]
+    tune = ["--init-from", str(run), "--task", "jsonl", *splits, "--out", str(tmp / "tune"), "--epochs", "1"]
+    predict = [
+        "predict",
+        "--run",
+        str(tuned),
+        "--data",
+        str(tmp / "test.jsonl"),
+        "--out",
+        str(tmp / "p.jsonl"),
+    ]
     return {
-        "generate": (generate.main, ["--run", str(run), "--prompt", "hi", "--max-new-tokens", "2", *cpu]),
+        "generate": (
+            generate.main,
+            ["--run", str(run), "--prompt", "hi", "--max-new-tokens", "2", *cpu],
+            run,
+        ),
         "perplexity": (
             evaluate.main,
             ["perplexity", "--run", str(run), "--data", text, "--json", results, *cpu],
+            run,
         ),
-        "attention": (evaluate.main, [*attention, *cpu]),
-        "summary": (evaluate.main, ["summary", "--run", str(run)]),
-        "resume": (pretrain.main, ["--resume", str(run), "--steps", "1", *cpu]),
+        "attention": (evaluate.main, [*attention, *cpu], run),
+        "summary": (evaluate.main, ["summary", "--run", str(run)], run),
+        "resume": (pretrain.main, ["--resume", str(run), "--steps", "1", *cpu], run),
+        "finetune": (finetune.main, [*tune, "--batch-size", "4", *cpu], run),
+        "predict": (evaluate.main, [*predict, *cpu], tuned),
+        "resume a fine-tune": (finetune.main, ["--resume", str(tuned), *cpu], tuned),
     }
 
 
@@ -227,15 +290,18 @@ BAD_PATHS = st.sampled_from(["missing", "a" * 300, "file/below", "file", "\udcff
 
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
-def test_no_generated_user_error_ends_in_a_traceback(base, tmp_path_factory, capsys, data):
+def test_no_generated_user_error_ends_in_a_traceback(base, tuned, tmp_path_factory, capsys, data):
     """Each command ends normally, or with one line, status 1 or 2, and a usage error (2) leaves the
-    run folder as it was."""
+    run folder it reads as it was."""
     tmp = tmp_path_factory.mktemp("case")
-    run = tmp / "run"
-    shutil.copytree(base[0], run)
+    shutil.copytree(base[0], tmp / "run")
+    shutil.copytree(tuned, tmp, dirs_exist_ok=True)  # tmp/tuned, and the jsonl files
     (tmp / "text.txt").write_text("the cat sat on the mat. " * 20)
     (tmp / "file").write_text("")
-    name, (main, argv) = data.draw(st.sampled_from(sorted(commands(run, tmp).items())))
+    name, (main, argv, run) = data.draw(
+        st.sampled_from(sorted(commands(tmp / "run", tmp / "tuned", tmp).items()))
+    )
+    event(name)  # pytest --hypothesis-show-statistics: how often each command ran
     if data.draw(st.booleans()):  # a damaged file of the run
         data.draw(damage(run))
     else:  # a bad path in place of one the command reads or writes
@@ -283,3 +349,13 @@ def test_an_out_below_a_file_is_a_usage_error_before_anything_is_written(tmp_pat
         line = one_line_error(capsys, finetune.main, argv)
     assert f"--out: [Errno 20] Not a directory: '{out}'" in line
     assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_a_path_that_is_not_utf8_is_printed_escaped(tuned, tmp_path, capsys):
+    """An --out named by bytes that do not decode (a lone surrogate) is written, and named escaped."""
+    out = tmp_path / "\udcff.jsonl"
+    data = tuned / "test.jsonl"
+    evaluate.main(
+        ["predict", "--run", str(tuned / "tuned"), "--data", str(data), "--out", str(out), "--device", "cpu"]
+    )
+    assert out.exists() and f"in {tmp_path}/\\udcff.jsonl\n" in capsys.readouterr().out
