@@ -142,8 +142,8 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
 
     title = getattr(fn, "__name__", "")
     gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
-    property = given(**dict(zip(keys, strategies)))(gradients_agree)
-    (settings(property) if settings else property)()
+    test = given(**dict(zip(keys, strategies)))(gradients_agree)
+    (settings(test) if settings else test)()
 
 
 def _parameter_names(fn):
