@@ -157,7 +157,9 @@ def device_scope(array):
 
 def to_device(array, device, dtype=None):
     """The array on `device` (a parsed name), with `dtype` if given; copies only when it must."""
-    if device_of(array) not in ("cpu", device):
+    source = device_of(array)
+    between_gpus = source.startswith("cuda:") and device.startswith("cuda:")  # CuPy copies those itself
+    if source not in ("cpu", device) and not between_gpus:
         array = to_host(array)
     if device == "cpu":
         return np.asarray(array, dtype=dtype)

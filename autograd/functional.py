@@ -35,7 +35,7 @@ def _indices(ids):
     a NumPy array, for the caller to check on the host before copying it to the device; a GPU
     array or tensor gives its GPU array, unchecked (reading it would make the host wait)."""
     ids = ids.data if isinstance(ids, Tensor) else ids
-    if backend.device_of(ids) == "cpu":
+    if not backend.on_gpu(ids):
         ids = np.asarray(ids)
     if ids.size == 0:
         ids = ids.astype(np.int64)  # an empty list arrives as float
@@ -122,7 +122,7 @@ def embedding(ids, weight):
     copied to the weight's device; ids already on a GPU are not, as that would wait for the GPU."""
     ids = _indices(ids)
     n_rows = weight.shape[0]
-    if backend.device_of(ids) == "cpu" and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
+    if not backend.on_gpu(ids) and ids.size and (ids.min() < 0 or ids.max() >= n_rows):
         raise IndexError(f"embedding: ids must lie in [0, {n_rows}), got {int(ids.min())}..{int(ids.max())}")
     ids = backend.to_device(ids, weight.device)
     return Embedding.apply(ids, weight, dtype=precision.activation_dtype(weight.dtype))
@@ -236,7 +236,7 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
             f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}"
         )
     n_classes = logits.shape[-1]
-    on_host = backend.device_of(targets) == "cpu"
+    on_host = not backend.on_gpu(targets)
     if on_host and (((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any():
         raise IndexError(
             f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}"

@@ -7,8 +7,6 @@ Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input
 import math
 from itertools import accumulate
 
-import numpy as np
-
 from . import backend
 from .backend import get_array_module, scatter_add
 from .precision import bfloat16, widened
@@ -167,7 +165,7 @@ def _matmul(a, b):
     take no bfloat16 and ignore TF32 (backend.matmul)."""
     if a.ndim >= 2 and b.ndim == 2:
         return backend.matmul(_rows(a), b).reshape(*a.shape[:-1], b.shape[1])
-    if a.dtype == bfloat16 and get_array_module(a) is not np:
+    if a.dtype == bfloat16 and backend.on_gpu(a):
         return (widened(a) @ widened(b)).astype(bfloat16)
     return a @ b
 

@@ -84,7 +84,7 @@ class Function:
     def apply(cls, *args, **attrs):
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
-        on_gpu = any(backend.get_array_module(t.data) is not np for t in tensors)
+        on_gpu = any(backend.on_gpu(t.data) for t in tensors)
         forward, backward = kernels.choose(cls, on_gpu, {t.dtype for t in tensors if is_floating(t.dtype)})
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         with backend.device_scope(tensors[0].data if tensors else None):  # the inputs' GPU

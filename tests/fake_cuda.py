@@ -47,9 +47,6 @@ class Device:
     def use(self):
         Device.current = self.id
 
-    def synchronize(self):
-        pass
-
 
 class Product(NamedTuple):
     shapes: tuple
@@ -85,19 +82,21 @@ def as_cupy_multiplies(a, b, result):
         raise TypeError("data type 'E' not understood")  # CuPy 14's batched matmul, for bfloat16
     if bfloat16_in:
         result = result.astype(ag.bfloat16)  # cuBLAS writes the inputs' type
-    GpuArray.products.append(
-        Product((a.shape, b.shape), (a.dtype, b.dtype, result.dtype), FakeLinalg.compute_type)
-    )
-    return result
+    return recorded(a, b, result)
 
 
 def bfloat16_matmul_to_float32(a, b):
     """backend's cuBLAS product of bfloat16 matrices written in float32, recorded as a product."""
     result = host_view(a) @ host_view(b)  # NumPy's product of bfloat16 is float32
+    return recorded(a, b, on_device(result, GpuArray))
+
+
+def recorded(a, b, result):
+    """result, the product a @ b, once it is added to GpuArray.products."""
     GpuArray.products.append(
         Product((a.shape, b.shape), (a.dtype, b.dtype, result.dtype), FakeLinalg.compute_type)
     )
-    return on_device(result, GpuArray)
+    return result
 
 
 def check_current(what, values):
@@ -112,15 +111,21 @@ def check_current(what, values):
 
 class FakeCupy(ArrayModule):
     """The module `cupy` as the engine uses it: the emulated device's array module, its arrays
-    GpuArrays; a host array is copied to the current device by asarray, a device array stays where
-    it is. Its `empty` gives zeros, the outputs of kernels that do not run."""
+    GpuArrays; asarray copies a host array, or one of another GPU, to the current device, and keeps
+    one of the current device as it is. Its `empty` gives zeros, the outputs of kernels that do not
+    run."""
 
     ndarray = GpuArray
 
     def __init__(self):
         super().__init__("cupy")
         runtime = types.SimpleNamespace(getDeviceCount=lambda: DEVICES)
-        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime, get_current_stream=lambda: None)
+        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime)
+
+    def asarray(self, a, dtype=None):
+        if isinstance(a, GpuArray) and a.device_id != Device.current:  # copied, as CuPy copies between GPUs
+            return self.array(a, dtype)
+        return super().asarray(a, dtype)
 
     def empty(self, shape, dtype=float):
         return self.zeros(shape, dtype)

@@ -106,7 +106,7 @@ def _build(text, name, debug):
     stem = folder / f"{name}-{hashlib.sha256(key).hexdigest()[:24]}"
     library, about = stem.with_suffix(".so"), stem.with_suffix(".json")
     if not (library.is_file() and about.is_file()):
-        kernels = kernel_names(text)
+        kernels = list(kernel_declarations(text))
         launchers = "".join(
             f"EMU_EXPORT int emu_launch_{k}(EmuLaunch* l, void** a) {{ return emu::launch(&{k}, l, a); }}\n"
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
@@ -146,14 +146,15 @@ def _writable(folder):
         return None
 
 
-def kernel_names(text):
-    """The extern "C" __global__ functions of a source, found once the preprocessor has expanded it."""
+def kernel_declarations(text):
+    """{name: its parameter list} of the extern "C" __global__ functions of a source, found once the
+    preprocessor has expanded it."""
     command = ["g++", "-E", "-P", "-x", "c++", "-std=c++17", "-"]
     done = subprocess.run(command, input=text, capture_output=True, text=True)
     if done.returncode:
         raise EmulatorError(f"g++ does not preprocess the source:\n{done.stderr}")
-    pattern = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\('
-    return re.findall(pattern, done.stdout)
+    pattern = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)'
+    return dict(re.findall(pattern, done.stdout))
 
 
 def ptx_limits(text, name):

@@ -30,6 +30,7 @@ SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
 CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()  # CuPy's own
 
 
+@functools.cache  # the files do not change while the process runs; a launch on the emulator asks each time
 def source(name):
     """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: common.cuh, then the source, each after
     a #line with its absolute path, so that compilers' messages and gdb name each file and its own lines."""

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend
 from autograd import functional as F
 from autograd.kernels import emulated, gpu
 from autograd.kernels.emulated import EmulatorError
 from tests import fake_cuda
-from tests.autograd.test_functional import fresh_stream
+from tests.autograd.test_functional import fresh_stream, on_device
 from tests.autograd.test_kernels import assert_fast_equals_reference
 from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
 from tests.autograd.test_kernels_adam import train
@@ -562,7 +561,7 @@ def test_dropout_of_a_0d_tensor(on_emulator):
 def test_cross_entropy(on_emulator, dtype, n_classes):
     (logits,) = normal(n_classes, (2, 3, n_classes))
     targets = np.array([[1, -100, 0], [n_classes - 1, 7, 3]])
-    targets_on_device = backend.to_device(targets, backend.parse_device(on_emulator))
+    targets_on_device = on_device(targets, on_emulator)
 
     def loss(z):
         return F.cross_entropy(z * 4, targets_on_device, reduction="none")
@@ -577,7 +576,7 @@ def test_cross_entropy(on_emulator, dtype, n_classes):
 def test_embedding(on_emulator, dtype, policy):
     ids = np.array([[1, 3, 3, 0, 10], [3, 5, 1, 1, 3]])
     (table,) = normal(2, (11, 40))
-    ids_on_device = backend.to_device(ids, backend.parse_device(on_emulator))
+    ids_on_device = on_device(ids, on_emulator)
 
     def embed(weight):
         with ag.use_precision(policy):
@@ -630,7 +629,7 @@ def check_layer_norm(device):
 
 def check_cross_entropy(device):
     (logits,) = normal(2, (6, 50))
-    targets = backend.to_device(np.arange(6), backend.parse_device(device))
+    targets = on_device(np.arange(6), device)
     assert_fast_equals_reference(lambda z: F.cross_entropy(z, targets), [logits], device, np.float32)
 
 

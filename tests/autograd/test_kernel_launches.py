@@ -11,7 +11,6 @@ launcher runs there, for float32 and bfloat16 and for each variant it launches, 
 import os
 import re
 import shutil
-import subprocess
 from typing import NamedTuple
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 import autograd as ag
 from autograd import functional as F
 from autograd.functional import Embedding
-from autograd.kernels import gpu
+from autograd.kernels import emulated, gpu
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
@@ -77,17 +76,9 @@ def ptx_entries(ptx):
 def c_kernels(name):
     """{kernel name: [(C type less const, pointer?)]} of the extern "C" __global__ functions of a source
     once preprocessed by g++ (the macros that define them expanded)."""
-    done = subprocess.run(
-        ["g++", "-E", "-P", "-x", "c++", "-std=c++17", "-D__CUDACC_RTC__", "-"],
-        input=gpu.source(name),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pattern = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)'
+    declarations = emulated.kernel_declarations(gpu.source(name))
     return {
-        kernel: [c_type(p) for p in params.split(",") if p.strip()]
-        for kernel, params in re.findall(pattern, done.stdout)
+        kernel: [c_type(p) for p in params.split(",") if p.strip()] for kernel, params in declarations.items()
     }
 
 
