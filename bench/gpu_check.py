@@ -328,7 +328,7 @@ def check_throughput(args, device, work):
         try:
             figures[precision] = throughput(config, ids, device, precision)
         except Exception as error:
-            figures[precision] = {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
+            figures[precision] = failure(error)
     return {"ok": all(f.get("ok", True) for f in figures.values()), **figures}
 
 
@@ -355,6 +355,11 @@ CHECKS = {
 
 
 # ----- what the checks share ----------------------------------------------------------------------
+def failure(error):
+    """What a check records of an error: not ok, and the traceback's last lines."""
+    return {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
+
+
 def attempt(work):
     """Run work() quietly: {"ok": True}, or {"ok": False, "error": its last lines}."""
     try:
@@ -363,7 +368,7 @@ def attempt(work):
     except BaseException as error:  # a module's usage error is a SystemExit
         if isinstance(error, KeyboardInterrupt):
             raise
-        return {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
+        return failure(error)
 
 
 def quietly(work):
@@ -440,7 +445,7 @@ def main(argv=None):
         try:
             result = check(args, device, work)
         except Exception as error:
-            result = {"ok": False, "error": "".join(traceback.format_exception(error))[-1500:]}
+            result = failure(error)
         report["checks"][name] = {**result, "seconds": round(time.perf_counter() - start, 1)}
         write(report, args.out)  # what is measured so far, should a later check bring the process down
         print(

@@ -16,8 +16,7 @@ from autograd import backend
 from autograd.precision import POLICIES
 from autograd.serialization import SafetensorsError
 
-from .checkpoint import check_finite, find_checkpoint
-from .run import load_run, read_config, run_folder_of
+from .run import load_run
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -93,7 +92,7 @@ def utf8_text(value):
     return value
 
 
-text = argument_type(utf8_text, str, "text (bytes that do not decode are not text)")
+text = argument_type(utf8_text, lambda _: True, "text (bytes that do not decode are not text)")
 
 
 def device_name(text):
@@ -154,12 +153,12 @@ def names_printed_escaped():
             stdout.reconfigure(errors=before)
 
 
-def check_writable(parser, flag, path, later=()):
+def check_writable(parser, flag, path):
     """A usage error before any work where `path` (to write) cannot be: a name too long, a file above
-    it, or the nearest of it and its folders read-only; `later`: os.stat's errors left to the run."""
+    it, or the nearest of it and its folders read-only."""
     try:
         os.stat(path)
-    except (FileNotFoundError, *later):
+    except FileNotFoundError:
         pass
     except OSError as error:
         parser.error(f"{flag}: {error}")
@@ -170,16 +169,12 @@ def check_writable(parser, flag, path, later=()):
         parser.error(f"{flag}: {path} cannot be written ({there} is read-only)")
 
 
-def check_settings(parser, args, resolved=()):
+def check_settings(parser, resume, settings, resolved=()):
     """A usage error where the settings in config.json of the run --resume names are not what the
     command line could have given: not an object, or a value its argument's type refuses. `resolved`:
     settings that a run saves once worked out, so never None."""
-    try:
-        settings = read_config(run_folder_of(find_checkpoint(args.resume)))[1]
-    except (OSError, ValueError):
-        return  # loop.resumed_args says what is wrong
     if not isinstance(settings, dict):
-        parser.error(f"--resume: the settings in the config.json of {args.resume} are not an object")
+        parser.error(f"--resume: the settings in the config.json of {resume} are not an object")
     for action in [a for a in parser._actions if a.dest in settings and a.dest != "device"]:  # may differ
         saved = settings[action.dest]
         if saved is None and action.default is None and action.dest not in resolved:
@@ -260,7 +255,6 @@ def open_run(parser, run, device):
     backend.use_device(device)
     try:
         model, tokenizer = load_run(run, device)
-        check_finite(find_checkpoint(run), model.named_parameters())
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
     check_tokenizer_fits(parser, run, model.config.vocab_size, tokenizer)
@@ -277,12 +271,18 @@ def check_tokenizer_fits(parser, run, vocab_size, tokenizer):
         )
 
 
+def check_output_file(parser, flag, path):
+    """A usage error before any work where the file `path` could not be written: its folder is
+    missing, or see check_writable."""
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        parser.error(f"{flag}: the folder of {path} does not exist")
+    check_writable(parser, flag, path)
+
+
 def check_json_folder(parser, args):
-    """A usage error before any work where --json could not be written: its folder is missing."""
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json: the folder of {args.json} does not exist")
+    """A usage error before any work where --json, if given, could not be written."""
     if args.json:
-        check_writable(parser, "--json", args.json)
+        check_output_file(parser, "--json", args.json)
 
 
 def write_results(args, results):

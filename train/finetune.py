@@ -314,7 +314,6 @@ def fine_tune(parser, args, group, argv=None):
     given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        cli.check_settings(parser, args)
         args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS)
         args.warmup_ratio = vars(args).pop("warmup", args.warmup_ratio)  # the name in older runs
         labels = saved_labels(parser, args, run_dir)

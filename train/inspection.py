@@ -95,7 +95,7 @@ def attention_command(parser, args):
         draw_attention(weights, token_labels(tokenizer, ids), f"layer {args.layer} of {args.run}", args.out)
     except OSError as error:
         parser.error(f"--out: {error}")
-    print(f"wrote {cli.shown(args.out)}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
+    print(f"wrote {args.out}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
     return weights
 
 

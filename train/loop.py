@@ -21,6 +21,7 @@ from tqdm import tqdm
 from autograd import backend
 from autograd.optim import clip_grad_norm
 
+from . import cli
 from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, remove_partials, save_checkpoint
 from .run import (
     append_metrics,
@@ -132,17 +133,19 @@ def new_run(parser, args, group, name):
     return run_dir
 
 
-def resumed_args(parser, args, argv, may_change=(), data=()):
+def resumed_args(parser, args, argv, may_change=(), data=(), resolved=()):
     """(args, run folder, model config, saved settings) of the run that --resume names: the settings
     it was started with, --resume as its checkpoint, and the flags of ON_RESUME and `may_change`
     as given now. Any other flag given with another value than the run's is a usage error that
-    names it; so are the `data` flags, unless --allow-data-change."""
+    names it; so are the `data` flags, unless --allow-data-change. A saved setting that the command
+    line could not have given is a usage error too (`resolved`: see cli.check_settings)."""
     try:
         checkpoint = find_checkpoint(args.resume)
         run_dir = run_folder_of(checkpoint)
         config, settings = read_config(run_dir)
     except (ValueError, OSError) as error:
         parser.error(f"--resume: {error}")
+    cli.check_settings(parser, args.resume, settings, resolved)
     if args.overwrite:
         parser.error("--overwrite starts a new run: it does not go with --resume")
     given = flags_given(parser, argv, args)

@@ -137,9 +137,7 @@ def predict_command(parser, args):
         parser.error(f"--task: {args.run} is a fine-tune on {settings['task']}, not {task}")
     layout = args.format or ("glue" if task in glue.TSV else "jsonl")
     out = output_path(args, task, layout)
-    if not os.path.isdir(os.path.dirname(out) or "."):
-        parser.error(f"--out: the folder of {out} does not exist")
-    cli.check_writable(parser, "--out", out)
+    cli.check_output_file(parser, "--out", out)
     try:
         dataset = glue.read(task, args.data, labels, encoding=args.encoding, errors=args.errors)
     except UndecodableFiles as error:

@@ -296,10 +296,10 @@ def train_model(parser, args, group, argv=None):
     rank 0 writes the run folder. argv: the command line (the flags given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        cli.check_settings(parser, args, resolved=("steps",))
         flags = {
             "may_change": ("steps", "eval_every", "sample_tokens"),
             "data": ("data", "encoding", "errors"),
+            "resolved": ("steps",),  # worked out before the run saved them
         }
         args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags)
         args.warmup_steps = vars(args).pop("warmup", args.warmup_steps)  # the name in older runs

@@ -16,9 +16,11 @@ import sys
 import time
 
 from tinygpt import GPT, GPTConfig
+from tinygpt.run_folder import STATE_FILE, WEIGHTS_FILE
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.tokenizer.bpe import CONFIG_FILE as BPE_CONFIG_FILE
 
-from .checkpoint import find_checkpoint, remove_partials, write_json
+from .checkpoint import HEAD_FILE, check_finite, find_checkpoint, remove_partials, write_json
 
 
 def save_tokenizer(tokenizer, run_dir):
@@ -54,9 +56,8 @@ def read_config(run_dir):
 
 # what runs write, which --overwrite removes by name: the run folder's files, the tokenizer's, a checkpoint's
 RUN_FILES = ("config.json", "metrics.jsonl", "loss.png", "labels.json", "results.json", "predictions.tsv")
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json", "tokenizer_config.json")
-TOKENIZER_FILES += GPT1Tokenizer.FILES
-WEIGHT_FILES = ("config.json", "model.safetensors", "head.safetensors", "optimizer.safetensors", "state.json")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json", BPE_CONFIG_FILE, *GPT1Tokenizer.FILES)
+WEIGHT_FILES = ("config.json", WEIGHTS_FILE, HEAD_FILE, "optimizer.safetensors", STATE_FILE)
 LOCK_FILE = ".lock"
 
 
@@ -166,6 +167,7 @@ def load_run(path, device="cpu"):
     checkpoint = find_checkpoint(path)
     run_dir = run_folder_of(checkpoint)
     model = GPT.from_pretrained(checkpoint, device=device).eval()
+    check_finite(checkpoint, model.named_parameters())
     return model, load_tokenizer(os.path.join(run_dir, "tokenizer"))
 
 

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import autograd as ag
 from autograd.optim import Adam
@@ -45,3 +46,10 @@ def tiny_run(folder, n_ctx=16, steps=(1, 2)):
     write_config(folder, config, {"preset": "test"})
     save_tokenizer(tokenizer, folder)
     return model.eval(), tokenizer
+
+
+def stopped(capsys, main, argv):
+    """(exit status, stderr) of main(argv), which must stop it with SystemExit."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    return stop.value.code, capsys.readouterr().err

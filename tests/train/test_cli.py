@@ -18,7 +18,7 @@ from train import evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run import read_metrics
 
-from .runs import ROOT, tiny_run
+from .runs import ROOT, stopped, tiny_run
 from .test_pretrain import SMALL
 
 PRETRAIN_ERRORS = [
@@ -71,9 +71,8 @@ ERRORS = [
 
 def usage_error(capsys, main, argv):
     """The status and stderr lines of main(argv), which must stop it."""
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    return stop.value.code, capsys.readouterr().err.splitlines()
+    code, err = stopped(capsys, main, argv)
+    return code, err.splitlines()
 
 
 @pytest.mark.parametrize("main, argv, flag", ERRORS)

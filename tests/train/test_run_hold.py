@@ -21,7 +21,7 @@ from train.loop import SIGNALS
 from train.run import check_free, hold_folder, release_folder
 
 from . import test_finetune
-from .runs import ROOT
+from .runs import ROOT, stopped
 from .test_distributed_runs import mpiexec, run_job  # noqa: F401 (mpiexec is a fixture)
 from .test_finetune import FAST, finetune_run
 from .test_pretrain import SMALL, losses, run
@@ -37,9 +37,8 @@ def files(folder):
 def refused(capsys, main, argv):
     """(exit status, the lines on stderr) of a command that stops before it trains."""
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    return stop.value.code, capsys.readouterr().err.strip().splitlines()
+    code, err = stopped(capsys, main, argv)
+    return code, err.strip().splitlines()
 
 
 def python(*args, **options):

@@ -12,7 +12,7 @@ from train.checkpoint import checkpoint_steps
 from train.run import read_metrics
 
 from . import test_finetune
-from .runs import tiny_run
+from .runs import stopped, tiny_run
 from .test_finetune import finetune_run
 from .test_pretrain import SMALL, losses, run
 
@@ -27,10 +27,9 @@ def weights_of(out, step):
 
 def usage_error(capsys, main, argv):
     """The one-line message of a usage error (exit status 2)."""
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    assert stop.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
+    code, err = stopped(capsys, main, argv)
+    assert code == 2
+    return err.strip().splitlines()[-1]
 
 
 def test_an_existing_run_folder_is_refused_and_overwrite_replaces_it(corpus, tmp_path, capsys):

@@ -10,16 +10,15 @@ import pytest
 from train import data, evaluate, finetune, pretrain
 from train.run import load_tokenizer
 
-from .runs import tiny_run
+from .runs import stopped, tiny_run
 from .test_pretrain import SMALL
 
 
 def usage_error(capsys, main, argv):
     """The message of a usage error (exit status 2), all its lines."""
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    assert stop.value.code == 2
-    return capsys.readouterr().err
+    code, err = stopped(capsys, main, argv)
+    assert code == 2
+    return err
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from autograd.serialization import load_file, save_file
 from train import evaluate, finetune, generate, pretrain
 
-from .runs import tiny_run
+from .runs import stopped, tiny_run
 from .test_finetune import examples, write_jsonl
 
 SMALL = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
@@ -27,14 +27,11 @@ SMALL += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sa
 
 def one_line_error(capsys, main, argv, status=2):
     """The one stderr line of main(argv), which must stop it with `status` (either of 1, 2: None)."""
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    code = stop.value.code
+    code, err = stopped(capsys, main, argv)
     if isinstance(code, str):  # sys.exit(message): Python prints it, the status is 1
-        print(code, file=__import__("sys").stderr)
-        code = 1
+        code, err = 1, err + code
     assert code in ((1, 2) if status is None else (status,))
-    [line] = capsys.readouterr().err.strip().splitlines()
+    [line] = err.strip().splitlines()
     return line
 
 
