@@ -35,12 +35,12 @@ def device_count():
 
 
 def use_device(device):
-    """Make `device` (a parsed name) the current one of this process: where the arrays that no
-    input places go (CuPy's zeros, arange, random numbers). 'cpu' and 'cuda-emulated', whose
-    arrays always go where their module makes them, change nothing."""
+    """Make `device` (any name parse_device takes) the current one of this process: where the
+    arrays that no input places go (CuPy's zeros, arange, random numbers). 'cpu' and
+    'cuda-emulated', whose arrays always go where their module makes them, change nothing."""
+    device = parse_device(device)
     if device not in ("cpu", emulated_gpu.NAME):
-        _require_cuda()
-        cupy.cuda.Device(int(device.split(":")[1])).use()
+        cupy.cuda.Device(gpu_index(device)).use()
 
 
 # TF32: CuPy keeps one compute type for its float32 matrix products, read from CUPY_TF32 the first
@@ -123,6 +123,11 @@ def parse_device(device):
     return f"cuda:{index}"
 
 
+def gpu_index(device):
+    """The GPU number of a parsed 'cuda:N' name."""
+    return int(device.removeprefix("cuda:"))
+
+
 def get_array_module(*arrays):
     """numpy, or the array module of the GPU where any of the arrays lives (cupy, or the emulated
     device's)."""
@@ -156,8 +161,9 @@ def device_scope(array):
 
 
 def to_device(array, device, dtype=None):
-    """The array on `device` (a parsed name), with `dtype` if given; copies only when it must."""
-    source = device_of(array)
+    """The array on `device` (any name parse_device takes), with `dtype` if given; copies only
+    when it must."""
+    device, source = parse_device(device), device_of(array)
     between_gpus = source.startswith("cuda:") and device.startswith("cuda:")  # CuPy copies those itself
     if source not in ("cpu", device) and not between_gpus:
         array = to_host(array)
@@ -165,7 +171,7 @@ def to_device(array, device, dtype=None):
         return np.asarray(array, dtype=dtype)
     if device == emulated_gpu.NAME:
         return emulated_gpu.xp.asarray(array, dtype=dtype)
-    with cupy.cuda.Device(int(device.split(":")[1])):
+    with cupy.cuda.Device(gpu_index(device)):
         return cupy.asarray(array, dtype=dtype)
 
 
@@ -270,13 +276,15 @@ def manual_seed(seed):
 
 
 def default_generator(device):
-    """The default random generator of a device, numpy's (also the emulated device's) or cupy's,
-    seeded by manual_seed (the weights' initial values are drawn from the CPU's)."""
+    """The default random generator of a device (any name parse_device takes), numpy's (also the
+    emulated device's) or cupy's, seeded by manual_seed (the weights' initial values are drawn
+    from the CPU's)."""
+    device = parse_device(device)
     if device not in _generators:
         if device in ("cpu", emulated_gpu.NAME):
             _generators[device] = np.random.default_rng(_seed)
         else:
-            with cupy.cuda.Device(int(device.split(":")[1])):
+            with cupy.cuda.Device(gpu_index(device)):
                 _generators[device] = cupy.random.default_rng(_seed)
     return _generators[device]
 

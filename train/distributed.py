@@ -110,7 +110,7 @@ class Group:
         if self.size > 1:
             self.check_same("device kind (cpu or cuda)", device.split(":")[0].encode())
             if device != "cpu":
-                self._connect_gpus(int(device.split(":")[1]))
+                self._connect_gpus(backend.gpu_index(device))
         return device
 
     def _gpu_of_this_rank(self, name):

@@ -11,6 +11,7 @@ from hypothesis.extra import numpy as hnp
 import autograd as ag
 from autograd import backend
 from autograd.testing import arrays, indices, shapes
+from tests import fake_cuda
 
 
 def test_cpu_device_names():
@@ -42,6 +43,30 @@ def test_cuda_without_a_gpu_says_so(monkeypatch):
     monkeypatch.setattr(backend, "cupy", NoDevices)
     with pytest.raises(RuntimeError, match="no CUDA device"):
         backend.parse_device("cuda:0")
+
+
+@pytest.mark.parametrize("name", ["cuda", "cuda:1", "auto", "cuda-emulated", "cpu", None])
+def test_every_function_that_takes_a_device_takes_every_name_of_one(monkeypatch, name):
+    """to_device, use_device and default_generator take a device as parse_device does: 'cuda' is
+    GPU 0 of the CuPy stand-in, 'auto' a GPU where there is one."""
+    fake_cuda.install(monkeypatch)
+    device = backend.parse_device(name)
+    backend.use_device(name)
+    moved = backend.to_device(np.arange(3.0), name)
+    assert backend.device_of(moved) == device and backend.to_host(moved).tolist() == [0.0, 1.0, 2.0]
+    assert backend.device_of(backend.to_device(moved, name)) == device
+    assert backend.default_generator(name) is backend.default_generator(device)
+    if device.startswith("cuda:"):
+        assert fake_cuda.Device.current == backend.gpu_index(device)
+
+
+@pytest.mark.parametrize("call", ["to_device", "use_device", "default_generator"])
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "cuda:2"])
+def test_a_function_given_a_bad_device_names_the_argument(monkeypatch, call, name):
+    fake_cuda.install(monkeypatch)
+    args = (np.zeros(1), name) if call == "to_device" else (name,)
+    with pytest.raises(ValueError, match=f"device.*{name}"):
+        getattr(backend, call)(*args)
 
 
 def test_numpy_arrays_use_numpy():
