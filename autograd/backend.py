@@ -44,25 +44,27 @@ def use_device(device):
 
 
 # TF32: CuPy keeps one compute type for its float32 matrix products, read from CUPY_TF32 the first
-# time it is asked for. set_tf32(True) sets it to TF32, set_tf32(False) gives back what it was.
+# time it is asked for, and so does the emulated device. set_tf32(True) sets each to TF32,
+# set_tf32(False) gives each back what it was.
 _tf32 = False
-_compute_type_before = None
+_compute_types_before = {}  # linalg (CuPy's routines, or the emulated device's): its compute type
 
 
 def set_tf32(on):
-    """Let the GPU's float32 matrix products round their inputs to TF32 on tensor cores (on), or
+    """Let the GPUs' float32 matrix products round their inputs to TF32 on tensor cores (on), or
     give them back the compute type the process had (its default, or TF32 where CUPY_TF32=1 asked
     for it); returns the setting before. CuPy honours it in products of two matrices only
-    (matmul). On the CPU it changes nothing."""
-    global _tf32, _compute_type_before
+    (matmul); the emulated device does as CuPy. On the CPU it changes nothing."""
+    global _tf32
     before, _tf32 = _tf32, bool(on)
-    if before != _tf32 and cuda_available():
-        linalg = _linalg()
-        if _tf32:
-            _compute_type_before = linalg.get_compute_type(np.float32)
+    if _tf32 and not before:
+        for linalg in [emulated_gpu.Linalg, *([_linalg()] if cuda_available() else [])]:
+            _compute_types_before[linalg] = linalg.get_compute_type(np.float32)
             linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-        else:
-            linalg.set_compute_type(np.float32, _compute_type_before)
+    if before and not _tf32:
+        for linalg, compute_type in _compute_types_before.items():
+            linalg.set_compute_type(np.float32, compute_type)
+        _compute_types_before.clear()
     return before
 
 
@@ -189,6 +191,8 @@ def matmul(a, b, dtype=None):
     bfloat16_in = a.dtype.name == b.dtype.name == "bfloat16"
     if bfloat16_in and dtype == np.float32 and get_array_module(a, b) is cupy:
         return _bfloat16_matmul_to_float32(a, b)
+    if get_array_module(a, b) is emulated_gpu.xp:  # one product, as cuBLAS makes it (gpu_costs counts it)
+        return emulated_gpu.product(a, b, dtype)
     return (a @ b).astype(dtype, copy=False)
 
 

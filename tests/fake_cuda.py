@@ -3,13 +3,14 @@
 Its arrays are NumPy arrays tagged with the GPU they live on; there are several GPUs and a current
 one, and, as in CuPy, an operation whose arrays do not live on the current device is an error.
 Its matrix products behave as CuPy 14's: a product of more than two dimensions of bfloat16 raises
-(its batched matmul has no bfloat16), a product of bfloat16 matrices is rounded to bfloat16, and
-each product is recorded in `GpuArray.products` with the compute type of float32 products then.
+(its batched matmul has no bfloat16), a product of bfloat16 matrices is rounded to bfloat16, one of
+float32 matrices reads its inputs rounded to TF32 under TF32 (as the emulated device's), and each
+product is recorded in `GpuArray.products` with the compute type of float32 products then.
 
 The engine's GPU code runs on it unchanged (`backend.cupy` is replaced): placement, the choice of
 paths, the launchers. Its kernels do not run: `gpu.kernel` hands back a recorder, and each launch
-is kept in `launches` (kernel, grid, block, arguments, the device current then), its outputs
-zeros. With `use_reference(True)` no kernel is launched and the numbers are real.
+is kept in `launches` (kernel, grid, block, arguments, the device current then), its outputs left
+as `empty` made them: NaN. With `use_reference(True)` no kernel is launched and the numbers are real.
 """
 
 import functools
@@ -20,7 +21,7 @@ import numpy as np
 
 import autograd as ag
 from autograd import backend
-from autograd.emulated_gpu import ArrayModule, EmulatedArray, host_view, on_device
+from autograd.emulated_gpu import ArrayModule, EmulatedArray, Linalg, host_view, on_device
 from autograd.kernels import adam, gpu
 
 DEVICES = 2
@@ -59,6 +60,7 @@ class GpuArray(EmulatedArray):
     it was made), and whose operations follow CuPy's rules (check_current, as_cupy_multiplies)."""
 
     products = []
+    linalg = property(lambda self: FakeLinalg)  # whose compute type its float32 products follow
 
     def __array_finalize__(self, source):
         self.device_id = getattr(source, "device_id", Device.current)
@@ -112,8 +114,8 @@ def check_current(what, values):
 class FakeCupy(ArrayModule):
     """The module `cupy` as the engine uses it: the emulated device's array module, its arrays
     GpuArrays; asarray copies a host array, or one of another GPU, to the current device, and keeps
-    one of the current device as it is. Its `empty` gives zeros, the outputs of kernels that do not
-    run."""
+    one of the current device as it is. Its `empty` is the emulated device's: every bit set (NaN in a
+    floating type), so that what no kernel writes shows, never zeros by luck."""
 
     ndarray = GpuArray
 
@@ -126,12 +128,6 @@ class FakeCupy(ArrayModule):
         if isinstance(a, GpuArray) and a.device_id != Device.current:  # copied, as CuPy copies between GPUs
             return self.array(a, dtype)
         return super().asarray(a, dtype)
-
-    def empty(self, shape, dtype=float):
-        return self.zeros(shape, dtype)
-
-    def empty_like(self, a, dtype=None):
-        return self.zeros_like(a, dtype)
 
 
 class Launch(NamedTuple):
@@ -180,16 +176,8 @@ def install(monkeypatch):
     return launches
 
 
-class FakeLinalg:
-    """CuPy's matrix-product routines as far as the compute type of float32 products goes."""
+class FakeLinalg(Linalg):
+    """CuPy's matrix-product routines as far as the compute type of float32 products goes: the
+    emulated device's, with a compute type of its own, CuPy's default until set."""
 
-    COMPUTE_TYPE_DEFAULT, COMPUTE_TYPE_TF32 = 1, 7
-    compute_type = COMPUTE_TYPE_DEFAULT
-
-    @classmethod
-    def get_compute_type(cls, dtype):
-        return cls.compute_type
-
-    @classmethod
-    def set_compute_type(cls, dtype, compute_type):
-        cls.compute_type = compute_type
+    compute_type = Linalg.COMPUTE_TYPE_DEFAULT

@@ -15,7 +15,10 @@ or at random is an EmulatorError here, naming the kernel:
   - a read or write outside an array argument: each array's memory is copied for the launch between
     two PROT_NONE pages (the first byte past its end faults), with NaN before its start (checked after);
   - a barrier or a warp shuffle that some thread of the block never reaches;
-  - with thread_orders(...), a result that depends on the order of the threads between barriers.
+  - with thread_orders(...), a result that depends on the order of the threads between barriers. In the
+    orders "written", "reversed" and "shuffled" all warps go through their shuffles in step; "warps" and
+    "reversed warps" run one warp at a time (the written or reversed order, each warp alone up to its next
+    barrier), so that a warp may write shared memory again before another has read it: a missing barrier.
 
 Each source is built once into a shared library, kept in ~/.cache/autograd/emulator (or
 $XDG_CACHE_HOME/autograd/emulator) under a hash of the source, the emulator, the flags and the
@@ -40,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import emulated_gpu
 from ..precision import bfloat16
 from . import gpu
 
@@ -50,7 +54,7 @@ FLAGS = ("-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-U_
 FLAGS += ("-fvisibility=hidden",)  # only the launchers are exported
 OPTIMISED, DEBUG = ("-O2",), ("-O0", "-g")  # -g: no macros (gdb finds none in a file named by #line)
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autograd" / "emulator"
-ORDERS = {"written": 0, "reversed": 1, "shuffled": 2}  # the threads' order between two barriers
+ORDERS = {"written": 0, "reversed": 1, "shuffled": 2, "warps": 3, "reversed warps": 4}  # cuda.cpp's Order
 GRID_LIMITS, BLOCK_LIMITS = (2**31 - 1, 65535, 65535), (1024, 1024, 64)  # CUDA's, on every GPU since 2012
 MAX_THREADS, MAX_SHARED = 1024, 48 * 1024  # per block; static shared memory
 NAN_WORDS = np.full(mmap.PAGESIZE // 4, 0x7FC00000, np.uint32).tobytes()  # what lies before an array's start
@@ -67,8 +71,8 @@ class EmulatorError(RuntimeError):
 
 @contextlib.contextmanager
 def thread_orders(*orders, seed=0):
-    """Inside the block, every launch runs once per order ("written", "reversed", "shuffled": a shuffle
-    seeded by `seed`, new at each barrier) on fresh copies of its arrays, and the results must agree
+    """Inside the block, every launch runs once per order (of ORDERS; "shuffled": a shuffle seeded by
+    `seed`, new at each barrier) on fresh copies of its arrays, and the results must agree
     bit for bit: a race between two barriers shows as a difference. (Memory that a kernel reaches through
     pointers stored in an array, as Adam's tables, is not copied: each order writes it in turn.)"""
     global _orders, _seed
@@ -248,6 +252,8 @@ class Kernel:
             problems.insert(0, f"{len(args)} arguments for {len(self.params)} parameters")
         if problems:
             raise EmulatorError(f"{self.name}: " + "; ".join(problems))
+        if emulated_gpu.counter is not None and not emulated_gpu.counter.kernel(self, args):
+            return  # counted, not run (autograd.gpu_costs)
         groups = _groups(args)
         with _lock:
             results = {order: self.run(grid, block, args, groups, order) for order in _orders}

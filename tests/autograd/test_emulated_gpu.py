@@ -9,6 +9,7 @@ import autograd as ag
 from autograd import backend, emulated_gpu, kernels
 from autograd import functional as F
 from autograd.optim import Adam, clip_grad_norm
+from tests import tf32
 from tinygpt import GPT, GPTConfig
 
 EMULATED = emulated_gpu.NAME
@@ -55,14 +56,15 @@ def test_an_op_on_it_runs_its_gpu_path_with_the_device_current():
 
 def test_a_training_step_on_its_reference_path_gives_the_cpus_bits():
     """Where no kernel runs, the emulated device is NumPy: the same numbers as the CPU's reference,
-    the embedding's gradient summed in the GPU's order (a sort) included."""
+    the embedding's gradient summed in the GPU's order (a sort) included, its float32 products
+    float32's (TF32 off, whatever CUPY_TF32 asks)."""
     config = GPTConfig.tiny(n_layer=2)
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (2, 9))
     grads = {}
     for device in ("cpu", EMULATED):
         ag.manual_seed(0)
         model = GPT(config).to(device).train()
-        with ag.use_reference(True), ag.random.use_masks(ag.random.MaskStream(0)):
+        with tf32.off(device), ag.use_reference(True), ag.random.use_masks(ag.random.MaskStream(0)):
             F.cross_entropy(model(ids[:, :-1]), ids[:, 1:]).backward()
         grads[device] = [backend.to_host(p.grad) for p in model.parameters()]
     for on_cpu, emulated in zip(grads["cpu"], grads[EMULATED]):

@@ -31,7 +31,7 @@ if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one m
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to build the kernels for the CPU", allow_module_level=True)
 
-ALL_ORDERS = tuple(emulated.ORDERS)  # as written, reversed, shuffled
+ALL_ORDERS = tuple(emulated.ORDERS)  # as written, reversed, shuffled; a warp at a time as written, reversed
 
 # ----- tiny kernels of the tests' own
 
@@ -65,13 +65,46 @@ extern "C" __global__ void rotate(const float* x, float* y, int shift) {
 SHIFT_LEFT(shift_left, __syncthreads())
 SHIFT_LEFT(shift_left_racing, (void)0)
 
-extern "C" __global__ void shuffles(const float* x, float* out, int offset, int width) {
+// The block's sum of v in every thread: each warp's sum goes to shared memory and, after the barrier, every
+// thread adds up the warps' sums. Called twice in a row, the second call's writes must wait until every
+// warp has read the first call's: the barrier AFTER the read.
+#define TWO_SUMS(name, AFTER)                                                                          \
+    __device__ float name##_block_sum(float v) {                                                       \
+        __shared__ float sums[32];                                                                     \
+        for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);   \
+        if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = v;                                         \
+        __syncthreads();                                                                               \
+        float total = 0.0f;                                                                            \
+        for (int w = 0; w < blockDim.x / 32; ++w) total += sums[w];                                    \
+        AFTER;                                                                                         \
+        return total;                                                                                  \
+    }                                                                                                  \
+    extern "C" __global__ void name(const float* x, float* out) {                                      \
+        float v = x[threadIdx.x];                                                                      \
+        out[threadIdx.x] = name##_block_sum(v);                                                        \
+        out[blockDim.x + threadIdx.x] = name##_block_sum(v * v);                                       \
+    }
+TWO_SUMS(two_sums, __syncthreads())
+TWO_SUMS(two_sums_racing, (void)0)
+
+// Each shuffle of x at each width (1, 2, 4, ..., 32) and each offset (a lane, a delta or an xor mask) from
+// -32 to 63: out[width][offset][kind][i], the kinds as SHUFFLE_KINDS has them.
+extern "C" __global__ void shuffles(const float* x, float* out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, n = gridDim.x * blockDim.x;
     float v = x[i];
-    out[i] = __shfl_xor_sync(0xFFFFFFFFu, v, offset, width);
-    out[n + i] = __shfl_down_sync(0xFFFFFFFFu, v, offset, width);
-    out[2 * n + i] = __shfl_up_sync(0xFFFFFFFFu, v, offset, width);
-    out[3 * n + i] = __shfl_sync(0xFFFFFFFFu, v, offset, width);
+    float* at = out + i;
+    for (int width = 1; width <= 32; width *= 2) {
+        for (int offset = -32; offset < 64; ++offset, at += 4 * n) {
+            at[0] = __shfl_sync(0xFFFFFFFFu, v, offset, width);
+            at[n] = __shfl_up_sync(0xFFFFFFFFu, v, offset, width);
+            at[2 * n] = __shfl_down_sync(0xFFFFFFFFu, v, offset, width);
+            at[3 * n] = __shfl_xor_sync(0xFFFFFFFFu, v, offset, width);
+        }
+    }
+}
+
+extern "C" __global__ void xor_at_width(float* x, int width) {
+    x[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, x[threadIdx.x], 1, width);
 }
 
 // Lanes below `early` leave before the warp's shuffle.
@@ -222,28 +255,69 @@ def test_a_race_between_barriers_shows_as_a_difference_between_orders(tiny):
     np.testing.assert_array_equal(fixed, 2 * np.roll(x, -1))
 
 
-def gpu_shuffles(x, offset, width):
-    """A GPU's __shfl_xor_sync, __shfl_down_sync, __shfl_up_sync and __shfl_sync of x, whose entries
-    go to consecutive lanes of warps: a lane whose source lies outside its segment of `width` lanes
-    keeps its own value."""
-    i = np.arange(len(x))
-    lane = i % 32
-    base = lane // width * width
-
-    def inside(source):
-        return np.where((source >= base) & (source < base + width), source, lane)
-
-    sources = [inside(lane ^ offset), inside(lane + offset), inside(lane - offset), base + offset % width]
-    return np.concatenate([x[i - lane + source] for source in sources])
-
-
-@pytest.mark.parametrize("offset, width", [(1, 32), (5, 32), (16, 32), (31, 32), (1, 8), (3, 8), (2, 4)])
-def test_shuffles_give_a_gpus_values(tiny, offset, width):
+def test_a_missing_barrier_after_a_shared_read_shows_when_warps_run_one_at_a_time(tiny):
+    """two_sums_racing: where warps go through their shuffles in step, every warp reads the first sum's
+    entries before any writes the second's, and the numbers are right; run one at a time, a warp writes
+    its entry of the second sum before the warps after it (before it, in reversed order) have read the
+    first's: other numbers, and thread_orders names the race."""
     x = floats(128)
-    out = np.zeros(4 * len(x), np.float32)
-    with emulated.thread_orders(*ALL_ORDERS):
-        tiny.kernel("shuffles")((2,), (64,), (x, out, np.int32(offset), np.int32(width)))
-    np.testing.assert_array_equal(out, gpu_shuffles(x, offset, width))
+    expected = np.repeat([x.sum(), (x * x).sum()], 128)
+    in_step = ("written", "reversed", "shuffled")
+    for kernel, orders in (("two_sums", ALL_ORDERS), ("two_sums_racing", in_step)):
+        out = np.zeros(256, np.float32)
+        with emulated.thread_orders(*orders):
+            tiny.kernel(kernel)((1,), (128,), (x, out))
+        np.testing.assert_allclose(out, expected, rtol=1e-5)
+    for order in ("warps", "reversed warps"):
+        out = np.zeros(256, np.float32)
+        with emulated.thread_orders(order):
+            tiny.kernel("two_sums_racing")((1,), (128,), (x, out))
+        assert not np.allclose(out, expected, rtol=1e-5)
+    race = r"^two_sums_racing: the threads in the orders 'written' and 'warps' .* argument 1: a race"
+    with pytest.raises(EmulatorError, match=race):
+        with emulated.thread_orders(*ALL_ORDERS):
+            tiny.kernel("two_sums_racing")((1,), (128,), (x, np.zeros(256, np.float32)))
+
+
+SHUFFLE_KINDS = ("idx", "up", "down", "bfly")  # PTX's modes of __shfl, _up, _down, _xor_sync
+
+
+def ptx_shuffle(x, kind, b, width):
+    """What the 32 lanes of a warp holding x receive from PTX's shfl.sync.<kind> with operand b, as the
+    PTX ISA's pseudocode has it, given the c operand that CUDA's __shfl*_sync pass for a width:
+    ((32 - width) << 8) | clamp, the clamp 0 for up and 31 for the others."""
+    lane = np.arange(32)
+    c = ((32 - width) << 8) | (0 if kind == "up" else 31)
+    bval, cval, segmask = b & 31, c & 31, (c >> 8) & 31
+    max_lane = (lane & segmask) | (cval & ~segmask)
+    min_lane = lane & segmask
+    j = {"idx": min_lane | (bval & ~segmask), "up": lane - bval, "down": lane + bval, "bfly": lane ^ bval}
+    j = j[kind]
+    pval = j >= max_lane if kind == "up" else j <= max_lane
+    return x[np.where(pval, j, lane)]
+
+
+def test_shuffles_give_ptxs_values_at_every_width_and_offset(tiny):
+    """Every lane of 4 warps, every shuffle, every width and every offset from -32 to 63 (its low 5 bits
+    count), against PTX's semantics. A width below 32 splits the warp into segments; a source lane past
+    the caller's segment gives the caller its own value, but xor reads a lane of an earlier segment."""
+    x = floats(128)
+    out = np.zeros((6, 96, 4, 128), np.float32)  # width, offset, kind, thread: as the kernel writes them
+    tiny.kernel("shuffles")((2,), (64,), (x, out))
+    warps = x.reshape(4, 32)
+    for w, width in enumerate(2 ** np.arange(6)):
+        for o, offset in enumerate(range(-32, 64)):
+            for k, kind in enumerate(SHUFFLE_KINDS):
+                expected = np.concatenate([ptx_shuffle(warp, kind, offset, width) for warp in warps])
+                np.testing.assert_array_equal(out[w, o, k], expected, err_msg=f"{kind} {offset} {width}")
+    xor_8_at_width_8 = out[3, 32 + 8, 3]
+    assert xor_8_at_width_8[9] == x[1] and xor_8_at_width_8[1] == x[1]  # lane 9 reads lane 1; 1 keeps its own
+
+
+@pytest.mark.parametrize("width", [12, 64, 0])
+def test_a_shuffle_width_other_than_a_power_of_2_up_to_32_is_an_error(tiny, width):
+    with pytest.raises(EmulatorError, match=rf"^xor_at_width: .*: __shfl_xor_sync with width {width}: the"):
+        tiny.kernel("xor_at_width")((1,), (32,), (floats(32), np.int32(width)))
 
 
 @pytest.mark.parametrize("order", ALL_ORDERS)
@@ -255,7 +329,7 @@ def test_atomics_update_one_at_a_time(tiny, order):
         tiny.kernel("atomics")((2,), (64,), (counter, before, largest))
     assert counter[0] == 128 and largest[0] == 127
     np.testing.assert_array_equal(np.sort(before), np.arange(128))
-    assert (before == np.arange(128)).all() == (order == "written")
+    assert (before == np.arange(128)).all() == (order in ("written", "warps"))
 
 
 MISSING = {  # kernel: its arguments after x, and what the error says
@@ -622,9 +696,13 @@ def check_attention(device):
         assert_fast_equals_reference(attend, [q, k, v], device, np.float32)
 
 
-def check_layer_norm(device):
-    x, weight = normal(1, (5, 48), 48)
+def check_layer_norm(device, width=48):
+    x, weight = normal(1, (5, width), width)
     assert_paths_agree(F.layer_norm, [x, weight], [np.float32] * 2, device)
+
+
+def check_layer_norm_blocks(device):
+    check_layer_norm(device, width=1100)  # a block of 3 warps per row
 
 
 def check_cross_entropy(device):
@@ -665,7 +743,7 @@ MUTATIONS = {
         "v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);",
         "v += __shfl_xor_sync(0xFFFFFFFFu, v, offset * 2);",
         check_layer_norm,
-        (AssertionError, "Not equal to tolerance"),
+        (AssertionError, r"^output: \d+ entries out"),
     ),
     # lanes past the block's warps read the reduction's shared array where no warp wrote: NaN
     "e: a shared array read before it is written": (
@@ -674,6 +752,15 @@ MUTATIONS = {
         "value = shared[lane];",
         check_cross_entropy,
         (AssertionError, "nan"),
+    ),
+    # a warp that goes on alone through the second block sum's shuffles writes its entry of warp_sums while
+    # other warps have yet to read the first sum's: only the orders that run one warp at a time show it
+    "f: the barrier after a block sum's shared read removed": (
+        "layer_norm",
+        "    __syncthreads();  // every warp has read warp_sums before the next call writes them\n",
+        "",
+        check_layer_norm_blocks,
+        (EmulatorError, r"layer_norm_forward_blocks_f32: the threads in the orders 'written' and 'warps' "),
     ),
 }  # fmt: skip
 

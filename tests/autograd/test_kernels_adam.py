@@ -120,6 +120,25 @@ def test_adam_on_the_kernels_after_load_state_dict(device, l2_mode, shapes, seed
     assert_close(runs[0][1], runs[1][1], "moment")
 
 
+@pytest.mark.parametrize("limit", [0.5, 1.0, 3.0])  # times the norm: clipped, at the limit, under it
+def test_clipping_scales_down_to_the_limit_and_never_up(device, limit):
+    """Gradients over max_norm come out with norm max_norm; those under it, as they were (the factor
+    max_norm / norm is held at 1, not let above it)."""
+    rng = np.random.default_rng(7)
+    grads = [rng.standard_normal(shape).astype(np.float32) for shape in [(CHUNK + 3,), (9, 7), (1,)]]
+    params = [Parameter(backend.to_device(np.zeros(g.shape, np.float32), device)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = backend.to_device(g.copy(), device)
+    norm = global_norm(grads)
+    returned = float(backend.to_host(clip_grad_norm(params, limit * norm)))
+    assert returned == pytest.approx(norm, rel=1e-6)
+    clipped = [backend.to_host(p.grad) for p in params]
+    np.testing.assert_allclose(global_norm(clipped), min(limit, 1.0) * norm, rtol=1e-5)
+    if limit > 1:
+        for after, before in zip(clipped, grads):
+            np.testing.assert_array_equal(after, before)
+
+
 @given(st.lists(st.integers(0, 3 * CHUNK + 5), min_size=1, max_size=8))
 def test_chunks_cover_every_number_of_every_tensor_once(sizes):
     """Chunk b is numbers [start, start + CHUNK) of tensor b's tensor, cut at the tensor's end: the

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
+from autograd.kernels import attention as attention_kernels
 from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import WITH_BF16, assert_fast_equals_reference, compares_fast_path_of
@@ -72,7 +73,9 @@ def attend_packed(n_head, dropout_p, seed):
 @example(case=(*normal(1, (1, 5, 8), (1, 5, 8), (2, 5, 8)), True), dropout_p=0.3, seed=2)
 def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
     q, k, v, causal = case
-    assert_fast_equals_reference(attend(causal, dropout_p, seed), [q, k, v], device, dtype)
+    assert_fast_equals_reference(
+        attend(causal, dropout_p, seed), [q, k, v], device, dtype, reference_without_tf32=True
+    )
 
 
 @compares_fast_path_of(F.MultiHeadAttention)
@@ -81,6 +84,46 @@ def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
 def test_multi_head_attention(device, dtype, batch, time, n_head, head_width, dropout_p, seed):
     (qkv,) = normal(seed, (batch, time, 3 * n_head * head_width))
     assert_fast_equals_reference(attend_packed(n_head, dropout_p, seed), [qkv], device, dtype)
+
+
+# (T, S, head width): causal, S - T one more than a multiple of the key tile (32 keys in the kernels of
+# width 64, which heads of 8 and 3 run in zero-padded; 16 in those of width 128), so that the last key a
+# tile of queries sees is the first of a key tile; T a whole query tile or not, and a single query
+CAUSAL_KEY_EDGES = [
+    (32, 65, 64),
+    (64, 97, 64),
+    (31, 32, 64),
+    (5, 38, 8),
+    (1, 34, 3),
+    (16, 33, 128),
+    (32, 49, 128),
+    (7, 24, 100),
+    (1, 18, 128),
+]
+
+
+@pytest.mark.parametrize("n_queries, n_keys, width", CAUSAL_KEY_EDGES)
+def test_causal_attention_where_the_last_key_seen_starts_a_tile(device, n_queries, n_keys, width):
+    """A key range one short (or one long) of what a causal row sees shows only where that key is
+    the first of its tile: forward, and both backward kernels, which walk the keys and queries."""
+    tile = attention_kernels.TILE_ROWS[64 if width <= 64 else 128][1]
+    assert (n_keys - n_queries) % tile == 1, "the case no longer meets a tile's edge: update it"
+    inputs = normal(n_keys, (2, n_queries, width), (2, n_keys, width), (2, n_keys, width))
+    assert_fast_equals_reference(
+        attend(True, 0.0, 0), inputs, device, np.float32, reference_without_tf32=True
+    )
+
+
+@pytest.mark.parametrize("n_queries, n_keys, width", [(3, 7, 8), (5, 13, 100), (2, 9, 64)])
+def test_attention_dropout_where_a_rows_mask_starts_inside_a_draw(device, n_queries, n_keys, width):
+    """A row's mask positions within its example start at (its row in the example) x S: with S below
+    16 and no multiple of 8, rows start and end inside one Philox draw of 8 positions, whose words a
+    thread's walk along the keys must draw again exactly where the next 8 begin."""
+    shape = (2, 3, n_queries, width), (2, 3, n_keys, width), (2, 3, n_keys, width)
+    inputs = normal(n_keys, *shape)
+    assert_fast_equals_reference(
+        attend(False, 0.3, 1), inputs, device, np.float32, reference_without_tf32=True
+    )
 
 
 @pytest.mark.parametrize("dtype", WITH_BF16)

@@ -29,14 +29,28 @@ def both_paths(fn, inputs, device, dtype):
 
 def assert_close(name, fast, reference, dtype, slack=0.0):
     """Same type, and values within the TOLERANCE of `dtype` (the absolute part scaled by the
-    largest entry, as assert_fast_equals_reference does), plus `slack` (a scalar or an array)."""
+    largest entry, as assert_fast_equals_reference does), plus `slack` (a scalar or an array). A NaN
+    or an infinity passes only where the other side has the same."""
     assert fast.dtype == reference.dtype, f"{name}: {fast.dtype} against {reference.dtype}"
     a, b, tolerance = fast.astype(np.float64), reference.astype(np.float64), TOLERANCE[np.dtype(dtype)]
+    finite = np.isfinite(a) & np.isfinite(b)
+    agree = finite | (a == b) | (np.isnan(a) & np.isnan(b))
+    assert agree.all(), f"{name}: {np.count_nonzero(~agree)} entries NaN or infinite on one side only"
+    a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)  # the others agree: no tolerance
     atol = tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
     excess = np.abs(a - b) - (atol + tolerance["rtol"] * np.abs(b) + slack)
-    assert not (excess > 0).any(), (
-        f"{name}: {np.count_nonzero(excess > 0)} entries out, by up to {excess.max()}"
-    )
+    assert (excess <= 0).all(), f"{name}: {np.count_nonzero(excess > 0)} entries out, by up to {excess.max()}"
+
+
+@pytest.mark.parametrize("odd", [np.nan, np.inf, -np.inf])
+def test_assert_close_passes_a_nan_or_an_infinity_only_on_both_sides(odd):
+    """A kernel that writes NaN (a barrier missing before a read of shared memory) must fail the
+    comparison, however the tolerance is scaled; the same value on both sides passes."""
+    reference = np.array([1.0, odd, 3.0], np.float32)
+    assert_close("both", reference.copy(), reference, np.float32)
+    for fast, expected in ((reference, np.array([1.0, 2.0, 3.0], np.float32)), (np.full(3, odd), reference)):
+        with pytest.raises(AssertionError, match="NaN or infinite on one side"):
+            assert_close("one", fast.astype(np.float32), expected, np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,6 +103,40 @@ def test_cross_entropy_over_gpt1s_vocabulary(device, dtype, reduction):
     logits[0, 0, targets[0, 0]] = 60.0
     targets[1, 2] = -100
     assert_cross_entropy_paths_agree((logits, targets, -100), reduction, device, dtype)
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("shift", [-90.0, -1000.0, 1000.0])
+@pytest.mark.parametrize("n_classes", [33, 700])
+def test_cross_entropy_of_logits_far_from_zero(device, dtype, shift, n_classes):
+    """Rows whose logits all lie far below 0 (exp underflows float32 below about -87) or far above:
+    the log-sum-exp subtracts the row's maximum, whatever its sign, and so must its first value."""
+    rng = np.random.default_rng(8)
+    logits, targets = rng.standard_normal((4, n_classes)) * 3 + shift, rng.integers(0, n_classes, 4)
+    targets[3] = -100
+    assert_cross_entropy_paths_agree((logits, targets, -100), "none", device, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_cross_entropy_reads_targets_outside_the_classes_wrapped_around(gpu_device, dtype):
+    """Targets already on a GPU are not checked (the host would wait): one outside [0, C) is read as
+    CuPy's indexing reads it, wrapped around, by the forward and the backward alike: the loss and the
+    gradient are those of the target wrapped into [0, C), bit for bit."""
+    n_classes = 50
+    targets = np.array([-1, -50, 50, 123, -77, 7])  # none of them ignore_index
+    logits = np.random.default_rng(9).standard_normal((len(targets), n_classes)) * 3
+    outside, wrapped = (
+        forward_and_backward(
+            lambda z, t=t: F.cross_entropy(z, on_device(t, gpu_device), reduction="none"),
+            [logits],
+            gpu_device,
+            dtype,
+            reference=False,
+        )
+        for t in (targets, targets % n_classes)
+    )
+    for a, b in zip(outside, wrapped):
+        np.testing.assert_array_equal(a, b)
 
 
 # ----------------------------------------------------------------------------------------------

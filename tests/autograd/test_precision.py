@@ -2,8 +2,6 @@
 and their gradients in float32, statistics in float32; TF32 on only inside its block; a bf16
 step of a GPT close to the float32 one."""
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +11,7 @@ import autograd as ag
 from autograd import backend, precision
 from autograd import functional as F
 from autograd.testing import arrays
+from tests import tf32
 from tinygpt import GPT, GPTConfig
 
 BF16 = ag.bfloat16
@@ -156,19 +155,17 @@ def test_a_bf16_gpt_step_is_close_to_the_float32_step(device):
         assert relative_error(grad, grads32[name]) <= 3e-2, name
 
 
-@pytest.mark.gpu
-def test_tf32_rounds_float32_products_and_spares_layer_norm():
+def test_tf32_rounds_float32_products_and_spares_layer_norm(gpu_device):
     """On a GPU, a float32 product under tf32 differs from fp32's by about TF32's rounding, and
-    layer norm, whose statistics are no product, gives the same bits under both."""
-    if os.environ.get("CUPY_TF32", "0") != "0":
-        pytest.skip("CUPY_TF32 makes this process's float32 products TF32 under fp32 too")
+    layer norm, whose statistics are no product, gives the same bits under both. (TF32 off outside
+    the tf32 block, whatever CUPY_TF32 asked for.)"""
     rng = np.random.default_rng(0)
-    a, b = (ag.tensor(rng.standard_normal((256, 256)), device="cuda") for _ in range(2))
+    a, b = (ag.tensor(rng.standard_normal((256, 256)), device=gpu_device) for _ in range(2))
     exact = host(a) @ host(b)
-    x = ag.tensor(rng.standard_normal((8, 768)) + 3, device="cuda")
-    with ag.use_precision("fp32"):
+    x = ag.tensor(rng.standard_normal((8, 768)) + 3, device=gpu_device)
+    with tf32.off(gpu_device), ag.use_precision("fp32"):
         product32, norm32 = host(a @ b), host(F.layer_norm(x))
-    with ag.use_precision("tf32"):
+    with tf32.off(gpu_device), ag.use_precision("tf32"):
         product_tf32, norm_tf32 = host(a @ b), host(F.layer_norm(x))
     assert relative_error(product32, exact) < 1e-6 < relative_error(product_tf32, exact) < 1e-2
     np.testing.assert_array_equal(norm_tf32, norm32)

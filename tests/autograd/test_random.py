@@ -14,6 +14,7 @@ from autograd import backend, parallel
 from autograd import functional as F
 from autograd.random import MaskStream, current, philox4x32_10, use_masks
 from autograd.testing import arrays, leaf
+from tests.autograd.test_kernels import assert_fast_equals_reference
 
 SEEDS = st.integers(0, 2**64 - 1)
 STEPS = st.integers(0, 2**40)
@@ -267,6 +268,66 @@ def test_a_model_step_in_two_parts_drops_as_the_whole_batch(device, qkv, seed, s
     whole = forward(qkv, 0)
     np.testing.assert_allclose(forward(qkv[:1], 0), whole[:1], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(forward(qkv[1:], 1), whole[1:], rtol=1e-12, atol=1e-12)
+
+
+# ----- a stream that starts past example 0 (a rank's part of a batch, a later accumulation step's),
+# on the paths that draw its masks themselves: a GPU device's kernels take its first example
+
+FIRST_EXAMPLES = [1, 6, 2**32 - 9]  # the last: the examples' numbers near the top of 32 bits
+WIDE_SEED = 2**63 + 2**40 + 11  # its upper 32 bits in the counter, its lower ones in the key
+
+
+@pytest.mark.parametrize("first_example", FIRST_EXAMPLES)
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_dropout_keeps_what_its_streams_numpy_mask_keeps(device, dtype, first_example):
+    """Two draws (sites 0 and 1) of a stream from first_example over x = 1: y and x's gradient are
+    1 / (1 - p) exactly where MaskStream's NumPy mask of the same draw keeps, 0 elsewhere."""
+    shape, p = (3, 4, 37), 0.4
+    stream, numpy_masks = MaskStream(WIDE_SEED, 5, first_example), MaskStream(WIDE_SEED, 5, first_example)
+    for _ in range(2):
+        keep = numpy_masks.keep_mask(shape, p, np)
+        x = ag.tensor(np.ones(shape), requires_grad=True, dtype=dtype, device=device)
+        y = F.dropout(x, p, generator=stream)
+        y.backward(np.ones(shape))
+        for kept in (y.numpy(), backend.to_host(x.grad)):
+            np.testing.assert_array_equal(kept != 0, keep)
+            np.testing.assert_allclose(kept[keep].astype(np.float64), 1 / (1 - p), rtol=2**-8)
+
+
+@pytest.mark.parametrize("first_example", FIRST_EXAMPLES)
+def test_attention_drops_the_weights_its_streams_numpy_mask_drops(device, first_example):
+    """With v the identity, y is the weights after dropout: zero exactly where MaskStream's NumPy
+    mask of the scores drops (or the causal mask hides), for both attention Functions and a stream
+    from first_example; and the gradients are the reference's, whose mask that is too (on a GPU
+    device, the backward kernels draw it again)."""
+    rng, p, (batch, heads, time, keys) = np.random.default_rng(first_example % 7), 0.3, (2, 3, 20, 24)
+    q, k = (
+        rng.standard_normal((batch, heads, time, 16)) / 2,
+        rng.standard_normal((batch, heads, keys, 16)) / 2,
+    )
+    inputs = [q, k, np.broadcast_to(np.eye(keys), (batch, heads, keys, keys)).copy()]  # v: the identity
+
+    def attend(q, k, v):
+        stream = MaskStream(WIDE_SEED, 4, first_example)
+        return F.scaled_dot_product_attention(q, k, v, causal=False, dropout_p=p, generator=stream)
+
+    qkv = rng.standard_normal((batch, time, 3 * heads * time)) / 2
+    qkv[:, :, 2 * heads * time :] = np.tile(np.eye(time), heads)  # each head's v: the identity
+
+    def attend_packed(qkv):
+        return F.multi_head_attention(
+            qkv, heads, dropout_p=p, generator=MaskStream(WIDE_SEED, 4, first_example)
+        )
+
+    weights = attend(*(ag.tensor(a, dtype=np.float32, device=device) for a in inputs)).numpy()
+    keep = MaskStream(WIDE_SEED, 4, first_example).keep_mask(weights.shape, p, np)
+    np.testing.assert_array_equal(weights != 0, keep)
+    packed = attend_packed(ag.tensor(qkv, dtype=np.float32, device=device)).numpy()
+    packed = packed.reshape(batch, time, heads, time).transpose(0, 2, 1, 3)  # (batch, head, T, T)
+    keep = MaskStream(WIDE_SEED, 4, first_example).keep_mask(packed.shape, p, np)
+    np.testing.assert_array_equal(packed != 0, keep & np.tri(time, dtype=bool))
+    assert_fast_equals_reference(attend, inputs, device, np.float32, reference_without_tf32=True)
+    assert_fast_equals_reference(attend_packed, [qkv], device, np.float32, reference_without_tf32=True)
 
 
 @given(mask_cases())

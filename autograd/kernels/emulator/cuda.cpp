@@ -15,6 +15,11 @@
 //   - else, when every thread that has not ended waits at __syncthreads(), they all go on, in a new order
 //     (the next phase); a thread that ended while others wait there is an error;
 //   - else every thread has ended, and the next block starts.
+// So all warps go through their shuffles in step. The orders WARPS and REVERSED_WARPS run one warp at a time
+// instead: in each phase, the first warp of the order alone (its lanes and its shuffles) until every lane of
+// it waits at __syncthreads() or has ended, then the next warp. A warp that reads shared memory after a
+// barrier may then find what a warp run before it wrote there since: a barrier missing between a read and
+// the next write shows.
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -40,6 +45,7 @@ const char* const WARP_CALLS[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_
                                   "__syncwarp"};
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
+enum Order { WRITTEN, REVERSED, SHUFFLED, WARPS, REVERSED_WARPS };  // EmuLaunch's order (emulated.ORDERS)
 
 struct Fiber {
     jmp_buf start;  // the top of its stack, where each CUDA thread it runs begins
@@ -149,30 +155,32 @@ int error(const Fiber* f, const char* format, ...) {
 
 // ----- warp meetings
 
-// The lane whose value lane m of a meeting receives (m itself where CUDA keeps a lane's own value).
+// The lane whose value lane m of a meeting receives, as PTX's shfl.sync gives it for the operands CUDA's
+// __shfl*_sync pass: the lane, offset or xor mask counts by its low 5 bits (b); m lies in a segment of
+// `width` lanes, first to last. A source before the segment (up) or after it (down, xor) gives m its own
+// value, but xor reads a lane of an earlier segment, as a GPU does ((m ^ b) <= last is PTX's whole test).
 int source_lane(const Fiber* f, int m) {
-    int w = f->width, base = m / w * w;
+    int first = m / f->width * f->width, last = first + f->width - 1, b = f->arg & 31;
     switch (f->kind) {
         case EMU_SHFL_IDX:
-            return base + ((f->arg % w) + w) % w;
+            return first + b % f->width;
         case EMU_SHFL_UP:
-            return m - f->arg >= base ? m - f->arg : m;
+            return m - b >= first ? m - b : m;
         case EMU_SHFL_DOWN:
-            return m + f->arg < base + w ? m + f->arg : m;
-        case EMU_SHFL_XOR: {
-            int source = m ^ f->arg;
-            return source >= base && source < base + w ? source : m;
-        }
+            return m + b <= last ? m + b : m;
+        case EMU_SHFL_XOR:
+            return (m ^ b) <= last ? m ^ b : m;
         default:
             return m;
     }
 }
 
-// Completes every warp meeting whose lanes are all there: the number of lanes let go, or -1 on an error.
-// Called when no thread can run, so a lane of a mask that is not at the meeting never will be.
-int meet_warps() {
+// Completes every meeting of warps first_warp to last_warp whose lanes are all there: the number of lanes let
+// go, or -1 on an error. Called when no lane of those warps can run, so a lane of a mask that is not at the
+// meeting never will be.
+int meet_warps(int first_warp, int last_warp) {
     int released = 0;
-    for (int first = 0; first < n_threads; first += 32) {
+    for (int first = 32 * first_warp; first <= 32 * last_warp; first += 32) {
         int lanes = std::min(32, n_threads - first);
         for (int l = 0; l < lanes; ++l) {
             Fiber* a = fibers[first + l];
@@ -229,8 +237,8 @@ unsigned long long splitmix64(unsigned long long& state) {
 // The order of the threads in this phase (the stretch between two barriers) of block `block`.
 void order_threads(unsigned long long block) {
     std::iota(order.begin(), order.end(), 0);
-    if (launch->order == 1) std::reverse(order.begin(), order.end());
-    if (launch->order == 2) {
+    if (launch->order == REVERSED || launch->order == REVERSED_WARPS) std::reverse(order.begin(), order.end());
+    if (launch->order == SHUFFLED) {
         unsigned long long state = launch->seed ^ (block * 0xD1B54A32D192ED03ull) ^ (phase * 0xABC98388FB8FAC03ull);
         for (int i = n_threads - 1; i > 0; --i) std::swap(order[i], order[splitmix64(state) % (i + 1)]);
     }
@@ -242,6 +250,18 @@ void fill_shared_with_nan() {
     uint32_t* p = reinterpret_cast<uint32_t*>(shared_start);
     for (size_t i = 0; i < words; ++i) p[i] = nan;
     memcpy(shared_start + 4 * words, &nan, shared_bytes % 4);
+}
+
+// Runs the threads order[begin] to order[end - 1] and completes the meetings of warps first_warp to
+// last_warp, until none of those threads can go on: 0, or 1 on an error.
+int run_until_blocked(int begin, int end, int first_warp, int last_warp) {
+    for (int released = 1; released > 0;) {
+        for (int i = begin; i < end; ++i)
+            if (fibers[order[i]]->state == RUNNABLE) resume(fibers[order[i]]);
+        released = meet_warps(first_warp, last_warp);
+        if (released < 0) return 1;
+    }
+    return 0;
 }
 
 int run_block(unsigned long long block) {
@@ -257,11 +277,14 @@ int run_block(unsigned long long block) {
     }
     for (phase = 0;; ++phase) {
         order_threads(block);
-        for (int released = 1; released > 0;) {
-            for (int i : order)
-                if (fibers[i]->state == RUNNABLE) resume(fibers[i]);
-            released = meet_warps();
-            if (released < 0) return 1;
+        if (launch->order < WARPS) {
+            if (run_until_blocked(0, n_threads, 0, (n_threads - 1) / 32)) return 1;
+        } else {  // one warp at a time: the lanes of a warp stand together in the order
+            for (int begin = 0, end = 0; begin < n_threads; begin = end) {
+                int warp = order[begin] / 32;
+                while (end < n_threads && order[end] / 32 == warp) ++end;
+                if (run_until_blocked(begin, end, warp, warp)) return 1;
+            }
         }
         Fiber *waiting = nullptr, *ended = nullptr;
         for (int i = 0; i < n_threads; ++i) {

@@ -5,7 +5,8 @@
 //   - each CUDA thread of a block is a fiber (its own stack, on one OS thread), run until it reaches
 //     __syncthreads(), a warp shuffle or its end; blocks run one after another;
 //   - __syncthreads() returns in no thread before every thread of the block has reached it; a shuffle is a
-//     meeting of the 32 lanes of a warp, and a lane that is not there is an error (see cuda.cpp);
+//     meeting of the 32 lanes of a warp, and a lane that is not there is an error; a width below 32 splits
+//     the warp into segments as PTX's shfl.sync does (see cuda.cpp);
 //   - __shared__ variables are static, thread-local storage of the OS thread (static __thread): the library's
 //     thread-local block holds them and nothing else, so cuda.cpp fills it with NaN (every 32-bit word
 //     0x7FC00000) before each block. (A `section` attribute would not do: g++ 12 ignores it on the statics of
@@ -28,7 +29,8 @@
 extern "C" {
 struct EmuLaunch {
     unsigned grid[3], block[3];
-    int order;                      // the threads' order between barriers: 0 as written, 1 reversed, 2 shuffled
+    int order;                      // the threads' order between barriers: 0 as written, 1 reversed, 2 shuffled,
+                                    // 3 and 4: 0 and 1 run a warp at a time (cuda.cpp)
     unsigned long long seed;        // of the shuffled order
     unsigned long long fault_address;  // out: where a memory fault happened
     int fault;                      // out: 0 none, 1 read, 2 write, 3 access, 4 stack overflow, 5 arithmetic

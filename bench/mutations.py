@@ -1,0 +1,475 @@
+"""Mutation testing of the CUDA sources: how many plausible single bugs in autograd/kernels/cuda the
+kernel tests catch on the emulated device, and catch dependably.
+
+    python bench/mutations.py [--jobs 2] [--only NAME ...] [--seed 1] [--fixed] [--json PATH] [--list]
+
+MUTATIONS is a catalogue of single bugs of the kinds a kernel gets (a bound off by one, a wrong
+initial value, a removed barrier, a wrong shuffle offset, a swapped index, a missing mask, a wrong
+rounding, a dropped scale, a wrong wrap), each an exact text of one source and its replacement. For
+each, a copy of the packages and the tests (a "slot", one per job, at a fixed path so that the
+emulator's builds of the sources left alone are kept) gets the mutated source, and the kernel tests
+run on it with PYTHONPATH pointing at it: the emulated device builds the kernels from the copy. They
+run on the emulated device alone (-m "not gpu", -k "not cpu", -x: the first failure ends a run), the
+test files of the mutated source first, twice: with CI=1 (the ci profile, derandomized) and under the
+dev profile with a fixed --hypothesis-seed. A mutation is killed dependably when both runs fail: a
+kill that depends on hypothesis' draw is luck. --fixed adds a third run, CI=1 without the tests of
+hypothesis (-m "not hypothesis", their @example cases with them): what the fixed cases kill alone.
+A run that overruns --timeout counts as a kill (CI would fail), and says so. test_emulator.py's own
+mutation checks are left out: they patch sources with texts of their own, which a mutation here may
+change.
+
+Some plausible bugs are left out of the catalogue because no test can kill them: they change no
+result. Removing cross_entropy.cu's last barrier in block_reduce is one (the next call's first
+barrier already orders the read of shared[32] before any write to it), adding l2 w where l2 is 0
+another. So is one the emulator cannot show: the barrier before attention's forward product P V
+guards reads of what lanes of the reader's own warp wrote, before the row sum's shuffle; without
+it a GPU is left with a hazard inside a warp (__syncwarp would do), which no thread order here shows.
+
+The unmutated tests run first in both settings; if they fail, nothing is measured. The figures:
+a table, a summary line (killed dependably / total), and with --json, a file of them all.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # as a script: the repository's autograd
+CUDA = Path("autograd/kernels/cuda")
+COPIED = ["autograd", "tinygpt", "train", "tests", "pyproject.toml"]
+TESTS = "tests/autograd"
+# the kernel tests, by the sources they aim at; a mutation runs its source's first, then the others
+KERNEL_TESTS = {
+    "adam.cu": ["test_kernels_adam.py"],
+    "attention.cu": ["test_kernels_attention.py", "test_kernels.py", "test_random.py"],
+    "common.cuh": ["test_cuda_sources.py", "test_random.py"],
+    "cross_entropy.cu": ["test_kernels_loss_embedding.py", "test_kernels.py"],
+    "dropout.cu": ["test_random.py", "test_kernels.py"],
+    "embedding.cu": ["test_kernels_loss_embedding.py"],
+    "gelu.cu": ["test_kernels_norm_gelu.py", "test_kernels.py"],
+    "layer_norm.cu": ["test_kernels_norm_gelu.py", "test_kernels.py"],
+}
+EVERY_TEST = [
+    "test_kernels.py",
+    "test_kernels_adam.py",
+    "test_kernels_attention.py",
+    "test_kernels_loss_embedding.py",
+    "test_kernels_norm_gelu.py",
+    "test_random.py",
+    "test_emulator.py",
+    "test_cuda_sources.py",
+]
+SELECTION = "not cpu and not test_a_mutated_kernel_fails_its_check"
+SETTINGS = ("ci", "seed")  # the runs that must both fail for a dependable kill
+
+
+class Mutation(NamedTuple):
+    name: str
+    source: str  # a file of autograd/kernels/cuda
+    old: str  # text found exactly once in it
+    new: str
+    what: str
+
+
+MUTATIONS = [
+    # ----- common.cuh: bfloat16 rounding, Philox, the dropout layout
+    Mutation("bf16-ties-up", "common.cuh", "bits += 0x7FFFu + ((bits >> 16) & 1u);", "bits += 0x8000u;",
+             "bfloat16 rounding: exact halves rounded up instead of to even"),
+    Mutation("bf16-ties-down", "common.cuh", "bits += 0x7FFFu + ((bits >> 16) & 1u);", "bits += 0x7FFFu;",
+             "bfloat16 rounding: exact halves rounded down instead of to even"),
+    Mutation("bf16-nan-not-quieted", "common.cuh", "static_cast<bf16>((bits >> 16) | 0x40u);",
+             "static_cast<bf16>(bits >> 16);",
+             "a NaN whose payload lies in the low bits truncated to infinity"),
+    Mutation("philox-weyl", "common.cuh", "k1 += 0xBB67AE85u;", "k1 += 0x9E3779B9u;",
+             "Philox: the second key word bumped by the first's constant"),
+    Mutation("mask-threshold", "common.cuh", "return u >= threshold;", "return u > threshold;",
+             "dropout: a number equal to the threshold dropped"),
+    Mutation("mask-halves", "common.cuh", "(j % 2) ? (word >> 16) : (word & 0xFFFFu)",
+             "(j % 2) ? (word & 0xFFFFu) : (word >> 16)", "dropout: the two 16-bit halves of a word swapped"),
+    Mutation("mask-seed-high", "common.cuh", "words[3] = static_cast<unsigned int>(key.seed >> 32);",
+             "words[3] = 0u;", "dropout: the seed's upper 32 bits left out of the counter"),
+    # ----- dropout.cu
+    Mutation("dropout-first-example", "dropout.cu",
+             "dropout_keeps(key, first_example + static_cast<unsigned int>(example), j)",
+             "dropout_keeps(key, static_cast<unsigned int>(example), j)",
+             "dropout: the mask ignores the stream's first example"),
+    Mutation("dropout-position", "dropout.cu", "long long example = i / per_example, j = i % per_example;",
+             "long long example = i / per_example, j = i;", "dropout: the position counted over the batch"),
+    Mutation("dropout-scale", "dropout.cu", "kept ? to_float(x[i]) * scale : 0.0f",
+             "kept ? to_float(x[i]) : 0.0f", "dropout: kept entries not scaled by 1 / (1 - p)"),
+    Mutation("dropout-backward-bound", "dropout.cu", "i < n; i += stride) {\n        store(out, i, keep[i]",
+             "i < n - 1; i += stride) {\n        store(out, i, keep[i]",
+             "dropout's backward: the last entry left unwritten"),
+    Mutation("dropout-backward-mask", "dropout.cu",
+             "store(out, i, keep[i] ? to_float(grad[i]) * scale : 0.0f);",
+             "store(out, i, to_float(grad[i]) * scale);", "dropout's backward: the mask not applied"),
+    # ----- gelu.cu
+    Mutation("gelu-cubic", "gelu.cu", "CUBIC * (x * x * x)", "CUBIC * (x * x)",
+             "GELU: the cubic term squared"),
+    Mutation("gelu-half", "gelu.cu", "store(out, i, 0.5f * v * (1.0f + gelu_tanh(v)));",
+             "store(out, i, v * (1.0f + gelu_tanh(v)));", "GELU: the factor 1/2 dropped"),
+    Mutation("gelu-slope", "gelu.cu", "(1.0f + 3.0f * CUBIC * v * v)", "(1.0f + CUBIC * v * v)",
+             "GELU's backward: the derivative of the cubic without its 3"),
+    Mutation("gelu-bound", "gelu.cu",
+             "i < n; i += stride) {\n        float v = to_float(x[i]);\n        store",
+             "i < n - 1; i += stride) {\n        float v = to_float(x[i]);\n        store",
+             "GELU's forward: the last entry left unwritten"),
+    Mutation("gelu-tanh-square", "gelu.cu", "(1.0f - t * t)", "(1.0f - t)",
+             "GELU's backward: the derivative of tanh as 1 - t"),
+    # ----- layer_norm.cu
+    Mutation("ln-barrier-after-read", "layer_norm.cu",
+             "    __syncthreads();  // every warp has read warp_sums before the next call writes them\n", "",
+             "layer norm: the barrier after a block sum's shared read removed (a race)"),
+    Mutation("ln-shuffle-levels", "layer_norm.cu", "for (int offset = WARP / 2; offset > 0; offset /= 2)",
+             "for (int offset = WARP / 4; offset > 0; offset /= 2)", "layer norm: a warp sum over 16 lanes"),
+    Mutation("ln-eps-outside", "layer_norm.cu", "1.0f / sqrtf(group.sum(squares) / width + eps)",
+             "1.0f / (sqrtf(group.sum(squares) / width) + eps)",
+             "layer norm: eps added outside the square root"),
+    Mutation("ln-unbiased-variance", "layer_norm.cu", "group.sum(squares) / width + eps",
+             "group.sum(squares) / (width - 1) + eps", "layer norm: the unbiased variance"),
+    Mutation("ln-dx-rstd", "layer_norm.cu", "store(dx, j, (g[k] - mean_g - n[k] * mean_gn) * rstd);",
+             "store(dx, j, g[k] - mean_g - n[k] * mean_gn);", "layer norm's dx: the factor rstd dropped"),
+    Mutation("ln-dy-mask", "layer_norm.cu", "g[k] = j < width ? to_float(dy[j]) : 0.0f;",
+             "g[k] = to_float(dy[j]);", "layer norm's dx: dy read past the row's width"),
+    Mutation("ln-chunk-end", "layer_norm.cu",
+             "long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;",
+             "long long last = first + rows_per_chunk;",
+             "layer norm's dw, db: the last chunk read past the rows"),
+    Mutation("ln-chunk-start", "layer_norm.cu", "for (long long c = 0; c < chunks; ++c) {",
+             "for (long long c = 1; c < chunks; ++c) {", "layer norm's dw, db: the first chunk left out"),
+    Mutation("ln-dw-rstd", "layer_norm.cu",
+             "sum_w += d * ((to_float(x[row * width + j]) - mean[row]) * rstd[row]);",
+             "sum_w += d * (to_float(x[row * width + j]) - mean[row]);",
+             "layer norm's dw: x - mean not normalised"),
+    Mutation("ln-warp-row-bound", "layer_norm.cu", "if (row >= rows) return;  // the whole warp",
+             "if (row > rows) return;  // the whole warp",
+             "layer norm, a warp per row: one row past the end"),
+    Mutation("ln-block-sum-mask", "layer_norm.cu", "v = warp_sum(lane < warps ? warp_sums[lane] : 0.0f);",
+             "v = warp_sum(warp_sums[lane]);", "layer norm, a block per row: lanes past the warps read"),
+    # ----- cross_entropy.cu
+    Mutation("ce-max-from-zero", "cross_entropy.cu", "float row_max = bits_to_float(0xFF800000u);",
+             "float row_max = 0.0f;", "cross-entropy: the row maximum starts from 0, not -inf"),
+    Mutation("ce-identity-zero", "cross_entropy.cu",
+             "const float identity = Max ? bits_to_float(0xFF800000u) : 0.0f;",
+             "const float identity = 0.0f;",
+             "cross-entropy: the maximum's identity 0 for the lanes past the warps"),
+    Mutation("ce-barrier", "cross_entropy.cu",
+             "    if (lane == 0) shared[warp] = value;\n    __syncthreads();\n",
+             "    if (lane == 0) shared[warp] = value;\n",
+             "cross-entropy: the barrier before the warps' sums are read"),
+    Mutation("ce-shuffle-offset", "cross_entropy.cu",
+             "    for (int offset = 16; offset > 0; offset /= 2) {\n"
+             "        float other = __shfl_down_sync(0xFFFFFFFFu, value, offset);\n"
+             "        value = Max ? fmaxf(value, other) : value + other;\n    }\n    if (lane == 0)",
+             "    for (int offset = 8; offset > 0; offset /= 2) {\n"
+             "        float other = __shfl_down_sync(0xFFFFFFFFu, value, offset);\n"
+             "        value = Max ? fmaxf(value, other) : value + other;\n    }\n    if (lane == 0)",
+             "cross-entropy: a warp reduction over 16 lanes"),
+    Mutation("ce-forward-wrap", "cross_entropy.cu", "to_float(z[wrapped(t, n_classes)])", "to_float(z[t])",
+             "cross-entropy's forward: a target outside [0, C) not wrapped"),
+    Mutation("ce-backward-wrap", "cross_entropy.cu",
+             "long long target = counted ? wrapped(t, n_classes) : -1;",
+             "long long target = counted ? t : -1;",
+             "cross-entropy's backward: a target outside [0, C) not wrapped"),
+    Mutation("ce-ignored-weight", "cross_entropy.cu", "float weight = counted ? grad[row] : 0.0f;",
+             "float weight = grad[row];", "cross-entropy's backward: ignored rows weighted"),
+    Mutation("ce-ignored-unwritten", "cross_entropy.cu",
+             "    float row_max = maxima[row], log_sum = log_sums[row];\n",
+             "    if (!counted) return;\n    float row_max = maxima[row], log_sum = log_sums[row];\n",
+             "cross-entropy's backward: ignored rows never written"),
+    Mutation("ce-backward-max", "cross_entropy.cu",
+             "expf((to_float(logits[row * n_classes + j]) - row_max) - log_sum)",
+             "expf(to_float(logits[row * n_classes + j]) - log_sum)",
+             "cross-entropy's backward: the maximum not subtracted"),
+    Mutation("ce-ignored-loss", "cross_entropy.cu", "losses[row] = t == ignore_index ? 0.0f : log_sum",
+             "losses[row] = log_sum", "cross-entropy's forward: ignored rows given a loss"),
+    # ----- embedding.cu
+    Mutation("emb-swapped-index", "embedding.cu", "long long i = k / dim, c = k % dim;",
+             "long long i = k % dim, c = k / dim;", "embedding: row and column of an entry swapped"),
+    Mutation("emb-last-position", "embedding.cu", "last = bounds[row + 1];", "last = bounds[row + 1] - 1;",
+             "embedding's backward: the last position of a row left out"),
+    Mutation("emb-order", "embedding.cu", "sum += to_float(grad[order[k] * dim + c]);",
+             "sum += to_float(grad[k * dim + c]);",
+             "embedding's backward: the sorted positions read without their order"),
+    Mutation("emb-unpicked-unwritten", "embedding.cu",
+             "long long row = blockIdx.x, first = bounds[row], last = bounds[row + 1];\n",
+             "long long row = blockIdx.x, first = bounds[row], last = bounds[row + 1];\n"
+             "    if (first == last) return;\n",
+             "embedding's backward: rows no id picks never written"),
+    # ----- adam.cu
+    Mutation("adam-coupled-root", "adam.cu", "__fadd_rn(__fdiv_rn(__fsqrt_rn(vi), root), eps)",
+             "__fadd_rn(__fsqrt_rn(vi), eps)", "Adam, coupled: the second moment's bias correction dropped"),
+    Mutation("adam-decay-of-gradient", "adam.cu", "if (decays) update = __fadd_rn(update, __fmul_rn(l2, w));",
+             "if (decays) update = __fadd_rn(update, __fmul_rn(l2, g));",
+             "Adam, decoupled: L2 of the gradient, not the weight"),
+    Mutation("adam-vectors-decay", "adam.cu", "bool decays = ndims[c.tensor] > 1 ? l2_matrices : l2_vectors;",
+             "bool decays = ndims[c.tensor] >= 1 ? l2_matrices : l2_vectors;",
+             "Adam: vectors decayed as matrices"),
+    Mutation("adam-betas-swapped", "adam.cu", "__fadd_rn(__fmul_rn(m[i], b1), __fmul_rn(one_minus_b1, g))",
+             "__fadd_rn(__fmul_rn(m[i], one_minus_b1), __fmul_rn(b1, g))", "Adam: b1 and 1 - b1 swapped"),
+    Mutation("adam-clip-barrier", "adam.cu",
+             "sums[threadIdx.x] = __fadd_rn(sums[threadIdx.x], sums[threadIdx.x + half]);\n"
+             "        __syncthreads();",
+             "sums[threadIdx.x] = __fadd_rn(sums[threadIdx.x], sums[threadIdx.x + half]);",
+             "clipping: the barrier between the levels of the tree sum removed"),
+    Mutation("adam-clip-above-one", "adam.cu", "scale[0] = factor > 1.0f ? 1.0f : factor;",
+             "scale[0] = factor;", "clipping: gradients scaled up when under the limit"),
+    Mutation("adam-clip-first-partial", "adam.cu", "for (long long b = threadIdx.x; b < n_chunks;",
+             "for (long long b = threadIdx.x + 1; b < n_chunks;", "clipping: a chunk's partial sum left out"),
+    Mutation("adam-eps-inside-root", "adam.cu", "__fadd_rn(__fsqrt_rn(vi), eps)",
+             "__fsqrt_rn(__fadd_rn(vi, eps))", "Adam, decoupled: eps added under the square root"),
+    # ----- attention.cu
+    Mutation("att-keys-end", "attention.cu", "min(n_keys, query_end + n_keys - n_queries)",
+             "min(n_keys, query_end + n_keys - n_queries - 1)",
+             "attention: the causal key range one key short"),
+    Mutation("att-first-query", "attention.cu", "max(0, k0 - (a.n_keys - a.n_queries))",
+             "max(0, k0 - (a.n_keys - a.n_queries) + 1)",
+             "attention's backward: the first query seeing a key tile one late"),
+    Mutation("att-sees", "attention.cu", "s <= t + n_keys - n_queries", "s < t + n_keys - n_queries",
+             "attention: the causal mask hides the diagonal"),
+    Mutation("att-first-example", "attention.cu", "return {a.first_example + r / a.rows_per_example,",
+             "return {r / a.rows_per_example,",
+             "attention's dropout: the mask ignores the stream's first example"),
+    Mutation("att-barrier-after-loads", "attention.cu",
+             "            __syncthreads();\n            float st[RM][CN] = {}, gwt[RM][CN] = {};",
+             "            float st[RM][CN] = {}, gwt[RM][CN] = {};",
+             "attention's backward over keys: the barrier after a query tile's loads removed"),
+    Mutation("att-row-max-lanes", "attention.cu", "for (int lanes = 1; lanes < 8; lanes *= 2) x = fmaxf(",
+             "for (int lanes = 1; lanes < 4; lanes *= 2) x = fmaxf(",
+             "attention: a row's maximum over half its threads"),
+    Mutation("att-row-sum-offset", "attention.cu", "for (int lanes = 1; lanes < 8; lanes *= 2) x +=",
+             "for (int lanes = 1; lanes < 8; lanes *= 4) x +=",
+             "attention: a row's sum with a wrong shuffle offset"),
+    Mutation("att-dk-scale", "attention.cu", "store(grad_k, key * a.k.row + c, gk[i][j] * a.scale);",
+             "store(grad_k, key * a.k.row + c, gk[i][j]);", "attention's dk: the scale dropped"),
+    Mutation("att-dropout-scale-keys", "attention.cu",
+             "const float grad_p = kept ? gwt[i][j] * a.keep_scale : 0.0f;",
+             "const float grad_p = kept ? gwt[i][j] : 0.0f;",
+             "attention's backward over keys: dropout's 1 / (1 - p) dropped"),
+    Mutation("att-lse-max", "attention.cu", "= m[i] + logf(l[i]);", "= logf(l[i]);",
+             "attention: the log-sum-exp without the row's maximum"),
+    Mutation("att-column-mask", "attention.cu", "(r0 + r < n_rows && c < width) ?", "(r0 + r < n_rows) ?",
+             "attention: a tile's columns past the head's width loaded"),
+    Mutation("att-output-bound", "attention.cu", "if (tx + 8 * j >= a.e) continue;",
+             "if (tx + 8 * j > a.e) continue;", "attention: one column past the head written"),
+    Mutation("att-mask-position", "attention.cu",
+             "static_cast<unsigned long long>(r % a.rows_per_example) * a.n_keys",
+             "static_cast<unsigned long long>(r % a.rows_per_example) * a.n_queries",
+             "attention's dropout: a row's mask position counted in queries, not keys"),
+    Mutation("att-mask-group", "attention.cu", "if (j / 8 != group)", "if (j / 16 != group)",
+             "attention's dropout: one Philox draw kept for 16 positions, not 8"),
+    Mutation("att-dq-scale", "attention.cu", "store(grad_q, t * a.q.row + tx + 8 * j, gq[i][j] * a.scale)",
+             "store(grad_q, t * a.q.row + tx + 8 * j, gq[i][j])", "attention's dq: the scale dropped"),
+    Mutation("att-row-dot-lanes", "attention.cu", "for (int lanes = 16; lanes > 0; lanes /= 2) sum +=",
+             "for (int lanes = 8; lanes > 0; lanes /= 2) sum +=",
+             "attention's D = rowsum(dy y) over 16 lanes"),
+]  # fmt: skip
+
+
+def text_of(root, mutation):
+    return (root / CUDA / mutation.source).read_text()
+
+
+def catalogue_problems(root=ROOT, mutations=MUTATIONS):
+    """What is wrong with the catalogue against the sources under `root`: texts not found exactly once,
+    names given twice, replacements that change nothing."""
+    problems = [
+        f"{m.name}: named twice" for i, m in enumerate(mutations) if m.name in {n.name for n in mutations[:i]}
+    ]
+    for mutation in mutations:
+        count = text_of(root, mutation).count(mutation.old)
+        if count != 1:
+            problems.append(f"{mutation.name}: its text is in {mutation.source} {count} times, not once")
+        if mutation.old == mutation.new:
+            problems.append(f"{mutation.name}: the replacement is the text itself")
+    return problems
+
+
+class Slot:
+    """A copy of the repository's packages and tests at a fixed path, with its own emulator cache."""
+
+    def __init__(self, folder):
+        self.folder, self.cache = folder, folder / ".cache"
+        for name in COPIED:
+            copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+            kwargs = {"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}
+            copy(ROOT / name, folder / name, **kwargs)
+
+    def run(self, files, setting, seed, timeout):
+        """One pytest run of `files` (of tests/autograd) in a setting: "ci", "seed", or "fixed" (CI=1 and
+        the fixed cases alone, no hypothesis test): its outcome."""
+        shutil.rmtree(self.folder / ".hypothesis", ignore_errors=True)  # no example kept from another run
+        env = {**os.environ, "CI": "1", "PYTHONPATH": str(self.folder), "XDG_CACHE_HOME": str(self.cache)}
+        env.pop("HYPOTHESIS_PROFILE", None)  # CI=1: the ci profile
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider"]
+        markers = "not gpu and not hypothesis" if setting == "fixed" else "not gpu"
+        command += ["-m", markers, "-k", SELECTION, *(f"{TESTS}/{f}" for f in files)]
+        if setting == "seed":
+            env["HYPOTHESIS_PROFILE"] = "dev"
+            command.append(f"--hypothesis-seed={seed}")
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(
+                command, cwd=self.folder, env=env, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return {
+                "killed": True,
+                "by": f"a timeout after {timeout} s",
+                "seconds": round(time.perf_counter() - start),
+            }
+        seconds = round(time.perf_counter() - start, 1)
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.M)
+        by = failed[0] if failed else None
+        if done.returncode and not failed:
+            by = f"pytest exit status {done.returncode}: {(done.stdout + done.stderr).strip()[-300:]}"
+        return {"killed": done.returncode != 0, "by": by, "seconds": seconds}
+
+    def mutated(self, mutation, files, seed, timeout, settings):
+        """Both runs with `mutation` applied; the source and the cache are as before afterwards."""
+        path = self.folder / CUDA / mutation.source
+        original = path.read_text()
+        if original.count(mutation.old) != 1:
+            raise RuntimeError(f"{mutation.name} no longer applies to {mutation.source}")
+        before = set(self.cache.rglob("*"))
+        path.write_text(original.replace(mutation.old, mutation.new))
+        try:
+            return {setting: self.run(files, setting, seed, timeout) for setting in settings}
+        finally:
+            path.write_text(original)
+            for built in set(self.cache.rglob("*")) - before:  # the mutated builds: never used again
+                if built.is_file():
+                    built.unlink()
+
+
+def files_for(mutation):
+    """The kernel test files, the mutated source's own first (-x: a kill ends the run early)."""
+    own = KERNEL_TESTS[mutation.source]
+    return own + [f for f in EVERY_TEST if f not in own]
+
+
+def measure(mutations, jobs, seed, timeout, work, baseline=True, settings=SETTINGS):
+    """{name: result} for each mutation, `jobs` slots at a time, after a baseline run of the unmutated
+    tests in each slot (which builds the unmutated kernels into its cache), unless told not to."""
+    start = time.perf_counter()
+    slots = queue.Queue()
+
+    def baseline_of(i):
+        slot = Slot(work / f"slot-{i}")
+        settings = ("ci", "seed") if baseline else ()
+        runs = {setting: slot.run(EVERY_TEST, setting, seed, timeout) for setting in settings}
+        slots.put(slot)
+        return {setting: run["by"] for setting, run in runs.items() if run["killed"]}
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        if failing := [f for f in pool.map(baseline_of, range(jobs)) if f]:
+            sys.exit(f"the unmutated tests fail, nothing to measure: {failing[0]}")
+    if baseline:
+        print(f"the unmutated tests pass in both runs ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    def one(mutation):
+        slot = slots.get()
+        try:
+            runs = slot.mutated(mutation, files_for(mutation), seed, timeout, settings)
+        finally:
+            slots.put(slot)
+        result = {"source": mutation.source, "what": mutation.what, **runs}
+        result["dependable"] = all(runs[setting]["killed"] for setting in SETTINGS)
+        print(row(mutation.name, result), flush=True)
+        return mutation.name, result
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        return dict(pool.map(one, mutations))
+
+
+def row(name, result):
+    def mark(run):
+        return f"{'killed' if run['killed'] else 'SURVIVED':8} {run['seconds']:6.0f} s"
+
+    killed = [result[setting]["killed"] for setting in ("ci", "seed")]
+    verdict = "dependably" if all(killed) else "by luck" if any(killed) else "no"
+    by = result["ci"]["by"] or result["seed"]["by"] or "-"
+    runs = "  ".join(mark(result[setting]) for setting in ("ci", "seed", "fixed") if setting in result)
+    return f"{name:26} {result['source']:17} {runs}  {verdict:10} {by}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these mutations alone")
+    parser.add_argument("--seed", type=int, default=1, help="the dev profile's hypothesis seed (default 1)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds a run may take (default 900)")
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--list", action="store_true", help="print the catalogue and stop")
+    parser.add_argument(
+        "--fixed",
+        action="store_true",
+        help="a third run, CI=1 without hypothesis' tests: killed by fixed cases?",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the unmutated runs (a quick look at a few mutations)"
+    )
+    args = parser.parse_args(argv)
+    if problems := catalogue_problems():
+        sys.exit("the catalogue does not match the sources:\n  " + "\n  ".join(problems))
+    names = {mutation.name for mutation in MUTATIONS}
+    if unknown := set(args.only or ()) - names:
+        parser.error(f"no mutation named {', '.join(sorted(unknown))}")
+    chosen = [mutation for mutation in MUTATIONS if not args.only or mutation.name in args.only]
+    if args.list:
+        for mutation in chosen:
+            print(f"{mutation.name:26} {mutation.source:17} {mutation.what}")
+        return
+    print(f"{len(chosen)} mutations, {args.jobs} at a time; runs: CI=1, then dev with seed {args.seed}")
+    fixed = f"{'fixed cases':17}  " if args.fixed else ""
+    print(f"{'mutation':26} {'source':17} {'CI=1':17}  {'seed':17}  {fixed}{'killed':10} first failure")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tinygpt-mutations-") as work:
+        settings = SETTINGS + (("fixed",) if args.fixed else ())
+        results = measure(
+            chosen, args.jobs, args.seed, args.timeout, Path(work), not args.no_baseline, settings
+        )
+    dependable = sorted(name for name, r in results.items() if r["dependable"])
+    survivors = [name for name, r in results.items() if not r["dependable"]]
+    share = len(dependable) / len(results)
+    seconds = time.perf_counter() - start
+    print(f"killed dependably: {len(dependable)} / {len(results)} ({share:.0%}), in {seconds:.0f} s")
+    if survivors:
+        print("not killed dependably: " + ", ".join(survivors))
+    if args.fixed:
+        by_fixed = sum(r["fixed"]["killed"] for r in results.values())
+        print(f"killed by fixed cases alone (no hypothesis test): {by_fixed} / {len(results)}")
+    if args.json:
+        from autograd.kernels import emulated  # here: the runs build from the slots' copies
+
+        commit = subprocess.run(  # "-dirty": the tree measured held changes not yet committed
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        figures = {
+            "date": datetime.date.today().isoformat(),
+            "commit": commit,
+            "seed": args.seed,
+            "jobs": args.jobs,
+            "thread_orders": list(emulated.ORDERS),
+            "killed_dependably": len(dependable),
+            "total": len(results),
+            "mutations": results,
+        }
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
