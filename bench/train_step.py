@@ -111,6 +111,7 @@ BASELINES = {  # name: how to build the PyTorch model
     "torch": lambda config: torch_gpt.GPT(config),  # attention written out, as transformers does
     "torch-sdpa": lambda config: torch_gpt.GPT(config, sdpa=True),  # the strongest eager baseline
     "transformers": lambda config: torch_gpt.transformers_gpt(config),  # OpenAIGPTLMHeadModel
+    "torch-compile": lambda config: torch_gpt.torch.compile(torch_gpt.GPT(config, sdpa=True)),
 }
 
 

@@ -1,8 +1,11 @@
-"""bench/gpu_check.py keeps what it measured: a precision whose step fails leaves the others'
-throughput, and the JSON is written after each check, so a check that brings the process down
-loses nothing measured before it."""
+"""bench/gpu_check.py on the CPU: every part runs its logic (or says why it is skipped) in a process
+of its own; the out folder holds at most 8 files, with plain names; a part that crashes or runs over
+its time leaves the earlier parts' records whole; the deadline skips what it cannot hold. And the
+tests part's pytest runs: their counts, failures and time limit."""
 
+import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -10,33 +13,100 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import gpu_check  # noqa: E402
-import train_step  # noqa: E402
+import gpu_modules  # noqa: E402
+import gpu_tests  # noqa: E402
+
+SMALL = ["--device", "cpu", "--preset", "tiny", "--seq", "16", "--batch", "2", "--precision", "fp32"]
 
 
-def test_a_precision_that_fails_keeps_the_figures_of_the_others(monkeypatch):
-    def tinygpt_step(config, ids, device, precision):
-        if precision == "bf16":  # as CuPy 14's batched matmul did
-            raise TypeError("data type 'E' not understood")
-        return (lambda: None), None
+def test_every_part_on_the_cpu_and_a_crash_that_leaves_the_others_whole(monkeypatch, tmp_path):
+    crash = tmp_path / "crash.py"
+    crash.write_text("import os\nos.abort()\n")
+    monkeypatch.setitem(gpu_check.PARTS, "crash", gpu_check.Part(str(crash), 60))
+    out = tmp_path / "out"
+    assert gpu_check.main([*SMALL, "--out", str(out)]) == 1
 
-    monkeypatch.setattr(train_step, "tinygpt_step", tinygpt_step)
-    monkeypatch.setattr(train_step, "torch_step", lambda *args: lambda: None)
-    monkeypatch.setattr(train_step, "time_rounds", lambda steps, **kw: {"tinygpt": 0.5, "torch": 1.0})
-    args = gpu_check.parse_args(["--device", "cpu", "--preset", "tiny", "--seq", "8"])
-    figures = gpu_check.check_throughput(args, "cpu", None)
-    assert figures["ok"] is False and "data type 'E' not understood" in figures["bf16"]["error"]
-    for precision in ("fp32", "tf32"):
-        assert figures[precision] == {"tinygpt_tok_s": 128.0, "torch_tok_s": 64.0, "ratio": 2.0}
+    files = sorted(path.name for path in out.iterdir())
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files)
+    records = {
+        name: json.loads((out / f"{name}.json").read_text()) for name in gpu_check.PARTS if name != "crash"
+    }
+    assert records["modules"]["ok"] and all(r["ok"] for r in records["modules"]["checks"].values())
+    assert all(case["alone"] is None for case in records["sanitize"]["cases"].values())  # on cuda-emulated
+    assert "needs a GPU" in records["tests"]["skipped"] and "needs a GPU" in records["profile"]["skipped"]
+    assert records["bench"]["rows"][0]["sides"]["tinygpt"]["tok_s"] > 0
+    check = json.loads((out / "check.json").read_text())
+    assert check["parts"]["crash"]["result"] == "CRASHED (status -6)" and check["ok"] is False
+    summary = (out / "summary.md").read_text()
+    assert all(f"\n## {name}\n" in summary for name in records)
+    modules = gpu_check.PARTS["modules"].seconds
+    assert "| crash | 60 | 60 |" in summary and f"| modules | {modules} | {modules} |" in summary
 
 
-def test_the_report_is_written_after_each_check(monkeypatch, tmp_path):
-    def crash(args, device, work):
+def test_a_part_past_its_limit_is_stopped_and_the_deadline_skips_the_rest(monkeypatch, tmp_path):
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(
+        gpu_check, "PARTS", {"slow": gpu_check.Part(str(sleeper), 1), "next": gpu_check.Part("", 5)}
+    )
+    monkeypatch.setattr(gpu_check, "GRACE_S", 1)
+    monkeypatch.setattr(gpu_check, "MIN_PART_S", 1)
+    assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path / "out"), "--deadline", "4"]) == 1
+    check = json.loads((tmp_path / "out" / "check.json").read_text())
+    assert check["parts"]["slow"]["result"] == "FAILED: stopped at its limit of 1 s"
+    assert re.fullmatch(r"skipped: [01] s left before the deadline", check["parts"]["next"]["result"])
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "check.json",
+        "slow.json",
+        "summary.md",
+    ]
+
+
+def test_a_part_writes_its_record_after_each_check(monkeypatch, tmp_path):
+    def crash(args, work):
         raise SystemExit("the process went down")  # not an Exception: nothing after it runs
 
-    monkeypatch.setattr(
-        gpu_check, "CHECKS", {"step": lambda args, device, work: {"host_reads": 0}, "crash": crash}
-    )
+    checks = {"step": lambda args, work: {"ok": True, "host_reads": 0}, "crash": crash}
+    monkeypatch.setattr(gpu_modules, "CHECKS", checks)
     with pytest.raises(SystemExit):
-        gpu_check.main(["--device", "cpu", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "gpu-check-cpu.json").read_text())
-    assert report["checks"]["step"]["host_reads"] == 0 and "crash" not in report["checks"]
+        gpu_modules.main(["--device", "cpu", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "modules.json").read_text())
+    assert record["checks"] == {"step": {"ok": True, "host_reads": 0}}
+
+
+TESTS = """\
+import time
+import pytest
+
+@pytest.mark.gpu
+def test_passes():
+    pass
+
+@pytest.mark.gpu
+def test_fails():
+    assert 1 == 2
+
+@pytest.mark.gpu
+def test_waits():
+    time.sleep(float(__import__("os").environ.get("WAIT", "0")))
+
+def test_not_on_a_gpu():
+    pass
+"""
+
+
+def test_a_pytest_run_gives_its_counts_its_failures_and_stops_at_its_limit(monkeypatch, tmp_path):
+    tests = tmp_path / "test_some.py"
+    tests.write_text(TESTS)
+    run = gpu_tests.run_pytest({}, 60, [str(tests)], workers=1)
+    assert run["finished"] and (run["passed"], run["failed"], run["skipped"]) == (2, 1, 0)
+    assert len(run["failures"]) == 1 and "test_fails" in run["failures"][0] and not gpu_tests.passed(run)
+    stopped = gpu_tests.run_pytest({"WAIT": "60"}, 2, [str(tests)], workers=1)
+    assert not stopped["finished"] and stopped["status"] is None
+
+
+def test_the_runs_take_workers_where_xdist_is_installed():
+    command = gpu_tests.command(["tests"], workers=4)
+    assert command[-1] == "tests" and ("-m", "gpu") == tuple(command[3:5])
+    assert ("-n" in command) == (importlib.util.find_spec("xdist") is not None)
+    assert "-n" not in gpu_tests.command(["tests"], workers=1)

@@ -1,0 +1,191 @@
+"""What the parts of bench/gpu_check.py share: their command line, their time budget, and their
+record, a JSON file written whole after each piece of work, so that a part that is stopped (by its
+time limit, or a crash) leaves everything it measured before.
+
+A part's record goes to <out>/<part>.json and, on a GPU, to bench/results/gpu-<part>-<device>.json.
+It holds the part's figures, "ok" (False where something failed), and "markdown": the part's
+section of the summary, rendered from the figures at each write.
+"""
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+from typing import NamedTuple
+
+from autograd import backend, emulated_gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def parser(description, model=False):
+    """The command line every part takes; `model`: also the model and sequence length it times."""
+    found = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    found.add_argument("--device", default="cuda", help="cuda, cuda:N; cpu or cuda-emulated to try its logic")
+    found.add_argument("--out", default=os.environ.get("OUT"), help="folder for <part>.json (default $OUT)")
+    found.add_argument("--budget", type=float, help="seconds the part may take (default: no limit)")
+    if model:
+        found.add_argument("--preset", default="gpt1", help="the model (tiny to try the logic on a CPU)")
+        found.add_argument("--seq", type=int, default=512, help="tokens per sequence")
+    return found
+
+
+class Budget:
+    """The time a part has left: seconds from now, or no limit (None)."""
+
+    def __init__(self, seconds=None):
+        self.ends = time.monotonic() + (math.inf if seconds is None else seconds)
+
+    def left(self):
+        return max(self.ends - time.monotonic(), 0.0)
+
+    def allows(self, seconds):
+        """Whether `seconds` of work still fit."""
+        return self.left() >= seconds
+
+
+class Finished(NamedTuple):
+    """How a command ended: its output (stdout and stderr together), its exit status (None where it
+    ran out of time and was stopped), and the seconds it took."""
+
+    output: str
+    status: object
+    seconds: float
+
+
+def run_limited(command, seconds, env=None):
+    """Run `command` from the repository root for at most `seconds`, in a session of its own; then
+    stop whatever of it is still running (all of it, past its time; else what it left behind, such
+    as compile workers). Its output goes through a file: a process it left behind holding a pipe
+    open would keep a reader waiting."""
+    began = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            status = process.wait(timeout=None if seconds == math.inf else max(seconds, 0))
+        except subprocess.TimeoutExpired:
+            status = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        log.seek(0)
+        return Finished(log.read(), status, round(time.monotonic() - began, 1))
+
+
+def on_gpu(device):
+    """True for a real GPU's name ('cuda:N'), False for 'cpu' and the emulated device."""
+    return device.startswith("cuda:")
+
+
+def describe(device):
+    """The device's name (and memory, for a GPU)."""
+    if not on_gpu(device):
+        return {"name": device}
+    props = backend.cupy.cuda.runtime.getDeviceProperties(backend.gpu_index(device))
+    return {"name": props["name"].decode(), "memory_gb": round(props["totalGlobalMem"] / 1e9, 1)}
+
+
+def slug(name):
+    """A device name as a file-name part: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def versions():
+    """The versions of Python and of the packages the parts use, read without importing them."""
+    found = {"python": sys.version.split()[0]}
+    installed = importlib.metadata.packages_distributions()  # {"cupy": ["cupy-cuda13x"], ...}
+    for name in ("numpy", "cupy", "torch", "transformers", "ml_dtypes"):
+        for distribution in installed.get(name, [])[:1]:
+            found[name] = importlib.metadata.version(distribution)
+    return found
+
+
+def count(n, word):
+    """'1 error', '2 errors'."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def failure(error):
+    """What a record keeps of an error: its type, message and the traceback's last lines."""
+    return "".join(traceback.format_exception(error))[-1500:]
+
+
+def write(data, out, file_name):
+    """`data` as JSON in out/<file_name> (where out is given) and, for a GPU, in bench/results under
+    the device's name."""
+    text = json.dumps(data, indent=2, default=str)
+    paths = [Path(out) / file_name] if out else []
+    device = data["device"]["name"]
+    if device not in ("cpu", emulated_gpu.NAME):
+        stem, suffix = file_name.rsplit(".", 1)
+        paths.append(RESULTS / f"gpu-{stem}-{slug(device)}.{suffix}")
+    for path in paths:
+        write_whole(path, text)
+
+
+def write_whole(path, text):
+    """`text` in the file `path`, whole or not at all (through path.partial): a reader, or a process
+    stopped halfway, never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def read(path):
+    """A record written by `write`; None where there is none (its part never got to write it)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+
+
+class Record:
+    """A part's figures, written out after each piece of work. `render(data)` gives the part's
+    Markdown section; `ok` is False once anything has failed."""
+
+    def __init__(self, part, args, render):
+        self.part, self.out, self.render = part, args.out, render
+        self.data = {
+            "part": part,
+            "device": describe(args.device),
+            "date": date.today().isoformat(),
+            "versions": versions(),
+            "budget_s": args.budget,
+            "ok": True,
+        }
+        self.began = time.monotonic()
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+    def __setitem__(self, key, value):
+        self.data[key] = value
+
+    def fail(self):
+        self.data["ok"] = False
+
+    def save(self):
+        self.data["seconds"] = round(time.monotonic() - self.began, 1)
+        self.data["markdown"] = self.render(self.data)
+        write(self.data, self.out, f"{self.part}.json")
+
+    def exit_status(self):
+        return 0 if self.data["ok"] else 1
