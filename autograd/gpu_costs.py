@@ -62,6 +62,8 @@ PROJECT = {  # the project's kernels (autograd/kernels/cuda) by the start of the
 }
 TABLES = {"adam_step": (4, 3), "chunk_squares": (1, 0), "scale_chunks": (1, 1)}  # tensors read, written
 REDUCTIONS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min"}
+REDUCING = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "amax": np.maximum, "min": np.minimum}
+REDUCING |= {"amin": np.minimum}  # xp.sum(a, axis) is a.sum(axis), as CuPy's own cupy.sum is
 CUB_SUMS = {np.dtype(t) for t in (np.int64, np.uint64, np.float16, np.float32, np.float64)}  # cub.pyx
 RADIX_TILE = (
     512  # keys CUB sorts in one tile: the 512 position ids did on an H100, the 4,096 token ids did not
@@ -118,9 +120,10 @@ def is_project_kernel(name):
 @contextlib.contextmanager
 def count_launches(run=True):
     """`with count_launches() as cost:` records in `cost`, a Count, each launch a GPU would make for the
-    work of the emulated device inside the block. run=False: the project's kernels and backend.matmul's
-    products are checked but not run, their outputs left uninitialised (a GPT-1 step in seconds), and
-    NumPy's warnings about the values computed from them silenced."""
+    work of the emulated device inside the block (work on the CPU launches nothing; a block inside it
+    counts its own work, which the outer one does not see). run=False: the project's kernels and
+    backend.matmul's products are checked but not run, their outputs left uninitialised (a GPT-1 step
+    in seconds), and NumPy's warnings about the values computed from them silenced."""
     before, emulated_gpu.counter = emulated_gpu.counter, Count(run)
     try:
         with np.errstate(all="ignore") if not run else contextlib.nullcontext():
@@ -142,7 +145,7 @@ class Count:
     @property
     def kernels(self):
         """The launches less the runtime's memcpys and memsets: what a profiler's kernel count counts."""
-        return sum(not _runtime(launch.name) for launch in self.launches)
+        return sum(is_kernel(launch.name) for launch in self.launches)
 
     def by_category(self):
         counts = Counter(launch.category for launch in self.launches)
@@ -202,6 +205,9 @@ def _launches(name, args, kwargs, result):
         return _ufunc(getattr(np, name), "__call__", args, kwargs, result)
     if name in PRODUCTS:
         return [_product(*args[:2], result)]
+    if name in REDUCING:
+        axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
+        return _reduction(REDUCING[name], args[0], {**kwargs, "axis": axis}, result)
     if name in RULES:
         return RULES[name](args, result)
     if name in NOTHING:
@@ -212,7 +218,7 @@ def _launches(name, args, kwargs, result):
 
 RULES = {  # operation: (its arguments, its result) -> its launches; a method's first argument is self
     "__getitem__": lambda args, result: _gather(args[1], result),
-    "__setitem__": lambda args, result: [_assign(*args)],
+    "__setitem__": lambda args, result: _assign(*args),
     "astype": lambda args, result: [] if result is args[0] else [_copy(args[0], result)],
     "copy": lambda args, result: [_copy(args[0], result)],
     "reshape": lambda args, result: _copy_unless_view(args[0], result),
@@ -273,15 +279,19 @@ def _indexes(index):
 
 
 def _gather(index, result):
-    """a[index]: a view, or a gather where the index holds arrays."""
-    return [_launch("cupy_take", [result], [result])] if _indexes(index) else []
+    """a[index]: a view, or a gather of the entries the index arrays name."""
+    return [_launch("cupy_take", [result, *_index_arrays(index)], [result])] if _indexes(index) else []
+
+
+def _index_arrays(index):
+    return [i for i in (index if isinstance(index, tuple) else (index,)) if isinstance(i, np.ndarray)]
 
 
 def _assign(target, index, value):
     """target[index] = value: a scatter through an index array, else a copy into the view, or a fill."""
     if _indexes(index):
-        return _launch("cupy_scatter_update", [value], [value])
-    return _copy(value, target[index]) if isinstance(value, np.ndarray) else _fill(target[index], value)
+        return [_launch("cupy_scatter_update", [value, *_index_arrays(index)], [target[index]])]
+    return [_copy(value, target[index]) if isinstance(value, np.ndarray) else _fill(target[index], value)]
 
 
 def _fill(array, value):
@@ -350,17 +360,17 @@ def _const_parameters(source):
     return {kernel: [p.split()[0] == "const" for p in params.split(",")] for kernel, params in declared}
 
 
-def _runtime(name):
-    """A memcpy or memset of the CUDA runtime, which the profiler's kernel counts leave out."""
-    return name.startswith(("Memcpy", "Memset"))
+def is_kernel(name):
+    """A kernel, not a memcpy or memset of the CUDA runtime (which a profiler's kernel count leaves out)."""
+    return not name.startswith(("Memcpy", "Memset"))
 
 
 def compare(model, profiler_names):
     """How a Count agrees with the kernels a GPU profiler saw for the same step (their names), memcpys and
     memsets left out on both sides: {"total", "categories", "kernels" (the project's, by name): each
     (model, profiler)}, and "differences": one line for each that differs."""
-    ours = Counter(launch.name for launch in model.launches if not _runtime(launch.name))
-    theirs = Counter(name for name in profiler_names if not _runtime(name))
+    ours = Counter(launch.name for launch in model.launches if is_kernel(launch.name))
+    theirs = Counter(filter(is_kernel, profiler_names))
 
     def side_by_side(key, names):
         table = {}

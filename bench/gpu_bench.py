@@ -195,7 +195,6 @@ def main(argv=None):
     parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES))
     parser.add_argument("--steps", type=int, default=5, help="timed steps of each side")
     args = parser.parse_args(argv)
-    args.device = backend.parse_device(args.device)
     backend.use_device(args.device)
     record = gpu_report.Record("bench", args, markdown)
     record["preset"], record["seq"], record["rows"] = args.preset, args.seq, []

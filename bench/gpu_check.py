@@ -42,8 +42,6 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_report  # noqa: E402
 
-from autograd import backend  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
 
 
@@ -67,11 +65,18 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--device", default="cuda", help="cuda, cuda:N; cpu or cuda-emulated to try its logic"
+        "--device",
+        type=gpu_report.device_name,
+        default="cuda",
+        help="cuda, cuda:N; cpu or cuda-emulated to try its logic",
     )
-    parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for the files (default $OUT)")
+    parser.add_argument(
+        "--out", type=gpu_report.out_folder, default=os.environ.get("OUT"), help="folder for the files ($OUT)"
+    )
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="parts to run")
-    parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the whole command")
+    parser.add_argument(
+        "--deadline", type=gpu_report.seconds, default=DEADLINE_S, help="seconds for the whole command"
+    )
     parser.add_argument("--preset", default="gpt1", help="the model the step, profile and bench time")
     parser.add_argument("--seq", type=int, default=512, help="tokens per sequence there")
     parser.add_argument(
@@ -108,11 +113,12 @@ def run_part(name, args, seconds):
     path = Path(args.out) / f"{name}.json"
     path.unlink(missing_ok=True)  # an earlier run's
     finished = gpu_report.run_limited(command(name, args, seconds), seconds + GRACE_S)
-    for partial in Path(args.out).glob("*.partial"):  # a file it was writing when it was stopped
-        partial.unlink()
-    record = gpu_report.read(path) or {"part": name, "device": gpu_report.describe(args.device)}
-    explained = finished.status == 1 and record.get("ok") is False  # the part recorded what failed
-    if finished.status != 0 and not explained:  # a crash, a traceback, or stopped: its output tells
+    path.with_name(path.name + ".partial").unlink(missing_ok=True)  # what it was writing when stopped
+    record = gpu_report.read(path)
+    recorded_failure = finished.status == 1 and record is not None and record.get("ok") is False
+    explained = record is not None and finished.status == 0 or recorded_failure  # the part's own words
+    record = record or {"part": name, "device": gpu_report.describe(args.device)}
+    if not explained:  # no record, a crash, a traceback, or stopped: its output tells
         record["output_tail"] = finished.output[-3000:]
     ok = record.get("ok", False) and finished.status == 0
     record.update(ok=ok, status=finished.status, stopped=finished.status is None)
@@ -152,8 +158,7 @@ def summary(check, records):
         lines.append(f"| {name} | {PARTS[name].seconds} | {limit} | {took} | {outcome(record)} |")
     lines.append(f"\nIn all {check['seconds']:.0f} s of a deadline of {check['deadline_s']:.0f} s.")
     for name, record in records.items():
-        if record.get("markdown"):
-            lines += ["", f"## {name}", "", record["markdown"]]
+        lines += ["", f"## {name}", "", record.get("markdown") or f"No record: {outcome(record)}."]
         if record.get("output_tail"):
             lines += ["", "```", record["output_tail"][-1500:], "```"]
     return "\n".join(lines) + "\n"
@@ -173,7 +178,6 @@ def commit():
 
 def main(argv=None):
     args = parse_args(argv)
-    args.device = backend.parse_device(args.device)
     began = time.monotonic()
     check = {
         "device": gpu_report.describe(args.device),
@@ -194,7 +198,8 @@ def main(argv=None):
         print(f"{name}: {outcome(records[name])}", flush=True)
         check["parts"] = {n: brief(r) for n, r in records.items()}
         check["seconds"] = round(time.monotonic() - began, 1)
-        check["ok"] = all(r["ok"] for r in records.values())
+        ran = [r for r in records.values() if "skipped" not in r]
+        check["ok"] = bool(ran) and all(r["ok"] for r in ran)  # nothing measured is no success
         gpu_report.write(check, args.out, "check.json")
         gpu_report.write_whole(Path(args.out) / "summary.md", summary(check, records))
     return 0 if check["ok"] else 1

@@ -226,16 +226,18 @@ def markdown(data):
 
 def main(argv=None):
     args = gpu_report.parser(__doc__, model=True).parse_args(argv)
-    args.device = backend.parse_device(args.device)
     backend.use_device(args.device)
     record = gpu_report.Record("modules", args, markdown)
     record["checks"] = {}
-    work = Path(tempfile.mkdtemp(prefix="gpu-modules-"))
+    budget, work = gpu_report.Budget(args.budget), Path(tempfile.mkdtemp(prefix="gpu-modules-"))
     for name, check in CHECKS.items():
-        try:
-            result = check(args, work)
-        except Exception as error:
-            result = {"ok": False, "error": gpu_report.failure(error)}
+        if not budget.allows(1):
+            result = {"ok": False, "error": "not run: the part's budget was spent"}
+        else:
+            try:
+                result = check(args, work)
+            except Exception as error:
+                result = {"ok": False, "error": gpu_report.failure(error)}
         record["checks"][name] = result
         if not result["ok"]:
             record.fail()

@@ -35,13 +35,51 @@ def parser(description, model=False):
     found = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    found.add_argument("--device", default="cuda", help="cuda, cuda:N; cpu or cuda-emulated to try its logic")
-    found.add_argument("--out", default=os.environ.get("OUT"), help="folder for <part>.json (default $OUT)")
-    found.add_argument("--budget", type=float, help="seconds the part may take (default: no limit)")
+    found.add_argument(
+        "--device",
+        type=device_name,
+        default="cuda",
+        help="cuda, cuda:N; cpu or cuda-emulated to try its logic",
+    )
+    found.add_argument(
+        "--out", type=out_folder, default=os.environ.get("OUT"), help="folder for <part>.json (default $OUT)"
+    )
+    found.add_argument("--budget", type=seconds, help="seconds the part may take (default: no limit)")
     if model:
         found.add_argument("--preset", default="gpt1", help="the model (tiny to try the logic on a CPU)")
         found.add_argument("--seq", type=int, default=512, help="tokens per sequence")
     return found
+
+
+def device_name(name):
+    """A device name as backend.parse_device gives it; a usage error for one it refuses."""
+    try:
+        return backend.parse_device(name)
+    except (ValueError, RuntimeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def out_folder(path):
+    """An absolute folder path (the parts run from the repository root), made if needed; a usage
+    error for a file or a folder that cannot be written."""
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{path}: {error.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{path}: not writable")
+    return str(path)
+
+
+def seconds(text):
+    """A number of seconds, 0 or more; a usage error otherwise."""
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text}: not a number of seconds (0 or more)")
+    return value
 
 
 class Budget:
@@ -70,11 +108,11 @@ class Finished(NamedTuple):
 def run_limited(command, seconds, env=None):
     """Run `command` from the repository root for at most `seconds`, in a session of its own; then
     stop whatever of it is still running (all of it, past its time; else what it left behind, such
-    as compile workers). Its output goes through a file: a process it left behind holding a pipe
-    open would keep a reader waiting."""
+    as compile workers), and remove the temporary files it made (its TMPDIR). Its output goes
+    through a file: a process it left behind holding a pipe open would keep a reader waiting."""
     began = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    with tempfile.TemporaryFile("w+", errors="replace") as log:
+    with tempfile.TemporaryFile("w+", errors="replace") as log, tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": scratch, **(env or {})}
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

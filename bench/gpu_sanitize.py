@@ -28,8 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_cases  # noqa: E402
 import gpu_report  # noqa: E402
 
-from autograd import backend  # noqa: E402
-
 CASES_SCRIPT = str(Path(gpu_cases.__file__).resolve())
 TOOLS = ("memcheck", "racecheck")
 LIMIT_S = {"memcheck": 60, "racecheck": 90}  # one job; racecheck follows every shared-memory access
@@ -164,7 +162,6 @@ def main(argv=None):
     parser.add_argument("--cases", nargs="+", default=list(gpu_cases.CASES), choices=list(gpu_cases.CASES))
     parser.add_argument("--sanitizer", help="the compute-sanitizer to run (default: the toolkit's, on a GPU)")
     args = parser.parse_args(argv)
-    args.device = backend.parse_device(args.device)
     budget = gpu_report.Budget(args.budget)
     record = gpu_report.Record("sanitize", args, markdown)
     case_device = args.device if gpu_report.on_gpu(args.device) else "cuda-emulated"

@@ -18,8 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_report  # noqa: E402
 
-from autograd import backend  # noqa: E402
-
 RUNS = {"fp32": {"CUPY_TF32": "0"}, "tf32": {"CUPY_TF32": "1"}}
 TEST_LIMIT_S = 180
 WORKERS = max(1, (os.cpu_count() or 2) // 2 - 1)  # each of the two runs
@@ -77,7 +75,6 @@ def markdown(data):
 
 def main(argv=None):
     args = gpu_report.parser(__doc__).parse_args(argv)
-    args.device = backend.parse_device(args.device)
     record = gpu_report.Record("tests", args, markdown)
     if not gpu_report.on_gpu(args.device):
         record["skipped"] = "pytest -m gpu needs a GPU (CI runs these tests on the emulated device)"

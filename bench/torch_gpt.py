@@ -20,7 +20,8 @@ except ImportError:
 
 INSTALL_HINT = (
     "PyTorch is not installed; for the CPU build: "
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu (or run with --no-torch)"
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu (or time tinygpt alone: "
+    "train_step.py --no-torch, gpu_bench.py --sides tinygpt)"
 )
 
 

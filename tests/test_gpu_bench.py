@@ -44,7 +44,7 @@ def test_what_the_budget_cannot_hold_is_not_run(tmp_path):
 
 
 def test_the_plan_measures_eager_rows_bf16_first_and_compile_last_largest_batch_first():
-    args = gpu_report.parser("", model=True).parse_args([])
+    args = gpu_report.parser("", model=True).parse_args(["--device", "cpu"])
     args.batch, args.precision, args.sides = [8, 32], ["bf16", "fp32"], list(gpu_bench.SIDES)
     order = gpu_bench.plan(args)
     assert order[:4] == [("tinygpt", 8, "bf16"), ("torch-sdpa", 8, "bf16"), ("transformers", 8, "bf16")] + [

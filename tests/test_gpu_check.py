@@ -7,6 +7,7 @@ import importlib.util
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import gpu_check  # noqa: E402
 import gpu_modules  # noqa: E402
+import gpu_report  # noqa: E402
 import gpu_tests  # noqa: E402
 
 SMALL = ["--device", "cpu", "--preset", "tiny", "--seq", "16", "--batch", "2", "--precision", "fp32"]
@@ -60,6 +62,63 @@ def test_a_part_past_its_limit_is_stopped_and_the_deadline_skips_the_rest(monkey
         "slow.json",
         "summary.md",
     ]
+
+
+def test_a_relative_out_folder_from_elsewhere_holds_every_record(monkeypatch, tmp_path):
+    """The parts run from the repository root: a relative --out is made absolute first."""
+    monkeypatch.chdir(tmp_path)
+    assert gpu_check.main([*SMALL, "--parts", "sanitize", "tests", "--out", "relative"]) == 0
+    assert sorted(path.name for path in (tmp_path / "relative").iterdir()) == [
+        "check.json",
+        "sanitize.json",
+        "summary.md",
+        "tests.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    "argument, message",
+    [
+        (["--device", "gpu"], "device must be"),
+        (["--out", "a-file"], "a-file: not a folder"),
+        (["--deadline", "-1"], "-1: not a number of seconds"),
+    ],
+)
+def test_a_bad_argument_is_one_line_of_usage(monkeypatch, tmp_path, capsys, argument, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    for main in (gpu_check.main, gpu_modules.main):
+        with pytest.raises(SystemExit) as exited:
+            main(["--device", "cpu", "--out", "out", *argument])
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exited.value.code == 2 and message in error and "Traceback" not in error
+        if argument[0] == "--deadline":
+            break  # the driver's alone
+
+
+def test_nothing_measured_is_no_success(tmp_path):
+    assert gpu_check.main([*SMALL, "--deadline", "1", "--out", str(tmp_path)]) == 1
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert all(part["result"].startswith("skipped") for part in check["parts"].values())
+
+
+def test_a_stopped_part_leaves_no_process_and_no_temporary_file(tmp_path):
+    """run_limited stops the part's whole session at its limit, a child it started included, and
+    removes what it wrote in its TMPDIR."""
+    script = tmp_path / "starts_a_child.py"
+    script.write_text(
+        "import os, subprocess, sys, tempfile, time\n"
+        "tempfile.NamedTemporaryFile(delete=False)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, tempfile.gettempdir(), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    finished = gpu_report.run_limited([sys.executable, str(script)], 3)
+    child, scratch = finished.output.split()
+    assert finished.status is None and not Path(scratch).exists()
+    time.sleep(0.2)
+    state = Path(f"/proc/{child}/stat")  # gone, or a zombie its new parent has yet to reap
+    assert not state.exists() or state.read_text().split(")")[1].split()[0] == "Z"
 
 
 def test_a_part_writes_its_record_after_each_check(monkeypatch, tmp_path):

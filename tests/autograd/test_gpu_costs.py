@@ -48,7 +48,7 @@ FP32 = (  # kernels, launches per category (memcpys in "copies"), (bytes read, b
         "embedding": (140478720, 140077056),
         "loss": (1326497792, 663240704),
         "dropout": (707788800, 707788800),
-        "copies": (176132, 194852),
+        "copies": (212996, 194852),
         "other": (930048, 897280),
     },
 )
@@ -65,7 +65,7 @@ BF16 = (
         "embedding": (133400832, 132999168),
         "loss": (663306240, 331644928),
         "dropout": (393216000, 393216000),
-        "copies": (176132, 194852),
+        "copies": (212996, 194852),
         "other": (930048, 897280),
     },
 )
@@ -154,7 +154,7 @@ def test_a_known_sequence_of_operations_gives_its_launches_and_bytes():
         Launch("cub::DeviceReduceSingleTileKernel", "reductions", 128, 4),
         Launch("cupy_copy__float32_bfloat16", "casts", 128, 64),
         Launch("cupy_copy__float32_float32", "copies", 128, 128),
-        Launch("cupy_take", "copies", 64, 64),
+        Launch("cupy_take", "copies", 64 + 16, 64),  # the rows and the index
         Launch("Memset", "copies", 0, 20),
         Launch("cupy_fill", "copies", 0, 12),
         Launch("gelu_forward_f32", "elementwise", 128, 128),
@@ -165,6 +165,38 @@ def test_a_known_sequence_of_operations_gives_its_launches_and_bytes():
         Launch("Memcpy DtoH", "copies", 128, 0),
     ]
     assert (cost.total, cost.kernels) == (16, 13)  # less the two memcpys and the memset
+
+
+def test_a_reduction_or_a_scatter_costs_the_same_however_it_is_written():
+    """xp.sum(y) is y.sum(), as in CuPy; y[ids] = v writes the entries it names and reads v and ids."""
+    xp, y = emulated_gpu.xp, backend.to_device(np.ones((4, 8), np.float32), EMULATED)
+    for axis in (None, 0, -1):
+        with gpu_costs.count_launches() as method:
+            y.max(axis=axis), y.sum(axis=axis)
+        with gpu_costs.count_launches() as function:
+            xp.max(y, axis=axis), xp.sum(y, axis)
+        assert method.launches == function.launches
+    with gpu_costs.count_launches() as cost:
+        y[np.array([0, 3])] = 0.0
+        y[np.array([1])] = xp.full(8, 2.0, np.float32)
+    assert cost.launches == [
+        Launch("cupy_scatter_update", "copies", 16, 64),
+        Launch("cupy_fill", "copies", 0, 32),
+        Launch("cupy_scatter_update", "copies", 32 + 8, 32),
+    ]
+
+
+def test_the_count_goes_on_after_an_operation_fails_and_ends_with_its_block():
+    """An error inside the block (an operation's own, or the block's) stops nothing but that
+    operation: the next one is counted, and the counter is gone once the block is left."""
+    y = backend.to_device(np.ones(4, np.float32), EMULATED)
+    with pytest.raises(ValueError), gpu_costs.count_launches() as cost:
+        with pytest.raises(ValueError):
+            y.reshape(3)
+        emulated_gpu.xp.zeros(4, np.float32)
+        raise ValueError("the block's own error")
+    assert [launch.name for launch in cost.launches] == ["Memset"]
+    assert emulated_gpu.counter is None
 
 
 def test_kernels_that_reach_tensors_through_tables_count_the_tensors():
