@@ -120,7 +120,7 @@ def test_the_gpt1_step_launches_what_the_h100_profile_names(gpt1_step):
 def test_the_bf16_step_launches_what_the_profiler_saw_on_an_h100(gpt1_step):
     """Every kernel the H100's profiler saw in the bf16 step of bench/gpu_check.py's profile (no
     clipping), counted by name for the project's kernels and by category for all."""
-    measured = json.loads((RESULTS / "gpu-profile-bf16-nvidia-h100-80gb-hbm3.json").read_text())
+    measured = json.loads((RESULTS / "gpu-profile-nvidia-h100-80gb-hbm3.json").read_text())
     seen = measured["precisions"]["bf16"]["tinygpt"]["launches_by_name"]
     names = [name for name, count in seen.items() for _ in range(count)]
     agreement = gpu_costs.compare(gpt1_step("bf16", clip=False), names)

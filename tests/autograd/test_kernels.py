@@ -42,17 +42,22 @@ def compares_fast_path_of(*functions):
     return lambda test: test
 
 
+def upstream(shape):
+    """The fixed random gradient that forward_and_backward sends into an output of `shape`."""
+    return np.random.default_rng(0).standard_normal(shape)
+
+
 def forward_and_backward(fn, inputs, device, dtype, reference):
     """fn's output and its inputs' gradients for a fixed random upstream, as host arrays, on the
     reference path or on the fast ones."""
     with ag.use_reference(reference):
         tensors = [ag.tensor(a, requires_grad=True, dtype=dtype, device=device) for a in inputs]
         out = fn(*tensors)
-        out.backward(np.random.default_rng(0).standard_normal(out.shape))
+        out.backward(upstream(out.shape))
     return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
 
 
-def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False):
+def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
     fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
     # a fast path that sums in float32 itself (attention's kernels) is held to a reference whose
     # float32 products are float32's too, whatever the process's TF32 setting (CUPY_TF32=1)
@@ -63,11 +68,12 @@ def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf
     ):
         assert a.dtype == b.dtype == dtype, name
         a, b, tolerance = a.astype(np.float64), b.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-        # rounding follows the largest values an entry is computed from (a row's sums, the inputs),
-        # so the absolute tolerance scales with the largest of them: a small entry next to large
-        # ones may come out of a cancellation. Finite ones: a NaN or an infinity passes only where
-        # the other side has the same (assert_allclose), and widens no tolerance.
-        scale = max([1.0] + [float(np.abs(x[np.isfinite(x)]).max(initial=0)) for x in [b, *inputs]])
+        # rounding follows the largest values an entry is computed from (a row's sums, the inputs,
+        # `terms`: the largest term of a sum inside the op), so the absolute tolerance scales with the
+        # largest of them: a small entry next to large ones may come out of a cancellation. Finite
+        # ones: a NaN or an infinity passes only where the other side has the same
+        # (assert_allclose), and widens no tolerance.
+        scale = max([1.0, terms] + [float(np.abs(x[np.isfinite(x)]).max(initial=0)) for x in [b, *inputs]])
         rtol, atol = tolerance["rtol"], tolerance["atol"] * scale
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
 
