@@ -34,7 +34,7 @@ def _indices(ids):
     """Integer indices as a raw array, where they are: a list, a NumPy array or a CPU tensor gives
     a NumPy array, for the caller to check on the host before copying it to the device; a GPU
     array or tensor gives its GPU array, unchecked (reading it would make the host wait)."""
-    ids = ids.data if isinstance(ids, Tensor) else ids
+    ids = ids._data if isinstance(ids, Tensor) else ids
     if not backend.on_gpu(ids):
         ids = np.asarray(ids)
     if ids.size == 0:

@@ -5,6 +5,10 @@
 it costs two forward passes per input entry and one backward per output entry, so keep it small.
 """
 
+import math
+import numbers
+import reprlib
+
 import numpy as np
 
 from .backend import to_device, to_host
@@ -15,17 +19,36 @@ class GradcheckError(AssertionError):
     """The backward pass disagrees with finite differences."""
 
 
-def _checked_inputs(fn, inputs):
+def _checked_settings(caller, eps, atol, rtol):
+    """Refuse a step or tolerance out of its range: a zero or NaN step divides by nothing, a
+    negative tolerance fails every op however right, an infinite one passes every op."""
+    for name, value, least in (("eps", eps, "> 0"), ("atol", atol, ">= 0"), ("rtol", rtol, ">= 0")):
+        finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        if not finite or value < 0 or (value == 0 and name == "eps"):
+            raise ValueError(f"{caller}: {name} must be a finite number {least}, got {value!r}")
+
+
+def _checked_inputs(fn, inputs, names, caller):
+    if not isinstance(inputs, (list, tuple)):
+        raise TypeError(
+            f"{caller}: inputs must be a list of fn's arguments ([x] for one), not a {type(inputs).__name__}"
+        )
+    if not callable(fn):
+        raise TypeError(f"{caller}: fn must be callable, got a {type(fn).__name__}")
+    if names is not None and len(names) != len(inputs):
+        raise ValueError(f"{caller}: {len(names)} names for {len(inputs)} inputs")
     inputs = list(inputs)
     if not any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
-        raise ValueError("gradcheck: no input requires grad, so there is nothing to check")
+        raise ValueError(f"{caller}: no input requires grad, so there is nothing to check")
     for i, x in enumerate(inputs):
         if isinstance(x, Tensor) and x.requires_grad and x.dtype != np.float64:
-            raise TypeError(f"gradcheck: input {i} is {x.dtype}; finite differences need float64")
+            raise TypeError(f"{caller}: input {i} is {x.dtype}; finite differences need float64")
     with no_grad():
         out = fn(*inputs)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{caller}: fn returned {reprlib.repr(out)} ({type(out).__name__}), not a Tensor")
     if out.dtype != np.float64:
-        raise TypeError(f"gradcheck: fn returned {out.dtype}, not float64")
+        raise TypeError(f"{caller}: fn returned {out.dtype}, not float64")
     return inputs, out.shape
 
 
@@ -59,7 +82,8 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0, names=None):
     L = sum(w * fn(...)). fn must compute the same function on every call (fix dropout's seed).
     Raises GradcheckError naming every input that disagrees (by `names`, else by position).
     """
-    inputs, out_shape = _checked_inputs(fn, inputs)
+    _checked_settings("gradcheck", eps, atol, rtol)
+    inputs, out_shape = _checked_inputs(fn, inputs, names, "gradcheck")
     rng = np.random.default_rng(seed)
     device = next(x.device for x in inputs if isinstance(x, Tensor))
     weights = to_device(rng.standard_normal(out_shape), device)
@@ -98,7 +122,10 @@ def jacobian_check(fn, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, max_entries=10, n
     input[index] -> output[index]: backward value, finite-difference value; an input is named by
     `names`, else by its position.
     """
-    inputs, out_shape = _checked_inputs(fn, inputs)
+    _checked_settings("jacobian_check", eps, atol, rtol)
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError(f"jacobian_check: max_entries must be an integer >= 1, got {max_entries!r}")
+    inputs, out_shape = _checked_inputs(fn, inputs, names, "jacobian_check")
     device = next(x.device for x in inputs if isinstance(x, Tensor))
     out_size = int(np.prod(out_shape))
     checked = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]

@@ -5,6 +5,8 @@ Modules, in the order they were assigned. Their dotted paths ("h.0.attn.c_attn.w
 names used by `state_dict` and `load_state_dict`.
 """
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from . import backend, precision
@@ -85,7 +87,7 @@ class Module:
         """Move every parameter (and its gradient) to `device`; returns self."""
         device = backend.parse_device(device)
         for p in self.parameters():
-            p.data = backend.to_device(p.data, device)
+            p.data = backend.to_device(p._data, device)
             if p.grad is not None:
                 p.grad = backend.to_device(p.grad, device)
         return self
@@ -98,9 +100,10 @@ class Module:
         """Copy arrays from `state` into the parameters of the same names, keeping their dtype
         and device. With strict, any missing, unexpected or mis-shaped key is an error that
         lists them all, and nothing is changed."""
+        state = _arrays(state)
         params = dict(self.named_parameters())
         missing = [k for k in params if k not in state]
-        unexpected = [k for k in state if k not in params]
+        unexpected = [str(k) for k in state if k not in params]
         misshaped = [
             f"{k}: checkpoint {tuple(state[k].shape)}, model {p.shape}"
             for k, p in params.items()
@@ -127,6 +130,18 @@ class Module:
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} defines no forward()")
+
+
+def _arrays(state):
+    """A state dict's arrays (a Tensor's own), or a TypeError naming the entries that are none."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"load_state_dict: state must be a dict of name -> array, not {type(state).__name__}")
+    state = {k: v.data if isinstance(v, Tensor) else v for k, v in state.items()}
+    kinds = {k: getattr(v, "dtype", type(v).__name__) for k, v in state.items()}
+    wrong = [f"{k} ({kind})" for k, kind in kinds.items() if not precision.is_numeric(kind)]
+    if wrong:
+        raise TypeError(f"load_state_dict: these entries are not arrays of numbers: {', '.join(wrong)}")
+    return state
 
 
 class Linear(Module):

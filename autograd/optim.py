@@ -61,18 +61,20 @@ class Adam:
         """
         self.step_count += 1
         grads = [p.grad for p in self.params if p.grad is not None]
-        if adam_kernels.takes([*(p.data for p in self.params), *self.m, *self.v, *grads]):
+        for p in self.params:
+            p._version += p.grad is not None  # a graph made before the step cannot backpropagate after
+        if adam_kernels.takes([*(p._data for p in self.params), *self.m, *self.v, *grads]):
             return adam_kernels.adam_step(self)
         blocks = []
         with backend.device_scope(grads[0] if grads else None):  # the parameters' GPU
             for p, m, v in zip(self.params, self.m, self.v):
                 if p.grad is None:
                     continue
-                if get_array_module(p.data) is np and p.data.flags.c_contiguous:
-                    flat = [a.reshape(-1) for a in (p.data, p.grad, m, v)]  # views (a copy of a strided grad)
+                if get_array_module(p._data) is np and p._data.flags.c_contiguous:
+                    flat = [a.reshape(-1) for a in (p._data, p.grad, m, v)]  # views (a strided grad: a copy)
                     blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
                 else:
-                    self._update(p.ndim, p.data, p.grad, m, v)
+                    self._update(p.ndim, p._data, p.grad, m, v)
         parallel.run(lambda block: self._update(*block), blocks)
 
     def _update(self, ndim, p, g, m, v):
@@ -129,13 +131,13 @@ class Adam:
 
 def _zeros_beside(p):
     """Zeros like parameter p, on p's device."""
-    with backend.device_scope(p.data):
+    with backend.device_scope(p._data):
         return p.xp.zeros(p.shape, dtype=p.dtype)
 
 
 def _copy_beside(p, array):
     """A copy of `array` in C order with p's dtype, on p's device."""
-    with backend.device_scope(p.data):
+    with backend.device_scope(p._data):
         return p.xp.array(array, dtype=p.dtype, order="C")
 
 

@@ -56,6 +56,12 @@ def is_floating(dtype):
     return dtype.kind == "f" or dtype == bfloat16
 
 
+def is_numeric(dtype):
+    """True for what a tensor may hold: bool, integers and the floating types (not None, text,
+    objects or complex numbers)."""
+    return isinstance(dtype, np.dtype) and (dtype.kind in "biu" or is_floating(dtype))
+
+
 def activation_dtype(dtype):
     """The type of the activations that start from values of `dtype` (an embedding's weights):
     bfloat16 under bf16 for float32 weights, else `dtype` itself."""

@@ -7,11 +7,12 @@ nodes from the output back to the leaves, adding each input's gradient as it goe
 """
 
 import functools
+import reprlib
 
 import numpy as np
 
 from . import backend, kernels
-from .precision import bfloat16, is_floating
+from .precision import bfloat16, is_floating, is_numeric
 
 _grad_enabled = True
 
@@ -84,11 +85,11 @@ class Function:
     def apply(cls, *args, **attrs):
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
-        on_gpu = any(backend.on_gpu(t.data) for t in tensors)
+        on_gpu = any(backend.on_gpu(t._data) for t in tensors)
         forward, backward = kernels.choose(cls, on_gpu, {t.dtype for t in tensors if is_floating(t.dtype)})
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
-        with backend.device_scope(tensors[0].data if tensors else None):  # the inputs' GPU
-            out = _as_array(forward(ctx, *(a.data if isinstance(a, Tensor) else a for a in args), **attrs))
+        with backend.device_scope(tensors[0]._data if tensors else None):  # the inputs' GPU
+            out = _as_array(forward(ctx, *(a._data if isinstance(a, Tensor) else a for a in args), **attrs))
         out = _unpromoted(out, float_dtype)
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
@@ -101,20 +102,30 @@ class Function:
         if requires_grad:
             inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
             result._node = Node(cls, backward, ctx, inputs)
+            result._holders = 1  # by its node too, whose backward may read it (Exp's does)
         return result
 
 
 class Node:
     """An op in the graph: the Function, the backward chosen with its forward, what that forward
-    saved, and the op's inputs (None where not a Tensor)."""
+    saved, the op's inputs (None where not a Tensor) and their versions at the forward.
+
+    Until it is freed, a node holds its inputs and its output (Tensor._holders): their arrays are
+    what its backward may read, so it refuses to run when one of them has changed since."""
 
     def __init__(self, function, backward, ctx, inputs):
         self.function, self.backward, self.ctx, self.inputs = function, backward, ctx, inputs
+        self.versions = [None if t is None else t._hold() for t in inputs]
 
-    def input_grads(self, grad):
+    def input_grads(self, grad, output):
         """(input, its gradient) for every input that wants one, given the output's gradient."""
         if self.ctx is None:
             raise RuntimeError("backward() through a graph that an earlier backward() has freed")
+        for i, (t, version) in enumerate(zip(self.inputs, self.versions)):
+            if t is not None and t._changed_since(version):
+                raise self._changed(f"input {i}", t)
+        if output._changed_since(0):
+            raise self._changed("output", output)
         grads = self.backward(self.ctx, grad)
         grads = grads if isinstance(grads, tuple) else (grads,)
         for inp, g in zip(self.inputs, grads):
@@ -132,8 +143,22 @@ class Node:
         """Whether the gradients it hands on are the pass's to write into (see Function)."""
         return self.function.returns_new_arrays or self.function.returns_view_of_grad and grad_is_own
 
-    def free(self):
+    def _changed(self, what, t):
+        return RuntimeError(
+            f"{self.function.__name__}'s {what} (a {t.dtype} {t.shape} tensor) was changed in place after "
+            "the forward; the gradient would be wrong: change a copy, or run the forward after the change"
+        )
+
+    def free(self, output=None):
+        """Let go of what the forward saved and of the tensors held (backward frees the output too)."""
+        for t in () if self.inputs is None else (*self.inputs, output):
+            if t is not None:
+                t._holders -= 1
+                if not t._holders:
+                    t._snapshot = None
         self.ctx = self.inputs = None
+
+    __del__ = free  # a graph dropped without a backward lets go of its tensors as well
 
 
 def _as_array(x):
@@ -155,7 +180,7 @@ def _common_float_dtype(function, tensors):
         raise RuntimeError(f"{function.__name__}: inputs are on different devices ({devices})")
     if function.mixes_floats:
         return None
-    dtypes = {t.data.dtype for t in tensors if is_floating(t.data.dtype)}
+    dtypes = {t.dtype for t in tensors if is_floating(t.dtype)}
     if len(dtypes) > 1:
         names = ", ".join(sorted(str(d) for d in dtypes))
         raise TypeError(f"{function.__name__}: inputs mix floating dtypes ({names}); convert one first")
@@ -163,42 +188,79 @@ def _common_float_dtype(function, tensors):
 
 
 class Tensor:
-    """An array (`.data`, numpy or cupy) with an optional gradient (`.grad`, same shape)."""
+    """An array (`.data`, numpy or cupy) with an optional gradient (`.grad`, same shape).
+
+    Setting `.data` (`x.data = y`, `x.data -= 1`) or an optimizer step counts a new version. A write
+    into the array `.data` gives (`x.data[0] += 1`) counts none, so reading `.data` while a live
+    graph holds the tensor keeps a copy to compare with at backward. The engine reads `_data`.
+    """
 
     __array_ufunc__ = None  # make `ndarray + Tensor` call Tensor.__radd__ instead of numpy
     __array_priority__ = 1000  # the same for cupy
+    _version = 0  # how many times the array was set anew or stepped in place
+    _holders = 0  # the live nodes that hold this tensor (Node)
+    _snapshot = None  # the array as the graph saw it, kept while one holds it and `.data` is read
 
     def __init__(self, data, requires_grad=False):
         if requires_grad and not is_floating(data.dtype):
             raise TypeError(f"only floating tensors can require gradients, not {data.dtype}")
-        self.data = data
+        self._data = data
         self.grad = None
         self.requires_grad = requires_grad
         self._node = None
 
+    @property
+    def data(self):
+        """The array itself (not a copy)."""
+        if self._holders and self._snapshot is None:
+            self._snapshot = _copy(self._data)
+        return self._data
+
+    @data.setter
+    def data(self, array):
+        self._data, self._snapshot = array, None
+        self._version += 1
+
+    def _hold(self):
+        """One more live node holds this tensor: its version, for the node to keep. An array written
+        since `.data` was read gets a new version first, which the older nodes will refuse."""
+        if self._snapshot is not None and self._written_into():
+            self._version, self._snapshot = self._version + 1, _copy(self._data)
+        self._holders += 1
+        return self._version
+
+    def _changed_since(self, version):
+        return self._version != version or self._snapshot is not None and self._written_into()
+
+    def _written_into(self):
+        """Whether the array differs from the copy kept when `.data` was read (NaN equals NaN)."""
+        with backend.device_scope(self._data):
+            same = self.xp.array_equal(self._snapshot, self._data, equal_nan=is_floating(self.dtype))
+        return not backend.to_host(same)
+
     # ----- what it is
-    shape = property(lambda self: self.data.shape)
-    ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
-    dtype = property(lambda self: self.data.dtype)
-    device = property(lambda self: backend.device_of(self.data))
-    xp = property(lambda self: backend.get_array_module(self.data))
+    shape = property(lambda self: self._data.shape)
+    ndim = property(lambda self: self._data.ndim)
+    size = property(lambda self: self._data.size)
+    dtype = property(lambda self: self._data.dtype)
+    device = property(lambda self: backend.device_of(self._data))
+    xp = property(lambda self: backend.get_array_module(self._data))
     is_leaf = property(lambda self: self._node is None)
 
     def __len__(self):
-        return len(self.data)
+        return len(self._data)
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"tensor({backend.to_host(self.data)!r}, device='{self.device}'{grad})"
+        return f"tensor({backend.to_host(self._data)!r}, device='{self.device}'{grad})"
 
     def numpy(self):
         """A host copy of the data as a NumPy array (on a GPU, a read that waits for it)."""
-        return backend.to_host(self.data).copy()
+        return backend.to_host(self._data).copy()
 
     def item(self):
         """The one value of a one-entry tensor as a Python number (a read, as numpy())."""
-        return backend.to_host(self.data).item()
+        return backend.to_host(self._data).item()
 
     def detach(self):
         """The same data, cut off from the graph."""
@@ -229,9 +291,9 @@ class Tensor:
 
     # comparisons give plain boolean tensors (masks for `where`), with no gradient
     def _compare(self, other, compare):
-        other = other.data if isinstance(other, Tensor) else self._operand(other)
-        with backend.device_scope(self.data):
-            return Tensor(compare(self.data, other))
+        other = other._data if isinstance(other, Tensor) else self._operand(other)
+        with backend.device_scope(self._data):
+            return Tensor(compare(self._data, other))
 
     # fmt: off
     def __lt__(self, other): return self._compare(other, self.xp.less)
@@ -271,7 +333,7 @@ class Tensor:
         `grad` (shaped like self) is required unless self has one element; it weights the
         outputs, so backward(grad) gives the vector-Jacobian product.
         """
-        with backend.device_scope(self.data):  # the graph's GPU: its ops' inputs share one device
+        with backend.device_scope(self._data):  # the graph's GPU: its ops' inputs share one device
             gradients = Gradients()
             gradients.add(self, self._output_grad(grad), own=False)
             order = _inputs_first(self)
@@ -283,9 +345,9 @@ class Tensor:
                         gradients.give_to_leaf(t, grad, own)
                     continue
                 if grad is not None:
-                    for inp, input_grad in t._node.input_grads(grad):
+                    for inp, input_grad in t._node.input_grads(grad, t):
                         gradients.add(inp, input_grad, own=t._node.gives_own_arrays(own))
-                t._node.free()
+                t._node.free(t)
 
     def _output_grad(self, grad):
         """backward()'s `grad` as an array of this tensor's shape and dtype (ones by default)."""
@@ -295,7 +357,7 @@ class Tensor:
             if self.size != 1:
                 raise RuntimeError(f"backward() on a tensor of shape {self.shape} needs grad= of that shape")
             return self.xp.ones(self.shape, dtype=self.dtype)
-        grad = self.xp.array(grad.data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+        grad = self.xp.array(grad._data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
         if grad.shape != self.shape:
             raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
         return grad
@@ -370,9 +432,9 @@ def _inputs_first(root):
 def _raw_index(index):
     """An index with Tensors replaced by their arrays (integer or boolean indices)."""
     if isinstance(index, Tensor):
-        return index.data
+        return index._data
     if isinstance(index, tuple):
-        return tuple(i.data if isinstance(i, Tensor) else i for i in index)
+        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
     return index
 
 
@@ -381,17 +443,39 @@ def tensor(data, requires_grad=False, dtype=None, device=None):
 
     Floating data becomes float32 unless `dtype` says otherwise; integer and boolean data keep
     their kind. `device` is 'cpu', 'cuda', 'cuda:N' or 'auto'; by default, where the data is.
+    Anything but numbers (text, None, a dict, ragged lists, an object array) is refused here.
     """
-    if isinstance(data, Tensor):
-        data = data.data
+    given = data._data if isinstance(data, Tensor) else data
+    data = given if isinstance(given, np.ndarray) or backend.on_gpu(given) else _host_array(given)
+    if not is_numeric(data.dtype):
+        raise TypeError(f"tensor: data must be numbers (bool, integer or float), not {reprlib.repr(given)}")
+    if dtype is not None and not is_numeric(_as_dtype(dtype)):
+        raise TypeError(f"tensor: dtype must be a bool, integer or float type, not {dtype!r}")
     device = backend.parse_device(device) if device is not None else backend.device_of(data)
-    if dtype is None:
-        floating = is_floating(data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype)
-        dtype = np.float32 if floating else None
+    if dtype is None and is_floating(data.dtype):
+        dtype = np.float32
     array = backend.to_device(data, device, dtype)
-    if array is data:
-        array = array.copy()
-    return Tensor(array, requires_grad=requires_grad)
+    return Tensor(array.copy() if array is given else array, requires_grad=requires_grad)
+
+
+def _host_array(data):
+    try:
+        return np.asarray(data)
+    except (TypeError, ValueError) as error:  # ragged lists
+        raise ValueError(f"tensor: data must be numbers or nested lists of equal lengths ({error})") from None
+
+
+def _as_dtype(dtype):
+    """np.dtype(dtype), or None where it names none."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
+
+
+def _copy(array):
+    with backend.device_scope(array):
+        return array.copy()
 
 
 # The one import circle of the engine, as in every define-by-run engine: Tensor's operators make

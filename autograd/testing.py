@@ -16,6 +16,7 @@ import importlib
 import inspect
 import math
 import pkgutil
+import types
 
 import numpy as np
 
@@ -37,24 +38,28 @@ from .tensor import Function, Tensor, no_grad, tensor
 
 def shapes(min_dims=0, max_dims=3, min_side=1, max_side=4):
     """Array shapes of min_dims to max_dims axes, each of min_side to max_side entries."""
-    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+    drawn = hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+    return _valid(drawn)
 
 
 def broadcastable_shapes(count=2, min_dims=0, max_dims=3, min_side=1, max_side=3):
     """Tuples of `count` shapes that broadcast together, size-1 and missing axes included."""
-    return hnp.mutually_broadcastable_shapes(
+    drawn = hnp.mutually_broadcastable_shapes(
         num_shapes=count, min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side
-    ).map(lambda drawn: drawn.input_shapes)
+    )
+    return _valid(drawn).map(lambda drawn: drawn.input_shapes)
 
 
 def arrays(shape, low=-3.0, high=3.0, dtype=np.float64):
     """Arrays of `shape` (a shape or a strategy for one) with finite values in [low, high]."""
     elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=np.dtype(dtype).itemsize * 8)
-    return hnp.arrays(dtype, shape, elements=elements)
+    return _valid(hnp.arrays(dtype, _shape("arrays", shape), elements=elements))
 
 
 def broadcastable_arrays(count=2, elements=arrays, **shape_options):
     """Tuples of `count` arrays whose shapes broadcast together; `elements(shape)` draws each."""
+    if not callable(elements):
+        raise TypeError(f"broadcastable_arrays: elements must be a function of a shape, not {elements!r}")
     return broadcastable_shapes(count, **shape_options).flatmap(
         lambda drawn: st.tuples(*(elements(shape) for shape in drawn))
     )
@@ -64,6 +69,8 @@ def away_from(points, shape, margin=0.1, low=-3.0, high=3.0):
     """Float64 arrays with values in [low, high], each at least `margin` from every one of
     `points`: inputs away from an op's kinks (relu and abs at 0, clip at its bounds), where a
     finite difference would straddle two slopes."""
+    if not margin >= 0:
+        raise ValueError(f"away_from: margin must be >= 0, got {margin!r}")
     points = sorted(points)
     gaps_fit = all(b - a >= 2 * margin for a, b in zip(points, points[1:]))
     if not gaps_fit or (points and (points[0] - margin < low or points[-1] + margin > high)):
@@ -75,7 +82,7 @@ def away_from(points, shape, margin=0.1, low=-3.0, high=3.0):
         return min(value, high)  # the sums may round one ulp past it
 
     elements = st.floats(low, high - 2 * margin * len(points)).map(step_over_gaps)
-    return hnp.arrays(np.float64, shape, elements=elements)
+    return _valid(hnp.arrays(np.float64, _shape("away_from", shape), elements=elements))
 
 
 def away_from_zero(shape, low=0.5, high=3.0):
@@ -85,15 +92,34 @@ def away_from_zero(shape, low=0.5, high=3.0):
 
 def distinct(shape, gap=1e-3, low=-3.0, high=3.0):
     """Float64 arrays in [low, high] whose entries differ pairwise by at least `gap`: no ties for
-    max or sort, whose gradient would pick one of two equal entries."""
-    steps = st.integers(math.ceil(low / gap), math.floor(high / gap)).map(lambda k: k * gap)
-    return hnp.arrays(np.float64, shape, elements=steps, unique=True)
+    max or sort, whose gradient would pick one of two equal entries. A shape with more entries than
+    [low, high] holds values `gap` apart is refused (when drawn, for a strategy of shapes)."""
+    if not (isinstance(gap, (int, float)) and 0 < gap < math.inf):
+        raise ValueError(f"distinct: gap must be a finite number > 0, got {gap!r}")
+    first, last = math.ceil(low / gap), math.floor(high / gap)
+
+    def fitting(shape):
+        entries = math.prod(_shape("distinct", shape))
+        if entries > last - first + 1:
+            raise ValueError(
+                f"distinct: a shape of {entries} entries, but only {max(last - first + 1, 0)} values "
+                f"{gap} apart lie in [{low}, {high}]"
+            )
+        return shape
+
+    shape = _shape("distinct", shape)
+    shape = shape.map(fitting) if isinstance(shape, st.SearchStrategy) else fitting(shape)
+    steps = st.integers(first, last).map(lambda k: k * gap)
+    return _valid(hnp.arrays(np.float64, shape, elements=steps, unique=True))
 
 
 def indices(size, shape, negative=False):
     """Int64 arrays of `shape` with entries in [0, size), or in [-size, size) with `negative`:
     token ids for an embedding, positions to gather."""
-    return hnp.arrays(np.int64, shape, elements=st.integers(-size if negative else 0, size - 1))
+    if not (isinstance(size, (int, np.integer)) and size >= 1):
+        raise ValueError(f"indices: size must be an integer >= 1, got {size!r}")
+    elements = st.integers(-size if negative else 0, size - 1)
+    return _valid(hnp.arrays(np.int64, _shape("indices", shape), elements=elements))
 
 
 def leaf(array, device="cpu", requires_grad=True):
@@ -103,7 +129,7 @@ def leaf(array, device="cpu", requires_grad=True):
 
 def tensors(values, device="cpu", requires_grad=True):
     """Float64 leaf tensors on `device` holding the arrays that the strategy `values` draws."""
-    return values.map(lambda array: leaf(array, device, requires_grad))
+    return _strategy("tensors", "values", values).map(lambda array: leaf(array, device, requires_grad))
 
 
 # ----- the gradient property -------------------------------------------------------------------
@@ -118,7 +144,7 @@ def assert_gradients(fn, *inputs, names=None, eps=1e-6, atol=1e-6, rtol=1e-5, ma
     except GradcheckError:
         with no_grad():
             outputs = fn(*inputs).data.size
-        entries = sum(x.data.size for x in inputs if isinstance(x, Tensor) and x.requires_grad)
+        entries = sum(x.size for x in inputs if isinstance(x, Tensor) and x.requires_grad)
         if outputs * entries <= max_jacobian:
             jacobian_check(fn, inputs, eps=eps, atol=atol, rtol=rtol, names=names)
         raise
@@ -132,6 +158,10 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
     inputs and raises a GradcheckError that names the input and entries that disagree.
     `settings`: hypothesis settings for this property (as `settings(max_examples=500)`), else the
     profile's. `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`."""
+    if not callable(fn):
+        raise TypeError(f"check_gradients: fn must be callable, not {fn!r}")
+    for i, strategy in enumerate(strategies):
+        _strategy("check_gradients", f"strategy {i}", strategy)
     parameters = _parameter_names(fn)
     keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
 
@@ -144,6 +174,31 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
     gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
     test = given(**dict(zip(keys, strategies)))(gradients_agree)
     (settings(test) if settings else test)()
+
+
+def _valid(strategy):
+    """`strategy`, its arguments checked now (hypothesis's InvalidArgument, a TypeError, names the
+    one out of range) rather than when a test first draws from it."""
+    strategy.validate()
+    return strategy
+
+
+def _strategy(caller, name, value):
+    if not isinstance(value, st.SearchStrategy):
+        kind = type(value).__name__
+        raise TypeError(f"{caller}: {name} must be a hypothesis strategy, not a {kind} (st.just(x) draws x)")
+    return value
+
+
+def _shape(caller, shape):
+    """A shape (an integer, or a tuple or list of them) as a tuple, or a strategy for one; a
+    TypeError for anything else."""
+    if isinstance(shape, st.SearchStrategy):
+        return shape
+    sides = shape if isinstance(shape, (tuple, list)) else (shape,)
+    if all(isinstance(n, (int, np.integer)) and n >= 0 for n in sides):
+        return tuple(int(n) for n in sides)
+    raise TypeError(f"{caller}: shape must be a tuple of integers >= 0 or a strategy for one, not {shape!r}")
 
 
 def _parameter_names(fn):
@@ -174,6 +229,9 @@ _GRADIENT_TESTED = set()
 
 def checks_gradient_of(*functions):
     """Mark a test as the gradient test of these Function subclasses."""
+    wrong = [f for f in functions if not (isinstance(f, type) and issubclass(f, Function))]
+    if wrong:
+        raise TypeError(f"checks_gradient_of: takes Function subclasses, not {', '.join(map(repr, wrong))}")
     _GRADIENT_TESTED.update(functions)
     return lambda test: test
 
@@ -181,6 +239,7 @@ def checks_gradient_of(*functions):
 def functions_of(package):
     """The Function subclasses defined in `package` (a module or a package), every module of it
     imported first."""
+    _check_module("package", package)
     _import_all(package)
     return {f for f in _subclasses(Function) if _defined_in(f, package)}
 
@@ -188,6 +247,7 @@ def functions_of(package):
 def untested_functions(package, tests=None):
     """Names of the Function subclasses of `package` that no test marks with
     `checks_gradient_of`; every module of `tests` is imported first, so that every mark is seen."""
+    _check_module("tests", tests, optional=True)
     _import_all(tests)
     return sorted(f"{f.__module__}.{f.__qualname__}" for f in functions_of(package) - _GRADIENT_TESTED)
 
@@ -196,6 +256,11 @@ def assert_every_function_tested(package, tests=None):
     """Fail naming every Function subclass of `package` that has no gradient test in `tests`."""
     missing = untested_functions(package, tests)
     assert not missing, f"no gradient test for: {', '.join(missing)}"
+
+
+def _check_module(name, value, optional=False):
+    if not (isinstance(value, types.ModuleType) or optional and value is None):
+        raise TypeError(f"{name} must be a module or package (such as autograd), not {value!r}")
 
 
 def _import_all(module):

@@ -30,7 +30,6 @@ outcome) and summary.md (every part's section): 7 files. On a GPU each JSON is a
 bench/results/, under the device's name. The status is 0 when every part that ran is ok.
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -61,9 +60,7 @@ DEADLINE_S, GRACE_S, MIN_PART_S = 460, 5, 20
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = gpu_report.Parser(__doc__)
     parser.add_argument(
         "--device",
         type=gpu_report.device_name,
@@ -77,10 +74,15 @@ def parse_args(argv=None):
     parser.add_argument(
         "--deadline", type=gpu_report.seconds, default=DEADLINE_S, help="seconds for the whole command"
     )
-    parser.add_argument("--preset", default="gpt1", help="the model the step, profile and bench time")
-    parser.add_argument("--seq", type=int, default=512, help="tokens per sequence there")
     parser.add_argument(
-        "--batch", type=int, nargs="+", default=[8, 32], help="the bench's (the profile: first)"
+        "--preset",
+        default="gpt1",
+        choices=gpu_report.PRESETS,
+        help="the model the step, profile and bench time",
+    )
+    parser.add_argument("--seq", type=gpu_report.whole, default=512, help="tokens per sequence there")
+    parser.add_argument(
+        "--batch", type=gpu_report.whole, nargs="+", default=[8, 32], help="the bench's (the profile: first)"
     )
     parser.add_argument(
         "--precision", nargs="+", default=["bf16", "tf32", "fp32"], choices=["bf16", "tf32", "fp32"]

@@ -30,11 +30,22 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 
+PRESETS = ("gpt1", "mini", "tiny")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage error is one line (status 2); --help shows the usage."""
+
+    def __init__(self, description):
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parser(description, model=False):
     """The command line every part takes; `model`: also the model and sequence length it times."""
-    found = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    found = Parser(description)
     found.add_argument(
         "--device",
         type=device_name,
@@ -46,8 +57,10 @@ def parser(description, model=False):
     )
     found.add_argument("--budget", type=seconds, help="seconds the part may take (default: no limit)")
     if model:
-        found.add_argument("--preset", default="gpt1", help="the model (tiny to try the logic on a CPU)")
-        found.add_argument("--seq", type=int, default=512, help="tokens per sequence")
+        found.add_argument(
+            "--preset", default="gpt1", choices=PRESETS, help="the model (tiny to try the logic on a CPU)"
+        )
+        found.add_argument("--seq", type=whole, default=512, help="tokens per sequence")
     return found
 
 
@@ -72,6 +85,13 @@ def out_folder(path):
     if not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{path}: not writable")
     return str(path)
+
+
+def whole(text):
+    """A whole number, 1 or more; a usage error otherwise."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: not a whole number (1 or more)")
+    return int(text)
 
 
 def seconds(text):

@@ -96,6 +96,15 @@ def test_a_bad_argument_is_one_line_of_usage(monkeypatch, tmp_path, capsys, argu
             break  # the driver's alone
 
 
+def test_no_gpu_is_one_line_and_status_2(monkeypatch, tmp_path, capsys):
+    """The default --device cuda on a machine without CuPy or a GPU: one line, not a usage block."""
+    monkeypatch.setattr(gpu_report.backend, "cupy", None)
+    with pytest.raises(SystemExit) as exited:
+        gpu_check.main(["--out", str(tmp_path)])
+    [error] = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and ": error: argument --device: device 'cuda'" in error
+
+
 def test_nothing_measured_is_no_success(tmp_path):
     assert gpu_check.main([*SMALL, "--deadline", "1", "--out", str(tmp_path)]) == 1
     check = json.loads((tmp_path / "check.json").read_text())

@@ -6,6 +6,7 @@ where there is one), so that a command line can print it as one line.
 
 import glob
 import json
+import os
 from pathlib import Path
 
 
@@ -87,3 +88,17 @@ def read_text_files(paths, encoding="utf-8", errors="strict"):
     if problems:
         raise UndecodableFiles(problems)
     return texts
+
+
+def check_apart(output, inputs):
+    """Raise ValueError where `output`, a path a command writes, is, holds or lies inside one of its
+    `inputs` [(flag, path)], whose writing could change what it reads (links followed, a glob's
+    matches taken); the message names the input."""
+    there = os.path.realpath(output)
+    for flag, path in inputs:
+        for read in glob.glob(path) if any(char in path for char in "*?[") else [path]:
+            here = os.path.realpath(read)
+            common = os.path.commonpath([there, here])
+            if common in (there, here):
+                how = "is" if there == here else "holds" if common == there else "lies inside"
+                raise ValueError(f"{output} {how} {flag} {read}: an output must stay apart from the inputs")

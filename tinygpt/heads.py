@@ -62,11 +62,13 @@ class TaskHead(nn.Module):
 
     def forward(self, ids, clf_positions, lm=True):
         """-> (the task's logits, LM logits (N, S, T, vocab) or None when lm is False)."""
+        ids, clf_positions = _checked_batch(ids, clf_positions)
         n, s, t = ids.shape
         with ag.random.rows_per_example(s):  # the transformer's dropout: a mask per sequence
             h = self.transformer.hidden_states(np.reshape(ids, (n * s, t)))
-        with backend.device_scope(h.data):  # the model's GPU, whichever is current
-            rows, columns = h.xp.arange(n * s), backend.to_device(clf_positions, h.device).reshape(-1)
+        columns = backend.to_device(clf_positions, h.device).reshape(-1)
+        with backend.device_scope(columns):  # the model's GPU, whichever is current
+            rows = h.xp.arange(n * s)
         states = h[rows, columns].reshape(n, s, h.shape[-1])  # h_l^m: the state at _classify_
         lm_logits = self.transformer.lm_logits(h).reshape(n, s, t, -1) if lm else None
         return self.logits(states), lm_logits
@@ -92,6 +94,21 @@ class TaskHead(nn.Module):
             return task, task, None
         lm = lm_loss(lm_logits, batch.lm_targets)
         return task + lm_coef * lm, task, lm
+
+
+def _checked_batch(ids, clf_positions):
+    """ids (N, S, T) and clf_positions (N, S) as arrays, each position inside its sequence (checked
+    where they are on the host: a GPU would read a wrong one from some other place, silently)."""
+    ids, clf_positions = ((a if backend.on_gpu(a) else np.asarray(a)) for a in (ids, clf_positions))
+    if ids.ndim != 3 or clf_positions.shape != ids.shape[:2] or clf_positions.dtype.kind not in "iu":
+        raise ValueError(
+            "a task head takes ids shaped (examples, sequences, time) and integer clf_positions shaped "
+            f"(examples, sequences), got {ids.shape} and {clf_positions.dtype} {clf_positions.shape}"
+        )
+    on_host = not backend.on_gpu(clf_positions)
+    if on_host and clf_positions.size and not 0 <= clf_positions.min() <= clf_positions.max() < ids.shape[2]:
+        raise ValueError(f"clf_positions must lie in [0, {ids.shape[2]}), the length of a sequence")
+    return ids, clf_positions
 
 
 class GPTForClassification(TaskHead):

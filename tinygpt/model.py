@@ -64,9 +64,8 @@ class GPT(nn.Module):
         """
         start = cache.length if cache is not None else 0
         ids = self._check_ids(ids, start)
-        weight = self.positions_embed.weight
-        with backend.device_scope(weight.data):  # on the model's GPU, whichever is current
-            positions = weight.xp.arange(start, start + ids.shape[1])
+        with backend.device_scope(ids):  # on the model's GPU, whichever is current
+            positions = backend.get_array_module(ids).arange(start, start + ids.shape[1])
         x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
         for block in self.h:
             x = block(x, cache)
@@ -92,6 +91,8 @@ class GPT(nn.Module):
         ids = np.asarray(ids) if on_host else ids
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
+        if not ids.size:
+            raise ValueError(f"token ids of shape {ids.shape} hold no tokens: a batch needs one or more")
         if start + ids.shape[1] > self.config.n_ctx:
             raise ValueError(
                 f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}"
@@ -154,11 +155,11 @@ class GPT(nn.Module):
         """GPT-1 from the original release: params_shapes.json and params_0.npy ... params_9.npy,
         flat pieces joined and cut by the shapes (positions, tokens, then each block's c_attn,
         c_proj, ln_1, c_fc, mlp c_proj, ln_2; conv weights stored as [1, in, out])."""
-        with open(os.path.join(directory, "params_shapes.json")) as f:
-            shapes = json.load(f)
+        shapes_path = os.path.join(directory, "params_shapes.json")
+        shapes = _read_shapes(shapes_path)
         pieces, i = [], 0
         while os.path.exists(os.path.join(directory, f"params_{i}.npy")):
-            pieces.append(np.load(os.path.join(directory, f"params_{i}.npy"), allow_pickle=False))
+            pieces.append(_read_piece(os.path.join(directory, f"params_{i}.npy")))
             i += 1
         flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
         sizes = [int(np.prod(shape)) for shape in shapes]
@@ -167,24 +168,49 @@ class GPT(nn.Module):
                 f"{directory}: the shapes need {sum(sizes)} numbers, the params_*.npy files hold {flat.size}"
             )
         arrays = [piece.reshape(shape) for piece, shape in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
+        if len(arrays) < 14 or (len(arrays) - 2) % 12 or arrays[0].ndim != 2 or arrays[1].ndim != 2:
+            raise ValueError(
+                f"{shapes_path}: {len(arrays)} shapes are not two 2-D embeddings and blocks of 12"
+            )
         n_layer = (len(arrays) - 2) // 12
-        config = config or GPTConfig(
-            vocab_size=arrays[1].shape[0],
-            n_ctx=arrays[0].shape[0],
-            n_embd=arrays[0].shape[1],
-            n_layer=n_layer,
-        )
         one_block = GPTConfig(n_layer=1).parameter_shapes()
         block = [name.removeprefix("h.0.") for name in one_block if name.startswith("h.0.")]
         names = ["positions_embed.weight", "tokens_embed.weight"]  # the release's order
         names += [f"h.{layer}.{name}" for layer in range(n_layer) for name in block]
-        if len(names) != len(arrays):
-            raise ValueError(
-                f"{directory}: {len(arrays)} tensors do not make whole blocks of 12 after the embeddings"
-            )
-        state = {
-            name: a[0] if name.endswith("weight") and a.ndim == 3 else a for name, a in zip(names, arrays)
-        }
-        model = cls(config)
-        model.load_state_dict(state)
+        state = {name: a[0] if a.shape[:1] == (1,) and a.ndim == 3 else a for name, a in zip(names, arrays)}
+        try:
+            (n_ctx, n_embd), vocab_size = arrays[0].shape, arrays[1].shape[0]
+            config = config or GPTConfig(vocab_size=vocab_size, n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer)
+            model = cls(config)
+            model.load_state_dict(state)
+        except ValueError as error:
+            raise ValueError(f"{shapes_path}: {error}") from None
         return model
+
+
+def _read_shapes(path):
+    """The array shapes listed in params_shapes.json, or a ValueError naming the file."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            shapes = json.load(f)
+        except ValueError as error:
+            raise ValueError(f"{path}: not JSON ({error})") from None
+    if not isinstance(shapes, list):
+        raise ValueError(f"{path}: must hold a list of shapes, not a {type(shapes).__name__}")
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError(f"{path}: shape {i} is {shape!r}, not a list of integers >= 0")
+    return shapes
+
+
+def _read_piece(path):
+    """One params_{i}.npy: a flat array of floats, or a ValueError naming the file."""
+    try:
+        piece = np.load(path, allow_pickle=False)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a NumPy array file ({error})") from None
+    if piece.ndim != 1 or piece.dtype.kind != "f":
+        raise ValueError(
+            f"{path}: holds a {piece.dtype} array of shape {piece.shape}, not a flat one of floats"
+        )
+    return piece

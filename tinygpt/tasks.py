@@ -13,6 +13,10 @@ class id (for multiple choice, the index of the right answer) and "score" a numb
 
 Long inputs are cut as the original code did: a single text to n_ctx - 2 tokens, each segment
 of a pair to n_ctx // 2 - 2, so that every sequence fits in n_ctx positions.
+
+A byte-level BPE tokenizer reads the names `_start_`, `_delimiter_` and `_classify_` in a text as
+the special tokens themselves, so a sentence that holds one is framed by a token more;
+special_tokens_as_text=True reads them as plain text (GPT-1's own tokenizer always does).
 """
 
 import functools
@@ -22,7 +26,7 @@ import numpy as np
 
 from autograd.functional import IGNORE_INDEX
 
-from .tokenizer import SPECIAL_TOKENS
+from .tokenizer import SPECIAL_TOKENS, BPETokenizer
 
 KINDS = {  # kind -> the fields its examples hold besides the label
     "classification": ("text",),
@@ -175,16 +179,24 @@ class TaskData:
             yield self.batch(order[start : start + batch_size])
 
 
-def encode_examples(examples, kind, tokenizer, n_ctx):
+def text_encoder(tokenizer, special_tokens_as_text=False):
+    """The tokenizer's encode; with special_tokens_as_text, one that reads the special tokens'
+    names in a text as plain text (see the top of this file)."""
+    if special_tokens_as_text and isinstance(tokenizer, BPETokenizer):
+        return functools.partial(tokenizer.encode, special_tokens=False)
+    return tokenizer.encode
+
+
+def encode_examples(examples, kind, tokenizer, n_ctx, special_tokens_as_text=False):
     """Examples (dicts, see the top of this file) -> TaskData, through the tokenizer's encode and
     its special tokens. Examples with a "score" give float32 labels, with a "label" class ids, and
     with neither (examples to predict) labels None."""
     if n_ctx < 4:
         raise ValueError(f"n_ctx={n_ctx} leaves no room for text: a pair needs 3 special tokens")
-    special = SpecialTokens.of(tokenizer)
+    special, encode = SpecialTokens.of(tokenizer), text_encoder(tokenizer, special_tokens_as_text)
     sequences, n_cut = [], 0
     for example in examples:
-        seqs, cut = transform(example, kind, tokenizer.encode, special, n_ctx)
+        seqs, cut = transform(example, kind, encode, special, n_ctx)
         sequences.append(seqs)
         n_cut += cut
     target = "score" if examples and "score" in examples[0] else "label"

@@ -7,10 +7,13 @@
     checkpoints/<step>/optimizer.safetensors   Adam's moments, m.<name> and v.<name>
     checkpoints/<step>/state.json              step, Adam's step count and settings, and the loop's
                                                own counters (everything else is derived from them)
+    checkpoints/<step>/digests.json            the run's files the weights depend on, by digest
+                                               (tinygpt/run_folder.py)
 
 A checkpoint is written to a temporary folder, flushed to the disk and renamed into place, so
-`checkpoints/` only ever holds whole checkpoints; the oldest beyond `keep` are then removed. A
-temporary folder that a killed process left behind is removed when the run starts again.
+`checkpoints/` only ever holds whole checkpoints; the files of the oldest beyond `keep` are then
+removed, and a file of someone else's in their folder kept. A temporary folder that a killed
+process left behind is removed when the run starts again.
 """
 
 import glob
@@ -21,23 +24,38 @@ import shutil
 
 from autograd.serialization import SafetensorsError, load_file, save_file
 from tinygpt import GPT
-from tinygpt.run_folder import STATE_FILE, checkpoint_steps, latest_checkpoint
+from tinygpt.run_folder import (
+    DIGESTS_FILE,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    check_dependencies,
+    checkpoint_steps,
+    is_step,
+    latest_checkpoint,
+    run_of,
+)
 
 HEAD_FILE = "head.safetensors"
+WEIGHT_FILES = ("config.json", WEIGHTS_FILE, HEAD_FILE, "optimizer.safetensors", STATE_FILE, DIGESTS_FILE)
 
 
-def save_weights(model, folder):
+def save_weights(model, folder, digests=None):
     """Write the weights of a GPT, or of a task head around one: the GPT in the openai-gpt layout
-    (so the folder still loads with GPT.from_pretrained), the head's own parameters beside it."""
+    (so the folder still loads with GPT.from_pretrained), the head's own parameters beside it, and
+    `digests` (of the run's files they depend on) where given."""
     transformer = getattr(model, "transformer", model)
     transformer.save_pretrained(folder)
     if transformer is not model:
         head = {name: p.data for name, p in model.named_parameters() if not name.startswith("transformer.")}
         save_file(head, os.path.join(folder, HEAD_FILE))
+    if digests is not None:
+        write_json(os.path.join(folder, DIGESTS_FILE), digests)
 
 
 def read_weights(folder, model):
-    """The state dict that save_weights wrote for `model` (a GPT or a task head around one)."""
+    """The state dict that save_weights wrote for `model` (a GPT or a task head around one), once
+    the run's files are found to be those the weights were written with (check_dependencies)."""
+    check_dependencies(folder)
     weights = GPT.read_weights(folder)
     if getattr(model, "transformer", model) is model:
         return weights
@@ -47,9 +65,10 @@ def read_weights(folder, model):
     }
 
 
-def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
-    """Write checkpoints/<step>/ under run_dir and keep only the newest `keep`; returns its path.
-    A checkpoint of that step already there is an error (FileExistsError), never kept silently."""
+def save_checkpoint(run_dir, step, model, optimizer, state, keep=3, digests=None):
+    """Write checkpoints/<step>/ under run_dir (with `digests`, see save_weights) and keep only the
+    newest `keep`; returns its path. A folder of that step already there is an error
+    (FileExistsError), never written over."""
     folder = os.path.join(run_dir, "checkpoints")
     final = os.path.join(folder, str(step))
     if os.path.exists(final):
@@ -57,7 +76,7 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
     temporary = os.path.join(folder, f".partial-{step}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        save_weights(model, temporary)
+        save_weights(model, temporary, digests)
         names = [name for name, _ in model.named_parameters()]
         adam = optimizer.state_dict()
         moments = {f"m.{n}": m for n, m in zip(names, adam.pop("m"))}
@@ -69,9 +88,32 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3):
         fsync(folder)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
-    for old in checkpoint_steps(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(folder, str(old)), ignore_errors=True)
+    for old in [os.path.join(folder, str(s)) for s in checkpoint_steps(run_dir)[:-keep]] if keep > 0 else []:
+        kept = remove_checkpoint(old)
+        if kept:
+            print(f"{old}: checkpoint removed (--keep-checkpoints), kept {', '.join(kept)}: no run wrote it")
     return final
+
+
+def remove_checkpoint(folder):
+    """Remove the files a run writes in a checkpoint or best/ (WEIGHT_FILES), and the folder where
+    nothing else is left in it; returns the names of what is left, someone else's."""
+    for name in WEIGHT_FILES:
+        if os.path.isfile(os.path.join(folder, name)):
+            os.remove(os.path.join(folder, name))
+    left = sorted(os.listdir(folder))
+    if not left:
+        os.rmdir(folder)
+    return left
+
+
+def retire(old, new):
+    """Replace weights folder `old` by `new`, which took its place: what is someone else's in old
+    moves into new, then old's own files go (see remove_checkpoint)."""
+    for name in os.listdir(old):
+        if name not in WEIGHT_FILES:
+            os.replace(os.path.join(old, name), os.path.join(new, name))
+    remove_checkpoint(old)
 
 
 def fsync(path):
@@ -95,13 +137,14 @@ def write_json(path, record):
 
 def remove_partials(run_dir):
     """Undo what a killed process left half done: remove checkpoints/.partial-*, *.partial files
-    and .best-partial/; put back best/ where finetune's save_best had moved it aside (.best-old/)."""
+    and .best-partial/; put back best/ where finetune's save_best had moved it aside (.best-old/),
+    or retire it where the new best/ is in place."""
     patterns = (("checkpoints", ".partial-*"), ("*.partial",), (".best-partial",))
     for path in (path for pattern in patterns for path in glob.glob(os.path.join(run_dir, *pattern))):
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     old, best = os.path.join(run_dir, ".best-old"), os.path.join(run_dir, "best")
     if os.path.isdir(old):
-        shutil.rmtree(old) if os.path.isdir(best) else os.replace(old, best)
+        retire(old, best) if os.path.isdir(best) else os.replace(old, best)
 
 
 def find_checkpoint(path):
@@ -116,6 +159,15 @@ def find_checkpoint(path):
             f"{path}: holds no checkpoint (looked in {os.path.join(path, 'checkpoints')})"
         )
     return checkpoint
+
+
+def check_checkpoint(path):
+    """The checkpoint folder of `path` (see find_checkpoint), once its state.json and the run's files
+    are found sound (read_state, check_dependencies): a resume's first check, before any work."""
+    folder = find_checkpoint(path)
+    read_state(os.path.join(folder, STATE_FILE), with_optimizer=False)
+    check_dependencies(folder)
+    return folder
 
 
 def load_checkpoint(path, model, optimizer=None):
@@ -179,8 +231,8 @@ ADAM_FIELDS = {
 
 
 def read_state(path, with_optimizer=True):
-    """A checkpoint's state.json, checked: step (and elapsed, world_size where present) and, with
-    `with_optimizer`, Adam's settings. An error names the file and the field."""
+    """A checkpoint's state.json, checked: step (that of its folder, in a run), elapsed and world_size
+    where present and, with `with_optimizer`, Adam's settings. An error names the file and the field."""
     try:
         with open(path) as f:
             state = json.load(f)
@@ -189,6 +241,9 @@ def read_state(path, with_optimizer=True):
     if not isinstance(state, dict):
         raise ValueError(f"{path}: not a JSON object")
     check_fields(path, state, STATE_FIELDS, required=("step", "optimizer") if with_optimizer else ("step",))
+    folder, name = os.path.dirname(path), os.path.basename(os.path.dirname(path))
+    if run_of(folder) and is_step(name) and state["step"] != int(name):
+        raise ValueError(f"{path}: step {state['step']}, in the folder of step {name}")
     if with_optimizer:
         check_fields(path, state["optimizer"], ADAM_FIELDS, required=ADAM_FIELDS, prefix="optimizer.")
     return state

@@ -1,5 +1,6 @@
 """What the command-line modules share: argument types that say what they expect, the arguments that
-name a run and a device, the subcommands of train.evaluate, opening a run and writing results."""
+name a run and a device, the checks made before any work, the subcommands of train.evaluate, opening
+a run, reading a task's file and writing results."""
 
 import argparse
 import codecs
@@ -10,13 +11,22 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import warnings
+
+import numpy as np
 
 from autograd import backend
 from autograd.precision import POLICIES
 from autograd.serialization import SafetensorsError
+from tinygpt import GPTConfig, run_folder
+from tinygpt.files import UndecodableFiles, check_apart
+from tinygpt.tokenizer import SPECIAL_TOKENS
 
+from . import glue
 from .run import load_run
+
+GPT1_VOCAB_SIZE = 40481  # GPT-1's tokenizer: 40,478 tokens and the 3 special ones
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -84,6 +94,8 @@ probability = argument_type(float, lambda p: 0 < p <= 1, "a number in (0, 1]")
 positive_float = argument_type(float, lambda x: 0 < x < math.inf, "a finite number > 0")
 non_negative_float = argument_type(float, lambda x: 0 <= x < math.inf, "a finite number >= 0")
 fraction = argument_type(float, lambda p: 0 <= p < 1, "a number in [0, 1)")
+finite_float = argument_type(float, math.isfinite, "a finite number")
+seed = argument_type(int, lambda n: 0 <= n < 2**64, "an integer in [0, 2^64)")  # dropout's masks take 64 bits
 
 
 def utf8_text(value):
@@ -167,6 +179,49 @@ def check_writable(parser, flag, path):
         there = os.path.dirname(there)
     if not os.access(there, os.W_OK):
         parser.error(f"{flag}: {path} cannot be written ({there} is read-only)")
+    folder = there if os.path.isdir(there) else os.path.dirname(there)
+    try:  # a folder that refuses new entries all the same (/proc, a full disk, a read-only mount)
+        os.rmdir(tempfile.mkdtemp(prefix=".tinygpt-probe-", dir=folder))
+    except OSError as error:
+        parser.error(f"{flag}: {path} cannot be written (in {folder}: {error.strerror})")
+
+
+def check_model(parser, args):
+    """A usage error before any work where pretrain's model flags ask for a model GPTConfig refuses,
+    or one whose training (weights, gradients, Adam's two moments) would not fit in this machine's
+    memory, or where --init-from names nothing."""
+    if args.init_from and not os.path.exists(args.init_from):
+        parser.error(f"--init-from: {args.init_from}: no such run, checkpoint or folder")
+    given = {name: getattr(args, name) for name in ("n_ctx", "n_layer", "n_embd", "n_head")}
+    given = {name: value for name, value in given.items() if value is not None}
+    flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in given.items())
+    flags = f"--preset {args.preset} {flags}".strip()
+    # a BPE trained here may come out smaller than --vocab-size: the model is counted with its bytes alone
+    vocab_size = GPT1_VOCAB_SIZE if args.gpt1_tokenizer else 256 + len(SPECIAL_TOKENS)
+    try:
+        config = GPTConfig.preset(args.preset, vocab_size=vocab_size, **given)
+    except ValueError as error:
+        parser.error(f"{flags}: {str(error).removeprefix('GPTConfig: ').split('; check ')[0]}")
+    needed = 4 * config.n_parameters * np.dtype(args.dtype).itemsize
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > memory:
+        parser.error(
+            f"{flags}: training {config.n_parameters:,} parameters takes {needed / 2**30:,.1f} GiB, "
+            f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
+        )
+
+
+def run_as_subcommand(*names):
+    """python -m train.<module>, of a module that holds subcommands of train.evaluate: its one command
+    run as python -m train.evaluate NAME, or a usage error naming its commands (status 2)."""
+    if len(names) == 1:
+        from . import evaluate  # here: evaluate imports this module
+
+        evaluate.main([names[0], *sys.argv[1:]])
+        return
+    module = sys.modules["__main__"].__spec__.name
+    print(f"python -m {module}: error: run python -m train.evaluate {' | '.join(names)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def check_settings(parser, resume, settings, resolved=()):
@@ -279,10 +334,66 @@ def check_output_file(parser, flag, path):
     check_writable(parser, flag, path)
 
 
+def add_task_file_arguments(parser):
+    """--encoding, --errors, --skip-bad-rows and --special-tokens-as-text: how a command reads a
+    task's file (train/glue.py) and its text (tinygpt/tasks.py)."""
+    add_text_arguments(parser)
+    parser.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
+    add_special_tokens_argument(parser)
+
+
+def add_special_tokens_argument(group):
+    """--special-tokens-as-text (tinygpt/tasks.py)."""
+    group.add_argument(
+        "--special-tokens-as-text",
+        action="store_true",
+        help="read _start_, _delimiter_ and _classify_ in the examples as plain text (default: as the "
+        "task's tokens that frame them; predict: as the run read them)",
+    )
+
+
+def read_task_file(parser, flag, task, path, args, labels=None, layout=None):
+    """glue.read of a file of `task` with --encoding, --errors and --skip-bad-rows (and the run's
+    `labels` and `layout`); a file it refuses, or one without usable examples, is a usage error of
+    `flag`."""
+    try:
+        dataset = glue.read(task, path, labels, args.skip_bad_rows, args.encoding, args.errors, layout)
+    except UndecodableFiles as error:
+        parser.error(f"{flag}: {error.advice(flags=True)}")
+    except (OSError, ValueError) as error:
+        parser.error(f"{flag}: {str(error).replace('skip_bad_rows=True', '--skip-bad-rows')}")
+    if not dataset.examples:
+        parser.error(f"{flag}: {path} holds no usable examples")
+    if dataset.bad_rows:
+        print(f"skipped {len(dataset.bad_rows)} bad rows, the first: {dataset.bad_rows[0]}")
+    return dataset
+
+
 def check_json_folder(parser, args):
-    """A usage error before any work where --json, if given, could not be written."""
+    """A usage error before any work where --json, if given, could not be written or lands on an input."""
     if args.json:
         check_output_file(parser, "--json", args.json)
+        check_apart_from_inputs(parser, "--json", args.json, args)
+
+
+def check_apart_from_inputs(parser, flag, output, args):
+    """A usage error where `output` is, holds or lies inside what an evaluation reads: --data, and of
+    --run the weights and the files they depend on (the run folder itself may take outputs)."""
+    data = getattr(args, "data", None) or []
+    inputs = [("--data", path) for path in (data if isinstance(data, list) else [data])]
+    try:
+        weights = run_folder.weights_folder(args.run) if getattr(args, "run", None) else None
+    except (OSError, ValueError):
+        weights = None  # loading the run names what is wrong with it
+    if weights:
+        run = run_folder.run_of(weights) or weights
+        inputs += [("--run", weights)] + [
+            ("--run", os.path.join(run, name)) for name in run_folder.DEPENDENCIES
+        ]
+    try:
+        check_apart(output, inputs)
+    except ValueError as error:
+        parser.error(f"{flag}: {error}")
 
 
 def write_results(args, results):

@@ -36,12 +36,34 @@ def default_corpus():
 def read_corpus(paths, encoding="utf-8", errors="strict"):
     """The texts of files, folders (every *.txt below) and globs, as tinygpt.files.read_text_files
     reads them: line ends made "\\n", the files that do not decode all named in one error."""
-    texts = read_text_files(paths, encoding, errors)
+    texts = read_texts(paths, encoding, errors)
     if not texts:
         raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
     if not any(text.strip() for text in texts):
         raise ValueError(f"the corpus in {', '.join(map(str, paths))} is empty")
     return texts
+
+
+def read_texts(paths, encoding="utf-8", errors="strict"):
+    """tinygpt.files.read_text_files(paths), where a folder named like a text file (x.txt, which a
+    folder's *.txt takes in) is a ValueError naming it."""
+    try:
+        return read_text_files(paths, encoding, errors)
+    except IsADirectoryError as error:
+        raise ValueError(
+            f"{error.filename}: a folder, not a text file (rename it: every *.txt is read)"
+        ) from None
+
+
+def vocabulary_built(asked, tokenizer):
+    """The size of a BPE trained to `asked` tokens: where it came out smaller (every word of the
+    corpus one token before then), one line says so."""
+    if tokenizer.vocab_size < asked:
+        print(
+            f"asked for {asked:,} tokens, built {tokenizer.vocab_size:,}: every word of the corpus is one "
+            "token by then, no pair is left to merge"
+        )
+    return tokenizer.vocab_size
 
 
 def tokenizer_fingerprint(tokenizer):

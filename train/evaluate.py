@@ -18,11 +18,11 @@ from tqdm import tqdm
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
-from tinygpt.files import UndecodableFiles, read_text_files
+from tinygpt.files import UndecodableFiles
 
 from . import cli
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
-from .data import next_token_batch
+from .data import next_token_batch, read_texts
 from .inspection import add_attention_command, add_summary_command
 from .loop import perplexity
 from .predict import add_predict_command
@@ -38,7 +38,7 @@ def read_tokens(paths, tokenizer, max_tokens=None, encoding="utf-8", errors="str
     byte-level BPE; GPT-1's tokenizer decodes to lower-cased, re-spaced text, so close to it).
     """
     ids, n_bytes = [], 0
-    for text in read_text_files(paths, encoding, errors):
+    for text in read_texts(paths, encoding, errors):
         file_ids = tokenizer.encode(text)
         if max_tokens is not None and len(ids) + len(file_ids) > max_tokens:
             file_ids = file_ids[: max_tokens - len(ids)]

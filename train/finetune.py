@@ -33,7 +33,7 @@ from tinygpt.heads import make_head
 from tinygpt.tasks import encode_examples
 
 from . import cli, distributed, glue, loop
-from .checkpoint import fsync, read_weights, save_weights
+from .checkpoint import fsync, read_weights, retire, save_weights
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, main_metric, write_predictions
 from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
@@ -79,6 +79,7 @@ def add_task_arguments(group):
         help="labelled examples to predict with the best epoch's weights (default: none)",
     )
     group.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
+    cli.add_special_tokens_argument(group)
     add_text_arguments(group)
     limit = "train on N examples drawn by --seed (default: all)"
     group.add_argument("--limit-train", type=positive_int, metavar="N", help=limit)
@@ -107,7 +108,7 @@ def add_optimizer_arguments(group):
     group.add_argument("--batch-size", type=positive_int, default=32, help="examples per optimizer step")
     by_size = ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items())
     lr = f"peak learning rate (default: the preset's nearest the model in width: {by_size}; see DEFAULT_LR)"
-    group.add_argument("--lr", type=cli.non_negative_float, help=lr)
+    group.add_argument("--lr", type=cli.positive_float, help=lr)
     rise = "share of the steps over which the rate rises"
     group.add_argument("--warmup-ratio", type=cli.fraction, default=0.002, help=rise)
     aux = "lambda, the auxiliary LM loss's weight (0: none)"
@@ -121,7 +122,7 @@ def add_optimizer_arguments(group):
 
 def add_run_arguments(group):
     group.add_argument(
-        "--seed", type=non_negative_int, default=0, help="fixes the head, new weights, data order, dropout"
+        "--seed", type=cli.seed, default=0, help="fixes the head, new weights, data order, dropout"
     )
     cli.add_device_argument(group)
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
@@ -148,8 +149,9 @@ def read_datasets(parser, args, labels=None):
         if path is None:
             continue
         try:
+            layout = datasets["train"].layout if datasets else None  # the train set's, for dev and test
             datasets[split] = glue.read(
-                args.task, path, labels, args.skip_bad_rows, encoding=args.encoding, errors=args.errors
+                args.task, path, labels, args.skip_bad_rows, args.encoding, args.errors, layout
             )
         except UndecodableFiles as error:
             parser.error(f"--{split}: {error.advice(flags=True)}")
@@ -197,7 +199,8 @@ def start_model(parser, args, run_dir, dataset):
             transformer, note = GPT(read_config(run_dir)[0]), "resumed"
             tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer"))
         else:
-            transformer, tokenizer = load_pretrained(args.init_from, args.tokenizer, args.gpt1_tokenizer)
+            weights = loop.starting_weights(parser, args.init_from)
+            transformer, tokenizer = load_pretrained(weights, args.tokenizer, args.gpt1_tokenizer)
             note = prepare(transformer, tokenizer, args.seed, args.from_scratch, args.transfer_layers)
     except (OSError, ValueError) as error:
         parser.error(f"{'--resume' if args.resume else '--init-from'}: {error}")
@@ -212,7 +215,8 @@ def build_task(parser, args, run_dir, labels, device, group):
     datasets = read_datasets(parser, args, labels)
     head, tokenizer, note = start_model(parser, args, run_dir, datasets["train"])
     n_ctx = head.transformer.config.n_ctx
-    encoded = {split: encode_examples(d.examples, d.kind, tokenizer, n_ctx) for split, d in datasets.items()}
+    as_text = args.special_tokens_as_text
+    encoded = {s: encode_examples(d.examples, d.kind, tokenizer, n_ctx, as_text) for s, d in datasets.items()}
     train, dev = encoded["train"], encoded["dev"]
     examples = [train.sequences, train.labels.tolist(), dev.sequences, dev.labels.tolist()]
     data_hash = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
@@ -270,7 +274,7 @@ def measure_dev(run, dev, names, results, step, epoch, batch_size):
     results["epochs"].append({"step": step, "epoch": epoch, "val_loss": figures.pop("loss"), **figures})
     append_metrics(run.dir, results["epochs"][-1])
     if figures[main] > best_before:
-        save_best(run.dir, run.model)
+        save_best(run.dir, run.model, run.dependencies())
     results["best"] = max(results["epochs"], key=lambda e: e[main])  # the first of equals: the one saved
     write_results(run.dir, results)
     return f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, " + ", ".join(
@@ -278,20 +282,22 @@ def measure_dev(run, dev, names, results, step, epoch, batch_size):
     )
 
 
-def save_best(run_dir, head):
-    """Write the head's weights to best/: to .best-partial/ first, then renamed into place, the old
-    best/ moved aside to .best-old/ just before and removed only after (checkpoint.remove_partials
-    puts it back where a killed process left no best/)."""
+def save_best(run_dir, head, digests):
+    """Write the head's weights and `digests` (see save_weights) to best/: to .best-partial/ first,
+    then renamed into place, the old best/ moved aside to .best-old/ just before and retired only
+    after, someone else's files in it moved into the new one (checkpoint.remove_partials puts it
+    back where a killed process left no best/)."""
     final, partial, old = (os.path.join(run_dir, name) for name in ("best", ".best-partial", ".best-old"))
     shutil.rmtree(partial, ignore_errors=True)
-    save_weights(head, partial)
+    save_weights(head, partial, digests)
     for name in os.listdir(partial):
         fsync(os.path.join(partial, name))
     if os.path.isdir(final):
         os.replace(final, old)
     os.replace(partial, final)
     fsync(run_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    if os.path.isdir(old):
+        retire(old, final)
 
 
 def write_results(run_dir, results):
@@ -314,11 +320,13 @@ def fine_tune(parser, args, group, argv=None):
     given anew to a --resume)."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
-        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS)
-        args.warmup_ratio = vars(args).pop("warmup", args.warmup_ratio)  # the name in older runs
+        renamed = {"warmup": "warmup_ratio"}  # the name in older runs
+        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS, renamed=renamed)
         labels = saved_labels(parser, args, run_dir)
     else:
         run_dir, labels = loop.new_run(parser, args, group, args.task), None
+    inputs = (*(() if args.resume else ("init_from", "tokenizer", "gpt1_tokenizer")), "train", "dev", "test")
+    loop.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
     device = loop.start_job(parser, args, group)
 
     # data: the task's examples through the paper's input transformations; the head around the GPT
@@ -386,7 +394,8 @@ def begin(run, args, tokenizer, datasets, data_hash):
     the label names. Returns 0."""
     train_set = datasets["train"]
     has_labels = train_set.labels is not None
-    run.begin(run.model.transformer.config, tokenizer, args, has_labels=has_labels, data_hash=data_hash)
+    settings = {"has_labels": has_labels, "layout": train_set.layout, "data_hash": data_hash}
+    run.begin(run.model.transformer.config, tokenizer, args, **settings)
     if has_labels and run.group.main:
         glue.save_labels(train_set.labels, os.path.join(run.dir, "labels.json"))
     return 0

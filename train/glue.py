@@ -18,8 +18,11 @@ column), or JSON lines without "label", "score" or "gold_label" (then none of it
 Each example's id, for the predictions, is the TSV's `index` column or a JSON line's "id" or
 "idx", else its place among the examples (from 0).
 
-A row with the wrong number of columns or fields, a field of the wrong type, a score that is not a
-finite number, or an unknown label, stops reading with a ValueError naming the file and line; with
+Every file of a task has its layout: a dev, test or prediction file is read with `layout=`, the
+fields of the training examples (Dataset.layout), which each of its rows must have (less the
+label or score, for a row to predict). A row with the wrong number of columns or fields, fields
+of another layout, a field of the wrong type, a score that is not a finite number, or an unknown
+label, stops reading with a ValueError naming the file and line; with
 skip_bad_rows=True it is left out and counted. Rows the dataset itself marks unusable (SNLI's
 gold_label "-") are always left out and counted. A file that does not decode (as UTF-8 unless
 `encoding=` says otherwise) is refused with the line of its first bad byte, and a label file
@@ -100,6 +103,11 @@ class Dataset:
         return any(TARGETS & example.keys() for example in self.examples[:1])
 
     @property
+    def layout(self):
+        """The fields of its examples, sorted: what the other files of its task must hold."""
+        return sorted(self.examples[0]) if self.examples else []
+
+    @property
     def n_classes(self):
         """How many classes a head needs; None for a score (and for multiple choice)."""
         return len(self.labels) if self.labels is not None else None
@@ -121,18 +129,21 @@ class SkipRow(Exception):
     """A row the dataset marks as unusable: always left out and counted."""
 
 
-def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors="strict"):
+def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors="strict", layout=None):
     """The examples of one file of `task` -> Dataset. labels: label names in id order, to read a
     dev set with its train set's ids (by default the task's documented ones, or for jsonl the
-    file's own, sorted). encoding, errors: how the file is decoded, as bytes.decode takes them."""
+    file's own, sorted). encoding, errors: how the file is decoded, as bytes.decode takes them.
+    layout: the training examples' fields, which every row must have (see the top of this file)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a file of {task} examples")
     reading = _Reading(path, skip_bad_rows)
     if task in TSV:
-        layout = TSV[task]
-        rows = reading.keep(_tsv_rows(path, layout, encoding, errors))
-        kind, documented = kind_of(layout.columns), layout.labels
+        tsv = TSV[task]
+        rows = reading.keep(_tsv_rows(path, tsv, encoding, errors))
+        kind, documented = kind_of(tsv.columns), tsv.labels
     elif task == "snli":
         rows = reading.keep(_converted(_lines(path, encoding, errors), _snli_example))
         kind, documented = "entailment", NLI
@@ -141,9 +152,13 @@ def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors=
         kind, documented = "multiple_choice", None
     else:
         rows = reading.keep(_converted(_lines(path, encoding, errors), _jsonl_example))
+        documented = None
+    if layout is not None:
+        rows = reading.keep(_converted(rows, lambda example: _fits(example, layout)))
+    if task == "jsonl":  # the kind of the first row kept
         if not rows:
             raise ValueError(f"{path}: no examples")
-        kind, documented = kind_of(rows[0][1]), None
+        kind = kind_of(rows[0][1])
     if task in ("snli", "jsonl") and rows:  # all rows labelled or none, and a jsonl file's of one layout
         first = rows[0][1]
         rows = reading.keep(_converted(rows, lambda example: _same_layout(example, first)))
@@ -389,6 +404,15 @@ def _row_id(row):
     if name is not None and type(row[name]) not in (str, int):
         raise BadRow(f"the {name} {row[name]!r} must be a string or an integer")
     return {} if name is None else {"index": row[name]}
+
+
+def _fits(example, layout):
+    """The example, if its fields are the training examples' `layout`, or all of them but the label
+    or score (a row to predict)."""
+    fields = sorted(example.keys() - {"index"})
+    if fields not in (layout, [field for field in layout if field not in TARGETS]):
+        raise BadRow(f"fields {', '.join(fields)}, not the training examples' {', '.join(layout)}")
+    return example
 
 
 def _same_layout(example, first):

@@ -80,6 +80,7 @@ def attention_command(parser, args):
     except ImportError:
         parser.error(PLOT_NEEDS)
     cli.check_writable(parser, "--out", args.out)
+    cli.check_apart_from_inputs(parser, "--out", args.out, args)
     model, tokenizer = open_run(parser, args.run, args.device)
     n_layer, n_ctx = model.config.n_layer, model.config.n_ctx
     if args.layer >= n_layer:
@@ -172,3 +173,7 @@ def add_summary_command(commands):
         metavar="T",
         help="the context length at which attention is counted (default: n_ctx)",
     )
+
+
+if __name__ == "__main__":
+    cli.run_as_subcommand("attention", "summary")

@@ -11,7 +11,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,9 +19,18 @@ from tqdm import tqdm
 
 from autograd import backend
 from autograd.optim import clip_grad_norm
+from tinygpt import files
+from tinygpt.run_folder import dependencies, weights_folder
 
 from . import cli
-from .checkpoint import checkpoint_steps, find_checkpoint, load_checkpoint, remove_partials, save_checkpoint
+from .checkpoint import (
+    check_checkpoint,
+    checkpoint_steps,
+    find_checkpoint,
+    load_checkpoint,
+    remove_partials,
+    save_checkpoint,
+)
 from .run import (
     append_metrics,
     check_free,
@@ -37,6 +45,7 @@ from .run import (
     rewrite_metrics,
     run_folder_of,
     save_tokenizer,
+    set_aside,
     write_config,
 )
 
@@ -133,12 +142,26 @@ def new_run(parser, args, group, name):
     return run_dir
 
 
-def resumed_args(parser, args, argv, may_change=(), data=(), resolved=()):
+def starting_weights(parser, path):
+    """The weights folder that --init-from `path` names, said in one line: path itself where it holds
+    weights, else the run's best/, else its newest checkpoint (the rule of GPT.from_pretrained); a
+    usage error where there are none, or where the run's files changed since they were written."""
+    try:
+        folder = weights_folder(path)
+    except (ValueError, OSError) as error:
+        parser.error(f"--init-from: {error}")
+    rule = "" if folder == path else " (of a run: its best/, else its newest checkpoint)"
+    print(f"starting from the weights in {folder}{rule}")
+    return folder
+
+
+def resumed_args(parser, args, argv, may_change=(), data=(), resolved=(), renamed=None):
     """(args, run folder, model config, saved settings) of the run that --resume names: the settings
-    it was started with, --resume as its checkpoint, and the flags of ON_RESUME and `may_change`
-    as given now. Any other flag given with another value than the run's is a usage error that
-    names it; so are the `data` flags, unless --allow-data-change. A saved setting that the command
-    line could not have given is a usage error too (`resolved`: see cli.check_settings)."""
+    it was started with (`renamed` {old name: name}), --resume as its checkpoint, and the flags of
+    ON_RESUME and `may_change` as given now. Any other flag given with another value than the run's
+    is a usage error that names it; so are the `data` flags, unless --allow-data-change. A saved
+    setting that the command line could not have given, or that is missing, is a usage error too
+    (`resolved`: see cli.check_settings)."""
     try:
         checkpoint = find_checkpoint(args.resume)
         run_dir = run_folder_of(checkpoint)
@@ -146,6 +169,15 @@ def resumed_args(parser, args, argv, may_change=(), data=(), resolved=()):
     except (ValueError, OSError) as error:
         parser.error(f"--resume: {error}")
     cli.check_settings(parser, args.resume, settings, resolved)
+    settings = {(renamed or {}).get(name, name): value for name, value in settings.items()}
+    missing = sorted({*vars(args), "data_hash"} - {*NOT_SETTINGS, *ON_RESUME, *settings})
+    if missing:
+        path = os.path.join(run_dir, "config.json")
+        parser.error(f"--resume: {path}: the setting {missing[0]} is missing (a resume takes no default)")
+    try:
+        check_checkpoint(checkpoint)
+    except (ValueError, OSError) as error:
+        parser.error(f"--resume: {error}")
     if args.overwrite:
         parser.error("--overwrite starts a new run: it does not go with --resume")
     given = flags_given(parser, argv, args)
@@ -163,6 +195,22 @@ def resumed_args(parser, args, argv, may_change=(), data=(), resolved=()):
     now = {name: getattr(args, name) for name in given & free}
     resumed = argparse.Namespace(**{**vars(args), **settings, **now, "resume": checkpoint})
     return resumed, run_dir, config, settings
+
+
+def check_apart(parser, flag, output, args, names):
+    """A usage error where `output` (what `flag` writes) is, holds or lies inside a path that one of
+    the flags `names` of args gives, an input of the command (see tinygpt.files.check_apart)."""
+    given = [(name, getattr(args, name, None)) for name in names]
+    inputs = [(f"--{name.replace('_', '-')}", path) for name, paths in given for path in listed(paths)]
+    try:
+        files.check_apart(output, inputs)
+    except ValueError as error:
+        parser.error(f"{flag}: {error}")
+
+
+def listed(value):
+    """A flag's value as a list of its paths: none for None, the one path, or those of nargs."""
+    return [] if value is None else value if isinstance(value, list) else [value]
 
 
 def flags_given(parser, argv, args):
@@ -288,13 +336,14 @@ class Run:
     def __init__(self, run_dir, group, model, optimizer, keep_checkpoints, module):
         self.dir, self.group, self.model, self.optimizer = run_dir, group, model, optimizer
         self.keep_checkpoints, self.module = keep_checkpoints, module
-        self.elapsed = 0.0
+        self.elapsed, self.digests = 0.0, None
         self.interrupt = Interrupt()
 
     def restore(self, parser, checkpoint, last_step=None):
         """Load the weights, Adam's state and the compute time of `checkpoint` (a usage error where
-        it is past last_step); remove what a killed process left half-written, and the metrics and
-        checkpoints after it. Returns its step, where the loop goes on."""
+        it is past last_step); remove what a killed process left half-written and the metrics after
+        it, and set the checkpoints after it aside (run.set_aside). Returns its step, where the loop
+        goes on."""
         try:
             state = load_checkpoint(checkpoint, self.model, self.optimizer)
         except (ValueError, OSError) as error:
@@ -311,14 +360,12 @@ class Run:
         self.hold()
         if self.group.main:
             try:
-                metrics = [m for m in read_metrics(self.dir) if m["step"] <= step]
+                metrics = read_metrics(self.dir)
             except ValueError as error:
                 parser.error(f"--resume: {error}")
             remove_partials(self.dir)
-            rewrite_metrics(self.dir, metrics)
-            for later in [s for s in checkpoint_steps(self.dir) if s > step]:
-                shutil.rmtree(os.path.join(self.dir, "checkpoints", str(later)))
-                print(f"removed checkpoint {later}, after the one resumed")
+            set_aside(self.dir, step, [m for m in metrics if m["step"] > step])
+            rewrite_metrics(self.dir, [m for m in metrics if m["step"] <= step])
         print(f"resuming {self.dir} at step {step}")
         return step
 
@@ -384,13 +431,19 @@ class Run:
             return None
         state = {"elapsed": self.elapsed, "world_size": self.group.size}
         try:
-            return save_checkpoint(
-                self.dir, step, self.model, self.optimizer, state, keep=self.keep_checkpoints
-            )
+            keep, digests = self.keep_checkpoints, self.dependencies()
+            return save_checkpoint(self.dir, step, self.model, self.optimizer, state, keep, digests)
         except OSError as error:
             sys.exit(
                 f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept"
             )
+
+    def dependencies(self):
+        """The digests of the run's files its weights depend on (tinygpt.run_folder.dependencies),
+        taken once, at its first checkpoint, and written with every checkpoint and best/."""
+        if self.digests is None:
+            self.digests = dependencies(self.dir)
+        return self.digests
 
     def stop_if_diverged(self, values, step, together=True):
         """End the job, naming the step and the last good checkpoint, when a loss or metric of

@@ -9,14 +9,14 @@ import numpy as np
 import autograd as ag
 from autograd import backend
 from tinygpt import GPT
-from tinygpt.files import UndecodableFiles
 from tinygpt.heads import make_head
+from tinygpt.run_folder import WEIGHTS_FILE
 from tinygpt.tasks import encode_examples
 
 from . import cli, glue, metrics
 from .checkpoint import check_finite, read_weights
-from .cli import add_command, add_device_argument, add_text_arguments, check_tokenizer_fits, positive_int
-from .run import load_tokenizer, read_config
+from .cli import add_command, add_device_argument, check_tokenizer_fits, positive_int
+from .run import load_tokenizer, read_config, run_folder_of
 
 MAIN_METRIC = {"mrpc": "f1"}  # the paper's figure for MRPC; other tasks rank runs by their first metric
 GLUE_FILES = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "qnli": "QNLI", "mnli": "MNLI-m"}
@@ -89,29 +89,38 @@ def write_predictions(path, predictions, dataset, logits=None, layout="glue"):
 
 # ----- python -m train.evaluate predict ----------------------------------------------------------
 def fine_tune_of(parser, run):
-    """(GPTConfig, settings, label names or None) of a fine-tune's run folder; a folder that is not
-    one, or has no best/ weights, is a usage error."""
+    """(run folder, weights folder, GPTConfig, settings, label names or None) of --run: a fine-tune's
+    folder (its best/ weights) or one weights folder in it (a checkpoint, best/); anything else is a
+    usage error."""
+    run_dir = run_folder_of(run)
+    weights = run if os.path.isfile(os.path.join(run, WEIGHTS_FILE)) else os.path.join(run, "best")
     try:
-        config, settings = read_config(run)
+        config, settings = read_config(run_dir)
         if not isinstance(settings, dict) or "has_labels" not in settings:
-            raise ValueError(f"{run} is not a fine-tuning run (its config.json has no task)")
-        if not os.path.isdir(os.path.join(run, "best")):
+            raise ValueError(f"{run_dir} is not a fine-tuning run (its config.json has no task)")
+        if not isinstance(settings.get("task"), str) or settings["task"] not in glue.TASKS:
+            raise ValueError(f"{run_dir}/config.json: the task {settings.get('task')!r:.40} is not known")
+        if not os.path.isdir(weights):
             raise ValueError(f"{run} has no best/ weights (a fine-tune writes them after its first epoch)")
-        labels = glue.load_labels(os.path.join(run, "labels.json")) if settings["has_labels"] else None
+        layout = settings.get("layout", [])  # none in a run of an older tinygpt
+        if not isinstance(layout, list) or not all(isinstance(field, str) for field in layout):
+            raise ValueError(f"{run_dir}/config.json: the layout {layout!r:.40} is not a list of fields")
+        labels = glue.load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
-    return config, settings, labels
+    return run_dir, weights, config, settings, labels
 
 
-def load_head(parser, args, config, dataset):
-    """(the run's task head with its best epoch's weights, on --device and in eval mode, tokenizer)."""
+def load_head(parser, args, weights, config, dataset):
+    """(the task head with the weights of the folder `weights`, on --device and in eval mode, the
+    run's tokenizer)."""
     device = backend.parse_device(args.device)  # checked by the argument's type
     backend.use_device(device)
     try:
         head = make_head(dataset.kind, GPT(config), dataset.n_classes)
-        head.load_state_dict(read_weights(os.path.join(args.run, "best"), head))
-        check_finite(os.path.join(args.run, "best"), head.named_parameters())
-        tokenizer = load_tokenizer(os.path.join(args.run, "tokenizer"))
+        head.load_state_dict(read_weights(weights, head))
+        check_finite(weights, head.named_parameters())
+        tokenizer = load_tokenizer(os.path.join(run_folder_of(args.run), "tokenizer"))
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
     check_tokenizer_fits(parser, args.run, config.vocab_size, tokenizer)
@@ -127,27 +136,22 @@ def output_path(args, task, layout):
     if layout == "glue" and task in GLUE_FILES:
         mismatched = task == "mnli" and "mismatched" in os.path.basename(args.data)
         name = ("MNLI-mm" if mismatched else GLUE_FILES[task]) + ".tsv"
-    return os.path.join(args.out or args.run, name)
+    return os.path.join(args.out or run_folder_of(args.run), name)
 
 
 def predict_command(parser, args):
-    config, settings, labels = fine_tune_of(parser, args.run)
+    run_dir, weights, config, settings, labels = fine_tune_of(parser, args.run)
     task = args.task or settings["task"]
     if task != settings["task"]:
-        parser.error(f"--task: {args.run} is a fine-tune on {settings['task']}, not {task}")
+        parser.error(f"--task: {run_dir} is a fine-tune on {settings['task']}, not {task}")
     layout = args.format or ("glue" if task in glue.TSV else "jsonl")
     out = output_path(args, task, layout)
     cli.check_output_file(parser, "--out", out)
-    try:
-        dataset = glue.read(task, args.data, labels, encoding=args.encoding, errors=args.errors)
-    except UndecodableFiles as error:
-        parser.error(f"--data: {error.advice(flags=True)}")
-    except (OSError, ValueError) as error:
-        parser.error(f"--data: {error}")
-    if not dataset.examples:
-        parser.error(f"--data: {args.data} holds no examples")
-    head, tokenizer = load_head(parser, args, config, dataset)
-    data = encode_examples(dataset.examples, dataset.kind, tokenizer, config.n_ctx)
+    cli.check_apart_from_inputs(parser, "--out", out, args)
+    dataset = cli.read_task_file(parser, "--data", task, args.data, args, labels, settings.get("layout"))
+    head, tokenizer = load_head(parser, args, weights, config, dataset)
+    as_text = args.special_tokens_as_text or settings.get("special_tokens_as_text") is True
+    data = encode_examples(dataset.examples, dataset.kind, tokenizer, config.n_ctx, as_text)
     predictions, logits, loss = predict(head, data, args.batch_size)
     write_predictions(out, predictions, dataset, logits, layout)
     print(f"{len(predictions)} predictions of {args.data} ({data.n_cut} cut to fit n_ctx) in {out}")
@@ -164,12 +168,12 @@ def add_predict_command(commands):
         "predict",
         predict_command,
         help="a fine-tune's predictions on a file, with or without labels (GLUE's test files)",
-        description="The predictions of a fine-tune's best epoch on a file, labelled or not, each with "
-        "its id (see train/glue.py); for a labelled file, the task's metrics too.",
+        description="The predictions of a fine-tune's best epoch (or of one checkpoint of it) on a file, "
+        "labelled or not, each with its id (see train/glue.py); for a labelled file, the task's metrics too.",
     )
     parser.add_argument("--task", choices=glue.TASKS, help="the layout of --data (default: the run's task)")
     parser.add_argument("--data", required=True, metavar="FILE", help="the examples to predict")
-    add_text_arguments(parser)
+    cli.add_task_file_arguments(parser)
     parser.add_argument(
         "--out",
         metavar="PATH",
@@ -184,3 +188,7 @@ def add_predict_command(commands):
     )
     parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass")
     add_device_argument(parser)
+
+
+if __name__ == "__main__":
+    cli.run_as_subcommand("predict")

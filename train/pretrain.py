@@ -20,7 +20,6 @@ from tinygpt.generation import generate
 from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, GPT1Tokenizer
 
 from . import cli, data, distributed, loop
-from .checkpoint import find_checkpoint
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
@@ -52,6 +51,7 @@ def parse_args(argv):
     n_embd, n_head = args.n_embd or preset.n_embd, args.n_head or preset.n_head
     if n_embd % n_head:
         parser.error(f"--n-embd {n_embd} does not split into --n-head {n_head} heads of equal width")
+    cli.check_model(parser, args)
     if args.out:
         cli.check_writable(parser, "--out", args.out)
     return parser, args
@@ -124,7 +124,7 @@ def add_optimizer_arguments(group):
 
 def add_run_arguments(group):
     cli.add_device_argument(group)
-    group.add_argument("--seed", type=non_negative_int, default=0, help="fixes the data, init and dropout")
+    group.add_argument("--seed", type=cli.seed, default=0, help="fixes the data, init and dropout")
     group.add_argument("--eval-every", type=positive_int, default=200, help="steps between validation passes")
     group.add_argument("--eval-windows", type=positive_int, default=200, help="validation windows per pass")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
@@ -160,7 +160,9 @@ def build_tokenizer(args, texts):
         return load_tokenizer(os.path.join(run_folder_of(args.init_from), "tokenizer"))
     normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
     print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
-    return BPETokenizer.train(texts, args.vocab_size, normalizer=args.normalize)
+    tokenizer = BPETokenizer.train(texts, args.vocab_size, normalizer=args.normalize)
+    args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)  # config.json records it
+    return tokenizer
 
 
 def model_config(args, vocab_size):
@@ -221,16 +223,13 @@ def cut_windows(parser, args, ids, n_ctx):
     return train, val
 
 
-def build_model(parser, args, config, device, group):
-    """(GPT, Adam): new weights, or those of --init-from for a new run; the same on every rank."""
+def build_model(parser, args, config, weights, device, group):
+    """(GPT, Adam): new weights, or those of the folder `weights` (--init-from's); the same on every rank."""
     ag.manual_seed(args.seed)
     model = GPT(config)
-    if args.init_from and not args.resume:
-        is_run = os.path.isdir(os.path.join(args.init_from, "checkpoints"))
+    if weights:
         try:
-            model.load_state_dict(
-                GPT.read_weights(find_checkpoint(args.init_from) if is_run else args.init_from)
-            )
+            model.load_state_dict(GPT.read_weights(weights))
         except (ValueError, OSError) as error:
             parser.error(f"--init-from: {error}")
     for p in model.parameters():
@@ -301,10 +300,13 @@ def train_model(parser, args, group, argv=None):
             "data": ("data", "encoding", "errors"),
             "resolved": ("steps",),  # worked out before the run saved them
         }
-        args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags)
-        args.warmup_steps = vars(args).pop("warmup", args.warmup_steps)  # the name in older runs
+        renamed = {"warmup": "warmup_steps"}  # the name in older runs
+        args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags, renamed=renamed)
     else:
         run_dir, config = loop.new_run(parser, args, group, args.preset), None
+    inputs = ("data",) if args.resume else ("data", "init_from", "tokenizer", "gpt1_tokenizer")
+    loop.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
+    weights = loop.starting_weights(parser, args.init_from) if args.init_from and not args.resume else None
     device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
 
     # data: the corpus in tokens, cut into windows of n_ctx + 1
@@ -318,7 +320,7 @@ def train_model(parser, args, group, argv=None):
         print(f"steps {total + 1} to {args.steps} go at the last rate of the run's schedule of {total} steps")
 
     # the model and Adam: from the checkpoint when resuming, else a new run folder
-    model, optimizer = build_model(parser, args, config, device, group)
+    model, optimizer = build_model(parser, args, config, weights, device, group)
     run = loop.Run(run_dir, group, model, optimizer, args.keep_checkpoints, "train.pretrain")
     with loop.stop_on_os_error(run_dir):
         if args.resume:

@@ -14,13 +14,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import fields
 
 from tinygpt import GPT, GPTConfig
-from tinygpt.run_folder import STATE_FILE, WEIGHTS_FILE
+from tinygpt.run_folder import TOKENIZER_FILES, is_step, run_of, run_weights
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
-from tinygpt.tokenizer.bpe import CONFIG_FILE as BPE_CONFIG_FILE
 
-from .checkpoint import HEAD_FILE, check_finite, find_checkpoint, remove_partials, write_json
+from .checkpoint import WEIGHT_FILES, check_finite, find_checkpoint, remove_partials, write_json
 
 
 def save_tokenizer(tokenizer, run_dir):
@@ -44,27 +44,30 @@ def write_config(run_dir, model_config, settings):
 
 
 def read_config(run_dir):
-    """(GPTConfig, settings dict) from a run's config.json."""
+    """(GPTConfig, settings dict) from a run's config.json, whose model config must be whole: a field
+    left out is an error naming it, never the default's."""
     path = os.path.join(run_dir, "config.json")
     try:
         with open(path) as f:
             config = json.load(f)
+        missing = [field.name for field in fields(GPTConfig) if field.name not in config["model"]]
+        if missing:
+            raise ValueError(f"{path}: the model's {missing[0]} is missing")
         return GPTConfig(**config["model"]), config["settings"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not a tinygpt run config ({error})") from None
 
 
-# what runs write, which --overwrite removes by name: the run folder's files, the tokenizer's, a checkpoint's
+# what runs write, which --overwrite removes by name: the run folder's files (the tokenizer's and a
+# checkpoint's: TOKENIZER_FILES, WEIGHT_FILES)
 RUN_FILES = ("config.json", "metrics.jsonl", "loss.png", "labels.json", "results.json", "predictions.tsv")
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "special_tokens.json", BPE_CONFIG_FILE, *GPT1Tokenizer.FILES)
-WEIGHT_FILES = ("config.json", WEIGHTS_FILE, HEAD_FILE, "optimizer.safetensors", STATE_FILE)
 LOCK_FILE = ".lock"
 
 
 def check_new_run_folder(path, overwrite=False):
     """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is empty
-    (but for the lock file), or (with `overwrite`) any folder, whose run files empty_run_folder then
-    removes."""
+    (but for the lock file), or (with `overwrite`) any folder with nothing in the way of the new run
+    (in_the_way), whose run files empty_run_folder then removes."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder")
     entries = sorted(set(os.listdir(path)) - {LOCK_FILE}) if os.path.isdir(path) else []
@@ -74,6 +77,29 @@ def check_new_run_folder(path, overwrite=False):
             f"{path} is not empty (it holds {held}): --resume the run there, pass --overwrite to "
             f"replace its run, or choose another folder"
         )
+    blocking = in_the_way(path) if overwrite else []
+    if blocking:
+        raise ValueError(
+            f"{blocking[0]}: no run wrote this, where the new run writes: move it, or choose another folder"
+        )
+
+
+def in_the_way(path):
+    """What the new run would write over in run folder `path`, though no run wrote it: someone else's
+    file in best/ or a checkpoint's folder, a folder named as a run's file, a file as a run's folder."""
+    checkpoints = os.path.join(path, "checkpoints")
+    steps = [os.path.join(checkpoints, n) for n in sorted_entries(checkpoints) if is_step(n)]
+    folders = [os.path.join(path, "best"), *steps]
+    found = [f for f in folders if os.path.exists(f) and not os.path.isdir(f)]
+    found += [os.path.join(f, n) for f in folders for n in sorted_entries(f) if n not in WEIGHT_FILES]
+    files = [os.path.join(f, n) for f in folders for n in WEIGHT_FILES]
+    files += [os.path.join(path, n) for n in RUN_FILES]
+    return found + [f for f in files if os.path.exists(f) and not os.path.isfile(f)]
+
+
+def sorted_entries(folder):
+    """The names in `folder`, sorted; none where it is not a folder."""
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
 def empty_run_folder(path):
@@ -82,7 +108,7 @@ def empty_run_folder(path):
     kept, the paths (under `path`) of the files and folders that no run writes."""
     remove_partials(path)
     checkpoints = os.path.join(path, "checkpoints")
-    steps = [name for name in os.listdir(checkpoints) if name.isdigit()] if os.path.isdir(checkpoints) else []
+    steps = [name for name in sorted_entries(checkpoints) if is_step(name)]
     plan = {os.path.join("checkpoints", step): WEIGHT_FILES for step in steps}
     plan.update({"checkpoints": (), "best": WEIGHT_FILES, "tokenizer": TOKENIZER_FILES, "": RUN_FILES})
     kept = []
@@ -97,6 +123,25 @@ def empty_run_folder(path):
         if folder and not left:
             os.rmdir(where)
     return kept
+
+
+def set_aside(run_dir, step, metrics):
+    """Move the checkpoint folders after `step`, the one a resume goes on from, and their `metrics`
+    records into checkpoints/after-<step>/ (after-<step>.2/, ... where it is taken), saying so first:
+    they are the user's, and the resumed run writes its own steps."""
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    later = sorted((n for n in sorted_entries(checkpoints) if is_step(n) and int(n) > step), key=int)
+    if not later:
+        return
+    aside, tries = os.path.join(checkpoints, f"after-{step}"), 1
+    while os.path.exists(aside):
+        tries += 1
+        aside = os.path.join(checkpoints, f"after-{step}.{tries}")
+    print(f"setting aside checkpoints {', '.join(later)} (after the one resumed) in {aside}")
+    os.mkdir(aside)
+    for name in later:
+        os.replace(os.path.join(checkpoints, name), os.path.join(aside, name))
+    rewrite_metrics(aside, metrics)
 
 
 def hold_folder(run_dir):
@@ -156,19 +201,19 @@ def new_run_folder(name):
 
 
 def run_folder_of(path):
-    """The run folder of a checkpoint folder (run/checkpoints/<step>); any other folder as it is."""
-    parent = os.path.dirname(os.path.abspath(path))
-    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else path
+    """The run folder of a weights folder (run/checkpoints/<step>, run/best); any other folder as it is."""
+    return run_of(path) or path
 
 
 def load_run(path, device="cpu"):
-    """(model, tokenizer) from a run folder (its newest checkpoint) or from one checkpoint folder
-    inside a run, on `device` and in eval mode."""
-    checkpoint = find_checkpoint(path)
-    run_dir = run_folder_of(checkpoint)
-    model = GPT.from_pretrained(checkpoint, device=device).eval()
-    check_finite(checkpoint, model.named_parameters())
-    return model, load_tokenizer(os.path.join(run_dir, "tokenizer"))
+    """(model, tokenizer) from a run folder (its best/, else its newest checkpoint: run_weights) or
+    from one weights folder inside a run, on `device` and in eval mode."""
+    folder = (
+        path if run_of(path) else run_weights(path) or find_checkpoint(path)
+    )  # which names what is missing
+    model = GPT.from_pretrained(folder, device=device).eval()
+    check_finite(folder, model.named_parameters())
+    return model, load_tokenizer(os.path.join(run_folder_of(folder), "tokenizer"))
 
 
 def append_metrics(run_dir, record):
@@ -183,8 +228,10 @@ def read_metrics(run_dir):
     before its newline) is dropped, saying so on stderr; any other line that is not a JSON object
     with an integer "step" is a ValueError naming the file and the line."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         return []
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: not a file")
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().split("\n")
     records = []

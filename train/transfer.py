@@ -2,8 +2,9 @@
 task tokens added to the vocabulary, and the ablations that undo some of the pre-training.
 
 --init-from may name
-    a pretraining run folder         its newest checkpoint and its tokenizer/ folder
-    one checkpoint folder in a run   that checkpoint and the run's tokenizer/ folder
+    a run folder                     its best/ (a fine-tune's best epoch), else its newest checkpoint,
+                                     as GPT.from_pretrained takes it; and its tokenizer/ folder
+    one weights folder in a run      that checkpoint (or best/) and the run's tokenizer/ folder
     an openai-gpt folder             config.json + model.safetensors (the Hugging Face layout);
                                      the tokenizer is given apart, as GPT-1's files or a BPE folder
 """
@@ -13,44 +14,29 @@ import os
 import autograd as ag
 from tinygpt import GPT
 from tinygpt.heads import resize
+from tinygpt.run_folder import run_of
 from tinygpt.tokenizer import GPT1Tokenizer
 
-from .checkpoint import STATE_FILE, find_checkpoint
-from .run import load_tokenizer, run_folder_of
+from .run import load_tokenizer
 
 
-def load_pretrained(path, tokenizer_dir=None, gpt1_tokenizer_dir=None):
-    """(GPT, tokenizer) from a run, a checkpoint or an openai-gpt folder (see the top of this file);
-    the tokenizer folders are for the last. Errors name the folder that is wrong."""
-    is_run = os.path.isdir(os.path.join(path, "checkpoints")) or os.path.isfile(
-        os.path.join(path, STATE_FILE)
-    )
-    if is_run:
-        checkpoint = find_checkpoint(path)
-        model = GPT.from_pretrained(checkpoint)
-        own_tokenizer = os.path.join(run_folder_of(checkpoint), "tokenizer")
-    elif os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(
-        os.path.join(path, "model.safetensors")
-    ):
-        model, own_tokenizer = GPT.from_pretrained(path), None
-    else:
-        raise FileNotFoundError(
-            f"{path}: neither a run (checkpoints/), a checkpoint ({STATE_FILE}) "
-            f"nor an openai-gpt folder (config.json + model.safetensors)"
-        )
-    if own_tokenizer:
+def load_pretrained(folder, tokenizer_dir=None, gpt1_tokenizer_dir=None):
+    """(GPT, tokenizer) from a weights folder (loop.starting_weights: a run's checkpoint or best/, or an
+    openai-gpt folder); the tokenizer folders are for the last. Errors name the folder that is wrong."""
+    run_dir, model = run_of(folder), GPT.from_pretrained(folder)
+    if run_dir:
         if tokenizer_dir or gpt1_tokenizer_dir:
             raise ValueError(
-                f"{path} is a run, whose tokenizer comes along: --tokenizer and --gpt1-tokenizer "
+                f"{run_dir} is a run, whose tokenizer comes along: --tokenizer and --gpt1-tokenizer "
                 f"are for an openai-gpt folder"
             )
-        return model, load_tokenizer(own_tokenizer)
+        return model, load_tokenizer(os.path.join(run_dir, "tokenizer"))
     if gpt1_tokenizer_dir:
         return model, GPT1Tokenizer.from_folder(gpt1_tokenizer_dir)
     if tokenizer_dir:
         return model, load_tokenizer(tokenizer_dir)
     raise ValueError(
-        f"{path} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "
+        f"{folder} is an openai-gpt folder, which holds no tokenizer: give --gpt1-tokenizer DIR "
         f"(GPT-1's {' + '.join(GPT1Tokenizer.FILES)}) or --tokenizer DIR"
     )
 

@@ -9,7 +9,8 @@ A language model that was never fine-tuned answers a task through its next-token
     rocstories   (and jsonl files of multiple choice) the answer whose tokens have the highest
                  mean log-probability given the context
 
-The text goes in as it is: no _start_ or _classify_ token, which the language model never saw.
+The text goes in as it is, `_start_` or `_classify_` in it as plain text: no special token, which
+the language model never saw.
 """
 
 import numpy as np
@@ -18,9 +19,9 @@ from tqdm import tqdm
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
-from tinygpt.files import UndecodableFiles
+from tinygpt.tasks import text_encoder
 
-from . import cli, glue, metrics
+from . import cli, metrics
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
 
@@ -49,18 +50,19 @@ def continuation_log_probs(model, pairs, batch_size=16):
     return totals, counts
 
 
-def sst2_predictions(model, tokenizer, examples, batch_size):
-    """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0."""
-    words = [tokenizer.encode(" positive"), tokenizer.encode(" negative")]
-    contexts = [tokenizer.encode(example["text"] + " very") for example in examples]
+def sst2_predictions(model, encode, examples, batch_size):
+    """1 (positive) where P(" positive" | text + " very") > P(" negative" | the same), else 0;
+    `encode` turns text into token ids."""
+    words = [encode(" positive"), encode(" negative")]
+    contexts = [encode(example["text"] + " very") for example in examples]
     pairs = [(context, word) for word in words for context in contexts]  # one pass, one progress bar
     positive, negative = continuation_log_probs(model, pairs, batch_size)[0].reshape(2, len(contexts))
     return (positive > negative).astype(np.int64)
 
 
-def mean_log_probs(model, tokenizer, examples, batch_size):
+def mean_log_probs(model, encode, examples, batch_size):
     """Each sentence's mean token log-probability, its first token given (0 for a one-token text)."""
-    ids = [tokenizer.encode(example["text"]) for example in examples]
+    ids = [encode(example["text"]) for example in examples]
     totals, counts = continuation_log_probs(model, [(i[:1], i[1:]) for i in ids], batch_size)
     return totals / np.maximum(counts, 1)
 
@@ -73,10 +75,10 @@ def best_threshold(scores, labels):
     return float(candidates[int(np.argmax(mcc))])
 
 
-def choice_predictions(model, tokenizer, examples, batch_size):
+def choice_predictions(model, encode, examples, batch_size):
     """The index of the answer with the highest mean token log-probability given the context."""
     pairs = [
-        (tokenizer.encode(example["context"]), tokenizer.encode(" " + choice))
+        (encode(example["context"]), encode(" " + choice))
         for example in examples
         for choice in example["choices"]
     ]
@@ -89,28 +91,24 @@ def zeroshot_command(parser, args):
     if args.threshold is not None and args.task != "cola":
         parser.error("--threshold is for --task cola")
     check_json_folder(parser, args)
-    try:
-        dataset = glue.read(args.task, args.data, encoding=args.encoding, errors=args.errors)
-    except UndecodableFiles as error:
-        parser.error(f"--data: {error.advice(flags=True)}")
-    except (OSError, ValueError) as error:
-        parser.error(f"--data: {error}")
+    dataset = cli.read_task_file(parser, "--data", args.task, args.data, args)
     if args.task == "jsonl" and dataset.kind != "multiple_choice":
         parser.error(
             f"--data: {args.data} holds {dataset.kind} examples; zero-shot on jsonl is for multiple "
             f'choice ({{"context", "choices", "label"}})'
         )
+    if not dataset.labelled:
+        parser.error(f"--data: {args.data} has no labels to measure the heuristic against")
     examples = dataset.examples[: args.limit]
-    if not examples:
-        parser.error(f"--data: {args.data} holds no examples")
     model, tokenizer = open_run(parser, args.run, args.device)
+    encode = text_encoder(tokenizer, special_tokens_as_text=True)
     labels = np.array([example["label"] for example in examples])
     results = {"task": args.task, "examples": len(examples)}
     if args.task == "sst2":
-        predictions = sst2_predictions(model, tokenizer, examples, args.batch_size)
+        predictions = sst2_predictions(model, encode, examples, args.batch_size)
         how = 'P(" positive") against P(" negative") after the text + " very"'
     elif args.task == "cola":
-        scores = mean_log_probs(model, tokenizer, examples, args.batch_size)
+        scores = mean_log_probs(model, encode, examples, args.batch_size)
         chosen = args.threshold is None
         results["threshold"] = best_threshold(scores, labels) if chosen else args.threshold
         predictions = (scores > results["threshold"]).astype(np.int64)
@@ -118,7 +116,7 @@ def zeroshot_command(parser, args):
             " (the threshold that fits this data best: an optimistic figure)" if chosen else ""
         )
     else:
-        predictions = choice_predictions(model, tokenizer, examples, args.batch_size)
+        predictions = choice_predictions(model, encode, examples, args.batch_size)
         how = "the answer with the highest mean token log-probability given the context"
     results.update(metrics.compute(dataset.metrics, predictions, labels))
     print(f"zero-shot {args.task} on {len(examples)} examples of {args.data}: {how}")
@@ -142,12 +140,17 @@ def add_zeroshot_command(commands):
     )
     parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
     cli.add_text_arguments(parser)
+    parser.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
     parser.add_argument(
         "--threshold",
-        type=float,
+        type=cli.finite_float,
         help="cola: the mean log-probability above which a sentence is acceptable "
         "(default: the best for --data)",
     )
     first = "only the first N examples (default: all)"
     parser.add_argument("--limit", type=positive_int, metavar="N", help=first)
     add_figure_arguments(parser, batch_size=16, batched="sequences")
+
+
+if __name__ == "__main__":
+    cli.run_as_subcommand("zeroshot")

@@ -99,7 +99,7 @@ def adam_step(opt):
     """One step of `opt`, an autograd.optim.Adam whose step_count already counts it, on every
     parameter with a gradient: one kernel (see optim.Adam for the math). A parameter whose grad
     is None gets a null pointer, and the kernel leaves it and its moments alone."""
-    params = [p.data for p in opt.params]
+    params = [p._data for p in opt.params]
     xp = backend.get_array_module(params[0])
     with params[0].device as device:
         arrays = [[in_c_order(a) for a in group] for group in (params, opt.m, opt.v)]

@@ -84,3 +84,54 @@ def test_checks_refuse_float32_and_inputs_without_grad(device):
         gradcheck(lambda x: x * x, [ag.tensor([1.0, 2.0], requires_grad=True, device=device)])
     with pytest.raises(ValueError, match="nothing to check"):
         gradcheck(lambda x: x * x, [leaf(np.ones(2), device, requires_grad=False)])
+
+
+CHECKERS = [gradcheck, jacobian_check]
+OUT_OF_RANGE = [
+    ("eps", 0.0),
+    ("eps", -1e-6),
+    ("eps", float("nan")),
+    ("eps", float("inf")),
+    ("atol", -1e-6),
+    ("atol", float("nan")),
+    ("rtol", -1e-5),
+    ("rtol", float("inf")),
+    ("rtol", "1e-5"),
+]
+
+
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+@pytest.mark.parametrize("option, value", OUT_OF_RANGE)
+def test_checks_refuse_a_step_or_tolerance_out_of_range(check, option, value):
+    """A zero step would divide by zero, a NaN one compare nothing, a negative tolerance call a
+    right backward wrong: each is refused at the call, naming the argument."""
+    x = leaf(np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=rf"^{check.__name__}: {option} must be a finite number"):
+        check(square, [x], **{option: value})
+
+
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+def test_checks_refuse_a_function_that_returns_no_tensor(check):
+    with pytest.raises(TypeError, match=rf"^{check.__name__}: fn returned 3 \(int\), not a Tensor"):
+        check(lambda x: 3, [leaf(np.array([1.0, 2.0]))])
+
+
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+def test_checks_refuse_a_bare_tensor_for_the_list_of_inputs(check):
+    with pytest.raises(
+        TypeError,
+        match=rf"^{check.__name__}: inputs must be a list of fn's arguments \(\[x\] for one\), not a Tensor",
+    ):
+        check(square, leaf(np.array([1.0, 2.0])))
+
+
+@pytest.mark.parametrize("check", CHECKERS, ids=lambda check: check.__name__)
+def test_checks_refuse_names_that_do_not_match_the_inputs(check):
+    with pytest.raises(ValueError, match=rf"^{check.__name__}: 2 names for 1 inputs"):
+        check(square, [leaf(np.array([1.0, 2.0]))], names=["x", "y"])
+
+
+@pytest.mark.parametrize("max_entries", [0, -1, 2.5])
+def test_jacobian_check_refuses_a_max_entries_below_one(max_entries):
+    with pytest.raises(ValueError, match="^jacobian_check: max_entries must be an integer >= 1"):
+        jacobian_check(square, [leaf(np.array([1.0, 2.0]))], max_entries=max_entries)

@@ -275,6 +275,24 @@ def test_non_strict_load_returns_missing_and_unexpected_but_refuses_mis_shaped(m
         np.testing.assert_array_equal(value, state[name] if name in state else before[name])
 
 
+@pytest.mark.parametrize("state", [[1, 2], "weights.safetensors", None], ids=["list", "path", "None"])
+def test_load_state_dict_refuses_what_is_not_a_dict(state):
+    net = Net()
+    with pytest.raises(TypeError, match=r"^load_state_dict: state must be a dict of name -> array, not "):
+        net.load_state_dict(state)
+
+
+def test_load_state_dict_names_the_entries_that_are_not_arrays_of_numbers():
+    """Lists, None and text are refused by name, with nothing loaded; a Tensor gives its array."""
+    net = Net()
+    before = host(net)
+    state = {name: p for name, p in net.named_parameters()}
+    state["head.weight"], state["head.bias"] = [[0.0]], np.array(["a"])
+    with pytest.raises(TypeError, match=r"not arrays of numbers: head.weight \(list\), head.bias \(<U1\)$"):
+        net.load_state_dict(state)
+    assert_bitwise_equal(host(net), before)
+
+
 # Modes, devices, gradients --------------------------------------------------------------------------
 
 

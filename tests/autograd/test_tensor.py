@@ -67,6 +67,34 @@ def test_only_floating_tensors_can_require_grad(device, data):
         ag.tensor(data, requires_grad=True, device=device)
 
 
+NOT_NUMBERS = {
+    "text": "abc",
+    "None": None,
+    "dict": {"a": 1.0},
+    "object array": np.array([1.0, "a"], dtype=object),
+    "bytes": b"ab",
+    "complex": 1 + 2j,
+}
+
+
+@pytest.mark.parametrize("data", NOT_NUMBERS.values(), ids=NOT_NUMBERS.keys())
+def test_tensor_refuses_data_that_is_not_numbers(data):
+    """Text, None, a dict or objects are refused where they enter, in one line naming `data`."""
+    with pytest.raises(TypeError, match=r"^tensor: data must be numbers \(bool, integer or float\), not"):
+        ag.tensor(data)
+
+
+def test_tensor_refuses_ragged_lists():
+    with pytest.raises(ValueError, match=r"^tensor: data must be numbers or nested lists of equal lengths"):
+        ag.tensor([[1.0, 2.0], [3.0]])
+
+
+@pytest.mark.parametrize("dtype", ["no such type", str, object, np.complex64])
+def test_tensor_refuses_a_dtype_that_is_not_numbers(dtype):
+    with pytest.raises(TypeError, match="^tensor: dtype must be a bool, integer or float type"):
+        ag.tensor([1.0], dtype=dtype)
+
+
 def test_tensor_copies_its_data(device):
     """Changing the source array afterwards does not change the tensor, nor does a tensor made
     from another tensor share its data."""

@@ -105,6 +105,68 @@ def test_tensors_are_float64_leaves_on_the_device(device):
     drawn()
 
 
+@pytest.mark.parametrize("gap", [0.0, -0.1, float("nan"), float("inf")])
+def test_distinct_refuses_a_gap_that_is_not_positive_and_finite(gap):
+    with pytest.raises(ValueError, match="^distinct: gap must be a finite number > 0"):
+        testing.distinct((3,), gap=gap)
+
+
+def test_distinct_refuses_more_entries_than_values_fit():
+    """[0, 3] holds four values 1 apart: five distinct ones cannot be drawn."""
+    with pytest.raises(ValueError, match=r"^distinct: a shape of 5 entries, but only 4 values 1.0 apart"):
+        testing.distinct((5,), gap=1.0, low=0.0, high=3.0)
+
+
+def test_distinct_refuses_a_drawn_shape_with_more_entries_than_values_fit():
+    @given(testing.distinct(st.just((2, 3)), gap=1.0, low=0.0, high=3.0))
+    def draw(array):
+        pass
+
+    with pytest.raises(ValueError, match=r"^distinct: a shape of 6 entries, but only 4 values"):
+        draw()
+
+
+NOT_STRATEGIES = {
+    "check_gradients": lambda: testing.check_gradients(softplus, np.ones(3)),
+    "tensors": lambda: testing.tensors(np.ones(3)),
+}
+
+
+@pytest.mark.parametrize("call", NOT_STRATEGIES.values(), ids=NOT_STRATEGIES.keys())
+def test_a_numpy_array_where_a_strategy_goes_is_refused(call):
+    with pytest.raises(TypeError, match=r"must be a hypothesis strategy, not a ndarray .*just\(x\)"):
+        call()
+
+
+SHAPE_TAKERS = {
+    "arrays": testing.arrays,
+    "away_from_zero": testing.away_from_zero,
+    "distinct": testing.distinct,
+    "indices": lambda shape: testing.indices(3, shape),
+}
+
+
+@pytest.mark.parametrize("name", SHAPE_TAKERS)
+@pytest.mark.parametrize("shape", [np.ones(3), (2, -1), "3"], ids=["array", "negative side", "text"])
+def test_strategies_refuse_what_is_not_a_shape(name, shape):
+    with pytest.raises(TypeError, match=rf"^{name.removesuffix('_zero')}: shape must be a tuple of integers"):
+        SHAPE_TAKERS[name](shape)
+
+
+BAD_BOUNDS = {
+    "shapes min_dims > max_dims": lambda: testing.shapes(min_dims=3, max_dims=1),
+    "arrays low > high": lambda: testing.arrays((2,), low=1.0, high=-1.0),
+    "indices of size 0": lambda: testing.indices(0, (2,)),
+    "away_from a negative margin": lambda: testing.away_from([0.0], (2,), margin=-0.1),
+}
+
+
+@pytest.mark.parametrize("call", BAD_BOUNDS.values(), ids=BAD_BOUNDS.keys())
+def test_strategies_refuse_bounds_out_of_order_when_made_not_when_drawn(call):
+    with pytest.raises((TypeError, ValueError)):
+        call()
+
+
 # ----- the gradient property
 
 
@@ -208,3 +270,17 @@ def test_the_engine_does_not_need_hypothesis_and_testing_says_what_to_install():
         [sys.executable, "-c", block + "import autograd.testing"], capture_output=True, text=True
     )
     assert result.returncode == 1 and "pip install hypothesis" in result.stderr
+
+
+@pytest.mark.parametrize("package", [None, "autograd", ag.Tensor], ids=["None", "a name", "a class"])
+def test_the_registry_refuses_what_is_not_a_package(package):
+    with pytest.raises(TypeError, match="^package must be a module or package"):
+        testing.assert_every_function_tested(package)
+    with pytest.raises(TypeError, match="^tests must be a module or package"):
+        testing.untested_functions(ag, tests="tests")
+
+
+@pytest.mark.parametrize("marked", ["Softplus", Softplus.apply, int])
+def test_checks_gradient_of_takes_function_subclasses_only(marked):
+    with pytest.raises(TypeError, match="^checks_gradient_of: takes Function subclasses"):
+        checks_gradient_of(marked)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt.files import UndecodableFiles, find_text_files, read_text_files
+from tinygpt.files import UndecodableFiles, check_apart, find_text_files, read_text_files
 
 
 def books(folder):
@@ -81,3 +81,29 @@ def test_find_text_files_takes_files_folders_and_globs(tmp_path):
         tmp_path / "c.md",
         tmp_path / "a.txt",
     ]
+
+
+@pytest.mark.parametrize(
+    "output, read, how",
+    [("run", "run", "is"), ("run", "run/data.txt", "holds"), ("run/out", "run", "lies inside")],
+)
+def test_an_output_that_is_holds_or_lies_inside_an_input_is_named(tmp_path, output, read, how):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "data.txt").write_text("text")
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    for out in (tmp_path / output, tmp_path / output.replace("run", "link")):  # a link is followed
+        with pytest.raises(ValueError) as error:
+            check_apart(
+                str(out), [("--other", str(tmp_path / "elsewhere")), ("--data", str(tmp_path / read))]
+            )
+        assert str(error.value).startswith(f"{out} {how} --data {tmp_path / read}: ")
+
+
+def test_an_output_beside_its_inputs_passes_and_a_glob_is_taken_by_its_matches(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("text")
+    check_apart(
+        str(tmp_path / "run"), [("--data", str(tmp_path / "data")), ("--data", str(tmp_path / "run2"))]
+    )
+    with pytest.raises(ValueError, match="holds --data .*a.txt"):
+        check_apart(str(tmp_path / "data"), [("--data", str(tmp_path / "data" / "*.txt"))])

@@ -307,3 +307,22 @@ def test_a_tiny_fine_tune_learns_a_separable_task(kind, n_layer):
     batch = test.batch(np.arange(len(test)))
     predictions = model.predict(model(batch.ids, batch.clf_positions, lm=False)[0])
     assert (predictions == batch.labels).mean() >= 0.95
+
+
+IDS = np.zeros((2, 1, 5), np.int64)
+BAD_BATCHES = {  # case: (ids, clf_positions, what the error says)
+    "2-D ids": (IDS[:, 0], np.zeros((2, 1), np.int64), r"ids shaped \(examples, sequences, time\)"),
+    "positions of another shape": (IDS, np.zeros(2, np.int64), r"got \(2, 1, 5\) and int64 \(2,\)"),
+    "float positions": (IDS, np.zeros((2, 1)), r"integer clf_positions .* float64 \(2, 1\)"),
+    "a position past the end": (IDS, np.full((2, 1), 5), r"clf_positions must lie in \[0, 5\)"),
+    "a negative position": (IDS, np.full((2, 1), -1), r"clf_positions must lie in \[0, 5\)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BATCHES)
+def test_heads_refuse_ids_and_positions_that_do_not_fit(device, case):
+    """A classify position outside its sequence is refused, not read from somewhere else."""
+    ids, positions, message = BAD_BATCHES[case]
+    model = GPTForClassification(tiny_gpt(device), 3)
+    with pytest.raises(ValueError, match=message):
+        model(ids, positions)

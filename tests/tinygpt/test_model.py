@@ -377,6 +377,10 @@ BAD_IDS = {
     "bool ids": (np.zeros((1, 3), bool), r"integer"),
     "1-D ids": (np.zeros(3, np.int64), r"\(batch, time\)"),
     "3-D ids": (np.zeros((1, 2, 3), np.int64), r"\(batch, time\)"),
+    "no tokens": (np.zeros((1, 0), np.int64), r"of shape \(1, 0\) hold no tokens"),
+    "no sequences": (np.zeros((0, 3), np.int64), r"of shape \(0, 3\) hold no tokens"),
+    "text": ("the cat", r"integer"),
+    "None": (None, r"integer"),
 }
 
 
@@ -604,3 +608,50 @@ def test_from_openai_refuses_shards_of_the_wrong_total_size(tmp_path, extra, dat
     write_original_release(tmp_path / "orig", ORIGINAL, cuts, extra=extra)
     with pytest.raises(ValueError, match="params"):
         GPT.from_openai(tmp_path / "orig")
+
+
+BAD_SHAPES_FILES = {  # case: (params_shapes.json made from the right shapes, what the error says)
+    "not JSON": (lambda shapes: "[[7, 12], [13", r"not JSON"),
+    "a dict": (lambda shapes: '{"shapes": []}', r"must hold a list of shapes, not a dict"),
+    "a side that is text": (lambda shapes: '[[7, 12], ["13", 12]]', r"shape 1 is \['13', 12\], not a list"),
+    "a negative side": (lambda shapes: "[[7, 12], [-13, 12]]", r"shape 1 is \[-13, 12\]"),
+    "a shape that is a number": (lambda shapes: "[[7, 12], 13]", r"shape 1 is 13"),
+    "one shape for all": (
+        lambda shapes: json.dumps([[ORIGINAL_TOTAL]]),
+        r"1 shapes are not two 2-D embeddings and blocks of 12",
+    ),
+    "a flat embedding": (lambda shapes: json.dumps([[84], *shapes[1:]]), r"26 shapes are not two 2-D"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SHAPES_FILES)
+def test_from_openai_names_a_bad_params_shapes_json(tmp_path, case):
+    """A params_shapes.json that is not a list of shapes, or not GPT-1's, is a ValueError naming it."""
+    write_original_release(tmp_path, ORIGINAL, [])
+    path = tmp_path / "params_shapes.json"
+    make_text, message = BAD_SHAPES_FILES[case]
+    path.write_text(make_text(json.loads(path.read_text())))
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": " + message):
+        GPT.from_openai(tmp_path)
+
+
+def test_from_openai_names_a_params_file_that_is_not_an_array(tmp_path):
+    write_original_release(tmp_path, ORIGINAL, [])
+    (tmp_path / "params_0.npy").write_bytes(b"not an array")
+    with pytest.raises(
+        ValueError, match=re.escape(str(tmp_path / "params_0.npy")) + ": not a NumPy array file"
+    ):
+        GPT.from_openai(tmp_path)
+
+
+def test_from_openai_names_the_file_when_the_weights_do_not_fit_the_config(tmp_path):
+    write_original_release(tmp_path, ORIGINAL, [])
+    config = GPTConfig(**{**ORIGINAL.to_dict(), "n_embd": 24})
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "params_shapes.json")) + ": .*mis-shaped"):
+        GPT.from_openai(tmp_path, config=config)
+
+
+@pytest.mark.parametrize("state", [[1, 2], None, "model.safetensors"], ids=["list", "None", "path"])
+def test_load_state_dict_refuses_what_is_not_a_dict(state):
+    with pytest.raises(TypeError, match="^load_state_dict: state must be a dict of name -> array"):
+        small_model().load_state_dict(state)

@@ -208,6 +208,21 @@ def test_a_trained_bpe_tokenizer_frames_with_its_own_special_ids():
     assert ids == [start, *premise, delimiter, *hypothesis, classify]
 
 
+def test_the_special_tokens_names_in_a_text_are_the_tokens_unless_read_as_text():
+    """ "_classify_" in a sentence is the classify token by default, so the head would read a state
+    in mid-sentence; special_tokens_as_text=True reads it as the text it is."""
+    tokenizer = BPETokenizer.train(["the cat sat on the mat. the dog ran."], vocab_size=270)
+    start, _, classify = (tokenizer.special_tokens[name] for name in SPECIAL_TOKENS)
+    example = [{"text": "the cat _classify_ sat", "label": 0}]
+    [[as_tokens]] = encode_examples(example, "classification", tokenizer, 64).sequences
+    [[as_text]] = encode_examples(
+        example, "classification", tokenizer, 64, special_tokens_as_text=True
+    ).sequences
+    assert as_tokens.count(classify) == 2 and as_text.count(classify) == 1
+    assert as_text == [start, *tokenizer.encode("the cat _classify_ sat", special_tokens=False), classify]
+    assert tokenizer.decode(as_text[1:-1]) == "the cat _classify_ sat"
+
+
 @pytest.mark.skipif(not (SHARED / "data" / "gpt1-bpe").is_dir(), reason="../shared/data is absent")
 def test_gpt1_tokenizer_frames_with_ids_40478_to_40480():
     files = SHARED / "data" / "gpt1-bpe"

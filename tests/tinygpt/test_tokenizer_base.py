@@ -101,3 +101,41 @@ def test_the_task_tokens_and_the_ignored_target_are_defined_once():
     assert list(trained.special_tokens.items()) == [(name, 256 + i) for i, name in enumerate(SPECIAL_TOKENS)]
     gpt1 = GPT1Tokenizer({"<unk>": 0, "a</w>": 1}, [])
     assert gpt1.special_tokens == {name: 2 + i for i, name in enumerate(SPECIAL_TOKENS)}
+
+
+def both_tokenizers():
+    return [
+        BPETokenizer.train(["a tiny corpus"], vocab_size=256 + 3),
+        GPT1Tokenizer({"<unk>": 0, "a</w>": 1}, []),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", [None, b"a tiny corpus", 3, ["a", "tiny"]], ids=["None", "bytes", "int", "list"]
+)
+def test_encode_refuses_what_is_not_text(text):
+    for tokenizer in both_tokenizers():
+        with pytest.raises(TypeError, match=r"^encode: text must be a str, not "):
+            tokenizer.encode(text)
+
+
+def test_encode_batch_refuses_one_text_for_the_list():
+    for tokenizer in both_tokenizers():
+        with pytest.raises(TypeError, match=r"^encode_batch: texts must be a list of str, not one str"):
+            tokenizer.encode_batch("a tiny corpus")
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (None, "ids must be a list"),
+        ("ab", "ids must be a list"),
+        ([1, "a"], "token id 'a' is not"),
+        ([1.0], "1.0"),
+    ],
+    ids=["None", "text", "a text id", "a float id"],
+)
+def test_decode_refuses_what_is_not_a_list_of_integer_ids(ids, message):
+    for tokenizer in both_tokenizers():
+        with pytest.raises(TypeError, match=f"^decode: .*{message}"):
+            tokenizer.decode(ids)

@@ -42,8 +42,16 @@ PRETRAIN_ERRORS = [
     (["--sample-tokens", "-1"], "--sample-tokens"),
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "--device: device 'cuda' needs CuPy"),
+    # checked before the corpus is read and a tokenizer trained (each was a traceback, or a refusal after)
+    (["--seed", str(2**70)], "--seed: must be an integer in [0, 2^64)"),
+    (["--n-layer", "2000"], "--preset tiny --n-layer 2000: n_layer=2000 is more than the 1024 allowed"),
+    (["--preset", "gpt1", "--n-embd", "100000", "--n-head", "10"], "--n-embd 100000 --n-head 10: 1,"),
+    (["--out", "/proc/tinygpt-run"], "--out: /proc/tinygpt-run cannot be written (in /proc: "),
+    (["--init-from", "{tmp}/missing"], "--init-from: "),
 ]
 FINETUNE_ERRORS = [
+    (["--lr", "0"], "--lr: must be a finite number > 0"),
+    (["--seed", str(2**64)], "--seed"),
     (["--lr", "-1"], "--lr"),
     (["--lr", "inf"], "--lr"),
     (["--epochs", "0"], "--epochs"),
@@ -63,6 +71,7 @@ ERRORS = [
     (evaluate.main, [*EVALUATE, "--device", "cuda"], "--device: device 'cuda' needs CuPy"),
     (evaluate.main, [*EVALUATE, "--batch-size", "0"], "--batch-size"),
     (evaluate.main, [*ZEROSHOT, "--device", "tpu"], "--device"),
+    (evaluate.main, [*ZEROSHOT, "--task", "cola", "--threshold", "nan"], "--threshold"),
     (evaluate.main, [*ATTENTION, "--device", "cuda"], "--device: device 'cuda' needs CuPy"),
     (generate.main, ["--run", "{tmp}/run", "--prompt", "hi", "--device", "cuda"], "--device"),
     (generate.main, ["--run", "{tmp}/run", "--prompt", "hi", "--seed", "-1"], "--seed"),
@@ -85,6 +94,35 @@ def test_a_bad_argument_is_a_one_line_usage_error_before_anything_is_written(
     [error] = lines
     assert status == 2 and ": error: " in error and flag in error
     assert os.listdir(tmp_path) == []
+
+
+def test_a_model_too_large_for_the_memory_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "sysconf", lambda name: 2**16 if name == "SC_PHYS_PAGES" else 4096)  # 256 MiB
+    monkeypatch.chdir(tmp_path)
+    status, [error] = usage_error(capsys, pretrain.main, ["--n-embd", "1024", "--n-head", "8"])
+    assert status == 2 and "--n-embd 1024 --n-head 8: training 63," in error and "GiB, more than" in error
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "module, expected",
+    [
+        ("train.predict", "usage: python -m train.evaluate predict"),
+        ("train.zeroshot", "usage: python -m train.evaluate zeroshot"),
+        (
+            "train.inspection",
+            "python -m train.inspection: error: run python -m train.evaluate attention | summary",
+        ),
+    ],
+)
+def test_a_module_of_subcommands_runs_its_command_or_names_them(module, expected):
+    """python -m train.predict --help is python -m train.evaluate predict --help; a module of two
+    commands names them in one line, status 2."""
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True)
+    if module == "train.inspection":
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", expected + "\n")
+    else:
+        assert done.returncode == 0 and done.stdout.startswith(expected)
 
 
 def parsers():
@@ -126,6 +164,8 @@ def test_resume_reads_the_warmup_of_an_older_run_folder(corpus, tmp_path):
     config = json.loads((out / "config.json").read_text())
     config["settings"]["warmup"] = config["settings"].pop("warmup_steps")
     (out / "config.json").write_text(json.dumps(config))
+    for digests in out.rglob("digests.json"):  # an older run recorded none
+        digests.unlink()
     pretrain.main(["--resume", str(out / "checkpoints" / "1"), "--device", "cpu"])
     assert learning_rates(out) == rates  # not those of the new default's warmup, a tenth of the run
 

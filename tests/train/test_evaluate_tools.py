@@ -193,12 +193,17 @@ def test_zeroshot_multiple_choice_picks_the_likeliest_answer(run, tmp_path):
         (["--task", "sst2", "--threshold", "1"], "--threshold is for --task cola"),
         (["--task", "jsonl", "--data", "{classification}"], "zero-shot on jsonl is for multiple choice"),
         (["--task", "sst2", "--data", "{tmp}/missing.tsv"], "missing.tsv"),
+        (["--task", "sst2", "--data", "{unlabelled}"], "has no labels to measure the heuristic against"),
+        (["--task", "sst2", "--data", "{blank}"], "got 0 (--skip-bad-rows leaves such rows out)"),
     ],
 )
 def test_zeroshot_usage_errors(run, tmp_path, capsys, argv, expected):
     classification = write(tmp_path / "c.jsonl", '{"text": "a cat", "label": 1}\n')
     data = write(tmp_path / "dev.tsv", "sentence\tlabel\nthe cat\t1\n")
-    argv = [a.format(tmp=tmp_path, classification=classification) for a in argv]
+    unlabelled = write(tmp_path / "test.tsv", "index\tsentence\n0\tthe cat\n")
+    blank = write(tmp_path / "blank.tsv", "sentence\tlabel\nthe cat\t1\n\n")
+    files = {"classification": classification, "unlabelled": unlabelled, "blank": blank}
+    argv = [a.format(tmp=tmp_path, **files) for a in argv]
     if "--data" not in argv:
         argv += ["--data", str(data)]
     with pytest.raises(SystemExit) as stop:

@@ -17,6 +17,7 @@ import autograd as ag
 from autograd.optim import Adam
 from tinygpt import GPT, GPTConfig
 from tinygpt.heads import make_head
+from tinygpt.run_folder import dependencies
 from tinygpt.tokenizer import BPETokenizer
 from train import finetune
 from train.checkpoint import checkpoint_steps, read_weights, save_checkpoint
@@ -174,7 +175,7 @@ def finetune_head(run_dir):
 
 
 def test_limit_train_sets_the_number_of_steps(setup, tmp_path, capsys):
-    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 40, "--lr", 0)
+    out = finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 40, "--lr", 1e-50)
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2, 3]  # 40 examples, 16 a batch
     assert "40 training" in capsys.readouterr().out
 
@@ -194,11 +195,11 @@ def test_lm_coef_weighs_the_auxiliary_loss(setup, tmp_path, lm_coef):
 
 
 def test_transfer_layers_keeps_the_first_blocks_and_redraws_the_rest(setup, tmp_path):
-    """With --lr 0 the weights stay where they started: embeddings and block 0 as pre-trained,
-    block 1 freshly initialised (unit gains, zero biases, N(0, 0.02) matrices)."""
+    """With --lr 1e-50 (0 in float32) the weights stay where they started: embeddings and block 0 as
+    pre-trained, block 1 freshly initialised (unit gains, zero biases, N(0, 0.02) matrices)."""
     pretrained = {name: array.copy() for name, array in setup[1].state_dict().items()}
     out = finetune_run(
-        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--transfer-layers", 1
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 1e-50, "--transfer-layers", 1
     )
     state = weights(out)
     for name, array in pretrained.items():
@@ -217,7 +218,7 @@ def test_transfer_layers_keeps_the_first_blocks_and_redraws_the_rest(setup, tmp_
 def test_from_scratch_redraws_every_weight_and_keeps_the_config(setup, tmp_path):
     pretrained = setup[1]
     out = finetune_run(
-        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 0, "--from-scratch"
+        setup, tmp_path / "run", "--epochs", 1, "--limit-train", 16, "--lr", 1e-50, "--from-scratch"
     )
     state = weights(out)
     assert all(not np.array_equal(state[name], array) for name, array in pretrained.state_dict().items())
@@ -476,6 +477,8 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
     config = json.loads((out / "config.json").read_text())
     epochs = config["settings"]["epochs"] = step // 8 + 1  # 8 steps an epoch: one more epoch's end to reach
     (out / "config.json").write_text(json.dumps(config))
+    digests = out / "checkpoints" / str(step) / "digests.json"  # the edit made the run's own
+    digests.write_text(json.dumps(dependencies(out)))
     finetune.main(["--resume", str(out), "--device", "cpu"])
     assert checkpoint_steps(out)[-1] == 8 * epochs
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == list(range(1, 8 * epochs + 1))

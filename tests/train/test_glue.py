@@ -560,3 +560,46 @@ def test_real_pairs_cut_to_fit_a_short_context_are_counted():
     )
     assert data.n_cut == too_long > 0
     assert max(len(ids) for seqs in data.sequences for ids in seqs) <= 64
+
+
+# ----- every file of a task has the training file's layout ---------------------------------------
+def test_a_file_of_another_layout_than_the_training_files_is_refused_at_its_first_row(tmp_path):
+    train = read("jsonl", write(tmp_path, "train.jsonl", '{"text": "a", "label": "x"}\n'))
+    rows = [
+        '{"text": "b", "label": "x"}',
+        '{"text": "c"}',
+        '{"premise": "a", "hypothesis": "b", "label": "x"}',
+    ]
+    dev = write(tmp_path, "dev.jsonl", "\n".join(rows) + "\n")
+    with pytest.raises(
+        ValueError, match=re.escape(f"{dev}: line 3: fields hypothesis, label, premise, not the")
+    ):
+        read("jsonl", dev, train.labels, layout=train.layout)
+    kept = read("jsonl", dev, train.labels, skip_bad_rows=True, layout=train.layout)
+    assert kept.examples == [{"text": "b", "label": 0}] and kept.skipped == {
+        "bad rows": 2
+    }  # and a row to predict
+    test = read("jsonl", write(tmp_path, "test.jsonl", '{"text": "c"}\n'), layout=train.layout)
+    assert test.examples == [{"text": "c"}]  # a file to predict: the layout less the label
+
+
+def test_scores_are_not_the_layout_of_a_file_of_labels(tmp_path):
+    train = read("jsonl", write(tmp_path, "train.jsonl", '{"text_a": "a", "text_b": "b", "label": "x"}\n'))
+    dev = write(tmp_path, "dev.jsonl", '{"text_a": "a", "text_b": "b", "score": 0.5}\n')
+    with pytest.raises(ValueError, match="line 1: fields score, text_a, text_b, not the training examples'"):
+        read("jsonl", dev, train.labels, layout=train.layout)
+
+
+def test_a_folder_where_a_task_file_goes_is_named(tmp_path):
+    (tmp_path / "dev.tsv").mkdir()
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'dev.tsv'}: a folder, not a file of sst2")):
+        read("sst2", tmp_path / "dev.tsv")
+
+
+def test_a_jsonl_files_kind_is_that_of_its_first_row_kept(tmp_path):
+    """Found by the generated user errors: a first row of another layout, left out with
+    skip_bad_rows, made the file's kind entailment, and its texts then had no premise."""
+    train = read("jsonl", write(tmp_path, "train.jsonl", '{"text": "a", "label": "x"}\n'))
+    rows = '{"premise": "a", "hypothesis": "b", "label": "x"}\n{"text": "b", "label": "x"}\n'
+    dev = read("jsonl", write(tmp_path, "dev.jsonl", rows), train.labels, True, layout=train.layout)
+    assert dev.kind == "classification" and dev.examples == [{"text": "b", "label": 0}]

@@ -129,7 +129,7 @@ def test_best_is_moved_aside_not_deleted_before_the_new_one_is_in(setup, tmp_pat
     for p in head.parameters():
         p.data = p.data + 1
     with pytest.raises(KeyboardInterrupt):
-        finetune.save_best(str(out), head)
+        finetune.save_best(str(out), head, {})
     monkeypatch.setattr(os, "replace", real_replace)
     checkpoint.remove_partials(out)
     after = read_weights(out / "best", finetune_head(out))

@@ -131,6 +131,8 @@ def test_usage_errors_name_the_argument(runs, tmp_path, capsys):
     shutil.copytree(runs / "sst2", other_tokenizer, ignore=shutil.ignore_patterns("tokenizer"))
     tiny_run(tmp_path / "tiny")
     shutil.copytree(tmp_path / "tiny" / "tokenizer", other_tokenizer / "tokenizer")
+    for digests in other_tokenizer.rglob("digests.json"):  # as a run from before the digests were recorded
+        digests.unlink()
     data = runs / "test.unlabelled.tsv"
     cases = [
         (
@@ -153,3 +155,73 @@ def test_usage_errors_name_the_argument(runs, tmp_path, capsys):
             + [str(runs / "dev.tsv"), "--out", str(tmp_path / "run"), *FAST]
         )
     assert f"error: --train: {data} has no labels" in capsys.readouterr().err
+
+
+def test_an_output_on_what_predict_reads_is_refused_and_the_file_kept(runs, tmp_path, capsys):
+    data = tmp_path / "test.tsv"
+    shutil.copy(runs / "test.unlabelled.tsv", data)
+    run = runs / "sst2"
+    for out, flag in [(data, "--data"), (run / "config.json", "--run"), (run / "best", "--run")]:  # fmt: skip
+        before = sorted((p, p.read_bytes()) for p in ([out] if out.is_file() else out.rglob("*.*")))
+        with pytest.raises(SystemExit):
+            predict("--run", run, "--data", data, "--out", out)
+        error = capsys.readouterr().err
+        assert f"error: --out: {out}" in error and f" {flag} " in error and "apart from the inputs" in error
+        assert sorted((p, p.read_bytes()) for p in ([out] if out.is_file() else out.rglob("*.*"))) == before
+    with pytest.raises(SystemExit):
+        main(["perplexity", "--run", str(runs / "pretrained"), "--data", str(data), "--json", str(data)])
+    assert f"error: --json: {data} is --data {data}" in capsys.readouterr().err
+
+
+def test_a_checkpoint_folder_of_a_fine_tune_predicts_with_its_weights(runs, tmp_path):
+    """--run a checkpoint of a fine-tune (as --help allows): its weights, with the run's tokenizer
+    and labels; after one epoch the checkpoint is the best epoch, so the predictions are best/'s."""
+    [checkpoint] = [path for path in (runs / "jsonl" / "checkpoints").iterdir() if path.name.isdigit()]
+    data = runs / "test.unlabelled.jsonl"
+    for run, name in [(checkpoint, "checkpoint.jsonl"), (runs / "jsonl", "best.jsonl")]:
+        predict("--run", run, "--data", data, "--out", tmp_path / name)
+    assert (tmp_path / "checkpoint.jsonl").read_text() == (tmp_path / "best.jsonl").read_text()
+
+
+def test_a_file_of_another_layout_than_the_runs_is_refused_with_its_line(runs, tmp_path, capsys):
+    rows = [{"text": "a cat", "id": "q0"}, {"premise": "a cat", "hypothesis": "a dog", "id": "q1"}]
+    other = write_jsonl(tmp_path / "other.jsonl", rows)
+    with pytest.raises(SystemExit):
+        predict("--run", runs / "jsonl", "--data", other, "--out", tmp_path / "p.jsonl")
+    expected = f"--data: {other}: line 2: fields hypothesis, premise, not the training examples' label, text"
+    assert expected in capsys.readouterr().err and not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_blank_line_names_the_flag_of_predict_that_leaves_it_out(runs, tmp_path, capsys):
+    data = tmp_path / "blank.tsv"
+    data.write_text("index\tsentence\n7\ta cat\n\n8\ta dog\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        predict("--run", runs / "sst2", "--data", data, "--out", tmp_path)
+    err = capsys.readouterr().err
+    assert f"{data}: line 3: expected 2 tab-separated columns, got 0 (--skip-bad-rows leaves" in err
+    predict("--run", runs / "sst2", "--data", data, "--out", tmp_path, "--skip-bad-rows")
+    assert [index for index, _ in rows_of(tmp_path / "SST-2.tsv")[1:]] == ["7", "8"]
+    assert f"skipped 1 bad rows, the first: {data}: line 3" in capsys.readouterr().out
+
+
+def test_special_tokens_as_text_reads_their_names_as_plain_text(runs, tmp_path):
+    """A text holding _classify_ and _start_: as the task's tokens by default, as plain text with the
+    flag, or by default after a fine-tune that read its examples so."""
+    data = write_jsonl(tmp_path / "special.jsonl", [{"text": "cat _classify_ mat _start_ hat", "id": 0}])
+
+    def probabilities(run, *flags):
+        predict("--run", run, "--data", data, "--out", tmp_path / "p.jsonl", *flags)
+        return json.loads((tmp_path / "p.jsonl").read_text())["probabilities"]
+
+    as_tokens, as_text = (
+        probabilities(runs / "jsonl"),
+        probabilities(runs / "jsonl", "--special-tokens-as-text"),
+    )
+    assert as_tokens != as_text
+    splits = [arg for split in ("train", "dev") for arg in (f"--{split}", runs / f"{split}.jsonl")]
+    argv = ["--init-from", runs / "pretrained", "--task", "jsonl", *splits, "--out", tmp_path / "run"]
+    finetune.main(
+        [*map(str, argv), "--epochs", "1", "--limit-train", "16", "--special-tokens-as-text", *FAST]
+    )
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["settings"]["special_tokens_as_text"]
+    assert probabilities(tmp_path / "run") == probabilities(tmp_path / "run", "--special-tokens-as-text")

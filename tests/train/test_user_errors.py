@@ -1,14 +1,17 @@
 """No user error ends in a traceback: a missing or broken tokenizer, a --data folder holding a folder
 named x.txt, a name too long, a prompt that is not text, an output that cannot be written, a run's
-config.json or checkpoint that is damaged each end a command with one line (status 2 for a usage
-error found before the work, 1 for a failed run), and nothing in the run folder is changed. The
-property draws every command (pretrain's resume, finetune and its resume, predict, generate, the
-evaluations) with a damaged file of its run folder or a bad path."""
+config.json or checkpoint that is damaged, a dev file of another layout than the training file's
+each end a command with one line (status 2 for a usage error found before the work, 1 for a failed
+run), and nothing in the run folder is changed. The property draws every command (pretrain's resume,
+finetune and its resume, predict, generate, the evaluations) with a damaged file of its run folder,
+a bad path, or (fine-tuning and predict) task files of mixed layouts, blank lines, missing fields,
+bad values, or a folder where a file goes."""
 
 import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,7 +112,39 @@ def test_a_data_folder_holding_a_folder_named_like_a_text_file_is_a_usage_error(
     (tmp_path / "data" / "x.txt").mkdir(parents=True)
     (tmp_path / "data" / "a.txt").write_text("hello world " * 50)
     line = one_line_error(capsys, pretrain.main, new_run(tmp_path / "data", tmp_path / "out"))
-    assert "x.txt" in line and not (tmp_path / "out").exists()
+    assert f"{tmp_path / 'data' / 'x.txt'}: a folder, not a text file" in line
+    assert not (tmp_path / "out").exists()
+    argv = ["perplexity", "--run", str(base[0]), "--data", str(tmp_path / "data"), "--device", "cpu"]
+    assert f"--data: {tmp_path / 'data' / 'x.txt'}: a folder" in one_line_error(capsys, evaluate.main, argv)
+
+
+def test_a_tokenizer_that_stops_short_says_so_and_the_run_records_what_it_built(
+    base, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
+    pretrain.main(new_run(base[1], tmp_path / "out", "--vocab-size", "99999999"))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    built = config["model"]["vocab_size"]
+    assert built < 1000 and config["settings"]["vocab_size"] == built
+    assert f"asked for 99,999,999 tokens, built {built:,}: every word" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_a_file_of_another_layout_than_the_training_files_is_refused_row_by_row(
+    tuned, tmp_path, capsys, split
+):
+    """A dev or test file whose rows (from the first, or from the third) are premise/hypothesis pairs
+    beside a training file of texts: refused with the file and line, before a run folder is made."""
+    pairs = [{"premise": "a cat", "hypothesis": "a dog", "label": "pos"}] * 3
+    for first_bad in (1, 3):
+        rows = [*examples(first_bad - 1, 0), *pairs]
+        other = write_jsonl(tmp_path / f"{split}.jsonl", rows)
+        files = {"--train": tuned / "train.jsonl", "--dev": tuned / "dev.jsonl", f"--{split}": other}
+        argv = ["--init-from", tuned.parent / "run", "--task", "jsonl", *sum(files.items(), ())]
+        line = one_line_error(capsys, finetune.main, [*map(str, argv), "--out", str(tmp_path / "out")])
+        expected = "fields hypothesis, label, premise, not the training examples' label, text"
+        assert f"--{split}: {other}: line {first_bad}: {expected}" in line
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("which", ["--data", "--out"])
@@ -253,6 +288,8 @@ def commands(run, tuned, tmp):
     attention = ["attention", "--run", str(run), "--text", "hi", "--layer", "0", "--out", str(tmp / "a.png")]
     splits = ["--train", str(tmp / "train.jsonl"), "--dev", str(tmp / "dev.jsonl")]
     tune = ["--init-from", str(run), "--task", "jsonl", *splits, "--out", str(tmp / "tune"), "--epochs", "1"]
+    sst2 = ["--init-from", str(run), "--task", "sst2", "--train", str(tmp / "train.tsv")]
+    sst2 += ["--dev", str(tmp / "dev.tsv"), "--out", str(tmp / "tune"), "--epochs", "1"]
     predict = [
         "predict",
         "--run",
@@ -276,7 +313,12 @@ def commands(run, tuned, tmp):
         "attention": (evaluate.main, [*attention, *cpu], run),
         "summary": (evaluate.main, ["summary", "--run", str(run)], run),
         "resume": (pretrain.main, ["--resume", str(run), "--steps", "1", *cpu], run),
-        "finetune": (finetune.main, [*tune, "--batch-size", "4", *cpu], run),
+        "finetune": (
+            finetune.main,
+            [*tune, "--test", str(tmp / "test.jsonl"), "--batch-size", "4", *cpu],
+            run,
+        ),
+        "finetune sst2": (finetune.main, [*sst2, "--batch-size", "4", *cpu], run),
         "predict": (evaluate.main, [*predict, *cpu], tuned),
         "resume a fine-tune": (finetune.main, ["--resume", str(tuned), *cpu], tuned),
     }
@@ -285,7 +327,58 @@ def commands(run, tuned, tmp):
 BAD_PATHS = st.sampled_from(["missing", "a" * 300, "file/below", "file", "\udcff", ""])
 
 
-@settings(max_examples=15, deadline=None)
+# rows of a jsonl task file: the training file's layout, rows to predict, other layouts, missing fields,
+# bad values, blank lines, and text that holds the special tokens' names
+JSONL_ROWS = [
+    *(json.dumps(row) for row in examples(3, 5)),
+    '{"text": "a _start_ cat _classify_", "label": "pos"}',
+    '{"text": "a cat", "id": "q1"}',
+    '{"premise": "a cat", "hypothesis": "a dog", "label": "pos"}',
+    '{"text_a": "a", "text_b": "b", "score": 1.5}',
+    '{"context": "a", "choices": ["b", "c"], "label": 0}',
+    '{"label": "pos"}',
+    '{"text": 5, "label": "pos"}',
+    '{"text": "a cat", "label": 1}',
+    '{"text": "a cat", "label": "other"}',
+    '{"text": "a cat", "label": "pos", "id": [1]}',
+    "",
+    "  ",
+    "not json",
+    "[1, 2]",
+]
+TSV_HEADERS = ["sentence\tlabel", "index\tsentence", "sentence", "text\tlabel", ""]
+TSV_ROWS = ["the cat sat\t1", "a dog\t0", "a _classify_ hat\t1", "", "one column", "a\tb\tc", "odd\t2", "\t1"]
+
+
+@st.composite
+def task_file(draw, path):
+    """Rewrite the task file `path` (jsonl or, for sst2, tsv) with drawn rows, or put a folder there."""
+    if draw(st.integers(0, 9)) == 0:
+        path.unlink()
+        path.mkdir()
+        return
+    rows = st.lists(
+        st.sampled_from(TSV_ROWS if path.suffix == ".tsv" else JSONL_ROWS), min_size=1, max_size=8
+    )
+    lines = ([draw(st.sampled_from(TSV_HEADERS))] if path.suffix == ".tsv" else []) + draw(rows)
+    path.write_text("\n".join(lines) + draw(st.sampled_from(["\n", ""])), encoding="utf-8")
+
+
+def tsv_files(tmp):
+    """train.tsv and dev.tsv of SST-2 in `tmp`, from the texts of the jsonl files."""
+    for split in ("train", "dev"):
+        rows = [json.loads(line) for line in (tmp / f"{split}.jsonl").read_text().splitlines()]
+        cells = [f"{row['text']}\t{int(row['label'] == 'pos')}" for row in rows]
+        (tmp / f"{split}.tsv").write_text("\n".join(["sentence\tlabel", *cells]) + "\n", encoding="utf-8")
+
+
+TASK_FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "train.tsv", "dev.tsv")
+TASK_FLAGS = ["--skip-bad-rows", "--special-tokens-as-text"]
+# HYPOTHESIS_PROFILE=thorough runs that profile's count; 15 examples (commands) otherwise
+EXAMPLES = 15 if settings.default.max_examples < 100 else settings.default.max_examples
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(data=st.data())
 def test_no_generated_user_error_ends_in_a_traceback(base, tuned, tmp_path_factory, capsys, data):
     """Each command ends normally, or with one line, status 1 or 2, and a usage error (2) leaves the
@@ -293,17 +386,25 @@ def test_no_generated_user_error_ends_in_a_traceback(base, tuned, tmp_path_facto
     tmp = tmp_path_factory.mktemp("case")
     shutil.copytree(base[0], tmp / "run")
     shutil.copytree(tuned, tmp, dirs_exist_ok=True)  # tmp/tuned, and the jsonl files
+    tsv_files(tmp)
     (tmp / "text.txt").write_text("the cat sat on the mat. " * 20)
     (tmp / "file").write_text("")
     name, (main, argv, run) = data.draw(
         st.sampled_from(sorted(commands(tmp / "run", tmp / "tuned", tmp).items()))
     )
     event(name)  # pytest --hypothesis-show-statistics: how often each command ran
-    if data.draw(st.booleans()):  # a damaged file of the run
+    files = [i for i, arg in enumerate(argv) if arg in {str(tmp / name) for name in TASK_FILES}]
+    how = data.draw(st.sampled_from(["damage", "path", *(["task files"] if files else [])]))
+    event(how)
+    if how == "damage":  # a damaged file of the run
         data.draw(damage(run))
-    else:  # a bad path in place of one the command reads or writes
+    elif how == "path":  # a bad path in place of one the command reads or writes
         index = data.draw(st.sampled_from([i for i, arg in enumerate(argv) if str(tmp) in arg]))
         argv = [*argv[:index], str(tmp / data.draw(BAD_PATHS)), *argv[index + 1 :]]
+    else:  # task files drawn row by row, read with or without the flags for such files
+        for index in data.draw(st.lists(st.sampled_from(files), min_size=1, unique=True)):
+            data.draw(task_file(Path(argv[index])))
+        argv += data.draw(st.lists(st.sampled_from(TASK_FLAGS), unique=True))
     before = snapshot(run)
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patch:

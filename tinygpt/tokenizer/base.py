@@ -7,6 +7,9 @@ cuts text into words and runs BPE on each word; a subclass says how words are cu
 same words over and over, each word's ids are worked out once and then remembered.
 """
 
+import numbers
+from collections.abc import Iterable
+
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
 CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
 MERGES_HEADER = "#version: 0.2"  # the first line of a merges file
@@ -80,7 +83,17 @@ class Tokenizer:
     # -- encoding ------------------------------------------------------------------------------
 
     def encode_batch(self, texts):
+        if isinstance(texts, str):
+            raise TypeError("encode_batch: texts must be a list of str, not one str (encode takes one)")
         return [self.encode(text) for text in texts]
+
+    @staticmethod
+    def _checked_text(text):
+        """`text` itself if it is a str; a TypeError naming what it is otherwise."""
+        if not isinstance(text, str):
+            hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
+            raise TypeError(f"encode: text must be a str, not {type(text).__name__}{hint}")
+        return text
 
     def _encode_words(self, words):
         """The ids of pre-tokenized words, one after the other; each new word goes through
@@ -103,9 +116,14 @@ class Tokenizer:
 
     def _look_up(self, table, ids):
         """[table[id] for id in ids], where table has one entry per id; an id outside the
-        vocabulary raises a ValueError (a negative one would otherwise index from the end)."""
+        vocabulary raises a ValueError (a negative one would otherwise index from the end), and
+        anything but a list of integers a TypeError."""
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise TypeError(f"decode: ids must be a list of integer token ids, not {type(ids).__name__}")
         entries = []
         for token_id in ids:
+            if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+                raise TypeError(f"decode: token id {token_id!r} is not an integer")
             if not 0 <= token_id < len(table):
                 raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
             entries.append(table[token_id])

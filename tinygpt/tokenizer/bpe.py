@@ -222,13 +222,14 @@ class BPETokenizer(Tokenizer):
 
     # -- encoding and decoding -----------------------------------------------------------------
 
-    def encode(self, text):
+    def encode(self, text, special_tokens=True):
         """Text -> ids. Special tokens' names are matched whole (longest first) before the text
-        between them is normalized and split. The text is encoded as UTF-8, so a lone surrogate
-        raises UnicodeEncodeError (a ValueError).
+        between them is normalized and split; with special_tokens=False they are plain text. The
+        text is encoded as UTF-8, so a lone surrogate raises UnicodeEncodeError (a ValueError).
         """
         ids = []
-        pieces = self._special_regex.split(text) if self._special_regex else [text]
+        text = self._checked_text(text)
+        pieces = self._special_regex.split(text) if self._special_regex and special_tokens else [text]
         for position, piece in enumerate(pieces):
             if position % 2:  # split() puts the matched special tokens at odd positions
                 ids.append(self._special_tokens[piece])
