@@ -58,6 +58,7 @@ PROJECT = {  # the project's kernels (autograd/kernels/cuda) by the start of the
     "dropout_": "dropout",
     "cross_entropy_": "loss",
     "embedding_": "embedding",
+    **dict.fromkeys(("column_partials", "column_sums"), "reductions"),
     **dict.fromkeys(("adam_step", "chunk_squares", "clip_factor", "scale_chunks"), "optimizer"),
 }
 TABLES = {"adam_step": (4, 3), "chunk_squares": (1, 0), "scale_chunks": (1, 1)}  # tensors read, written

@@ -53,6 +53,7 @@ TESTS = "tests/autograd"
 KERNEL_TESTS = {
     "adam.cu": ["test_kernels_adam.py"],
     "attention.cu": ["test_kernels_attention.py", "test_kernels.py", "test_random.py"],
+    "column_sums.cu": ["test_kernels.py"],
     "common.cuh": ["test_cuda_sources.py", "test_random.py"],
     "cross_entropy.cu": ["test_kernels_loss_embedding.py", "test_kernels.py"],
     "dropout.cu": ["test_random.py", "test_kernels.py"],
@@ -115,6 +116,16 @@ MUTATIONS = [
              "store(out, i, keep[i] ? to_float(grad[i]) * scale : 0.0f);",
              "store(out, i, to_float(grad[i]) * scale);", "dropout's backward: the mask not applied"),
     # ----- gelu.cu
+    # ----- column_sums.cu
+    Mutation("cs-chunk-end", "column_sums.cu", "row < last; ++row", "row <= last; ++row",
+             "column sums: each chunk adds the first row of the next"),
+    Mutation("cs-chunk-order", "column_sums.cu", "for (long long c = 0; c < chunks; ++c)",
+             "for (long long c = chunks - 1; c >= 0; --c)", "column sums: the chunks added last first"),
+    Mutation("cs-column-guard", "column_sums.cu", "if (j >= width) return;", "if (j > width) return;",
+             "column sums: one thread past the last column writes a partial"),
+    Mutation("cs-first-chunk", "column_sums.cu", "(blockIdx.x) * rows_per_chunk;",
+             "(blockIdx.x) * rows_per_chunk + (blockIdx.x > 0);",
+             "column sums: every chunk after the first skips its first row"),
     Mutation("gelu-cubic", "gelu.cu", "CUBIC * (x * x * x)", "CUBIC * (x * x)",
              "GELU: the cubic term squared"),
     Mutation("gelu-half", "gelu.cu", "store(out, i, 0.5f * v * (1.0f + gelu_tanh(v)));",

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, kernels
 from autograd import functional as F
+from autograd.kernels import linear as linear_kernels
 from autograd.testing import arrays, functions_of, shapes
 from tests import tf32
 from tests.autograd.test_functional import (
@@ -79,12 +80,45 @@ def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf
 
 
 @compares_fast_path_of(F.Linear)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WITH_BF16)
 @given(linear_inputs())
 def test_linear(device, dtype, case):
     x, weight, bias = case
     inputs = [x, weight] + ([bias] if bias is not None else [])
     assert_fast_equals_reference(F.linear, inputs, device, dtype)
+
+
+def column_sums_in_their_order(x, rows_per_chunk):
+    """The column sums of a (rows, width) array as column_sums.cu adds them, in float32: each chunk's
+    rows one after another, then the chunks' sums one after another."""
+    x = x.astype(np.float32)
+    partials = []
+    for first in range(0, max(len(x), 1), rows_per_chunk):
+        partial = np.zeros(x.shape[1], np.float32)
+        for row in x[first : first + rows_per_chunk]:
+            partial += row
+        partials.append(partial)
+    sums = np.zeros(x.shape[1], np.float32)
+    for partial in partials:
+        sums += partial
+    return sums
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+@given(st.integers(0, 100), st.integers(1, 300), SEEDS)
+def test_column_sums_add_the_rows_of_each_chunk_in_order_then_the_chunks(
+    gpu_device, dtype, rows, width, seed
+):
+    """A linear layer's bias gradient on a GPU: the same bits as the order written down, for row counts
+    on both sides of a chunk's edge and widths on both sides of a block's, repeatably."""
+    x = np.random.default_rng(seed).standard_normal((rows, width)).astype(dtype)
+    on_device = backend.to_device(x, gpu_device)
+    with backend.device_scope(on_device):
+        sums = [backend.to_host(linear_kernels.column_sums(on_device)) for _ in range(2)]
+    expected = column_sums_in_their_order(x, linear_kernels.ROWS_PER_CHUNK)
+    assert sums[0].dtype == np.float32
+    np.testing.assert_array_equal(sums[0], expected)
+    np.testing.assert_array_equal(sums[1], sums[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -655,3 +655,24 @@ def test_from_openai_names_the_file_when_the_weights_do_not_fit_the_config(tmp_p
 def test_load_state_dict_refuses_what_is_not_a_dict(state):
     with pytest.raises(TypeError, match="^load_state_dict: state must be a dict of name -> array"):
         small_model().load_state_dict(state)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_training_step_of_gpt_takes_no_copy_of_its_weights(monkeypatch, precision):
+    """GPT's forward, the loss, backward, clipping and Adam read their arrays as the engine does
+    (`_data`): reading `.data` while a graph holds a tensor would copy it, to notice in-place
+    changes, and a step must not pay for that."""
+    reads = []
+    data = ag.Tensor.data
+    monkeypatch.setattr(ag.Tensor, "data", property(lambda t: reads.append(t) or data.fget(t), data.fset))
+    model = GPT(GPTConfig(**SMALL))
+    optimizer = Adam(model.parameters(), lr=LR, l2=0.01)
+    ids = np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, SMALL["n_ctx"] + 1))
+    with ag.use_precision(precision):
+        for _ in range(2):
+            loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
+            loss.backward()
+            ag.optim.clip_grad_norm(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert reads == []
