@@ -202,6 +202,8 @@ class Tensor:
     _snapshot = None  # the array as the graph saw it, kept while one holds it and `.data` is read
 
     def __init__(self, data, requires_grad=False):
+        if not isinstance(requires_grad, (bool, np.bool_)):
+            raise TypeError(f"requires_grad must be True or False, not {requires_grad!r}")
         if requires_grad and not is_floating(data.dtype):
             raise TypeError(f"only floating tensors can require gradients, not {data.dtype}")
         self._data = data

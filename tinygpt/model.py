@@ -155,6 +155,10 @@ class GPT(nn.Module):
         """GPT-1 from the original release: params_shapes.json and params_0.npy ... params_9.npy,
         flat pieces joined and cut by the shapes (positions, tokens, then each block's c_attn,
         c_proj, ln_1, c_fc, mlp c_proj, ln_2; conv weights stored as [1, in, out])."""
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(
+                f"GPT.from_openai: {directory}: no such folder (of params_shapes.json and params_*.npy)"
+            )
         shapes_path = os.path.join(directory, "params_shapes.json")
         shapes = _read_shapes(shapes_path)
         pieces, i = [], 0

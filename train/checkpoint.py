@@ -89,6 +89,9 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3, digests=None
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     for old in [os.path.join(folder, str(s)) for s in checkpoint_steps(run_dir)[:-keep]] if keep > 0 else []:
+        if os.path.islink(old):  # someone's link to a folder of theirs: neither it nor what it holds goes
+            print(f"{old}: kept (--keep-checkpoints): a link, which no run wrote")
+            continue
         kept = remove_checkpoint(old)
         if kept:
             print(f"{old}: checkpoint removed (--keep-checkpoints), kept {', '.join(kept)}: no run wrote it")
@@ -150,6 +153,11 @@ def remove_partials(run_dir):
 def find_checkpoint(path):
     """A checkpoint folder: `path` itself if it is one, else the newest checkpoint of the run at `path`."""
     if os.path.isfile(os.path.join(path, STATE_FILE)):
+        if run_of(path) is None:
+            raise FileNotFoundError(
+                f"{path}: a checkpoint, but not in a run's checkpoints/<step>/ (one a resume set aside is in "
+                "checkpoints/after-<step>/: move it back to checkpoints/<its step> to use it)"
+            )
         return path
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such run or checkpoint folder")

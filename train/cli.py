@@ -24,7 +24,7 @@ from tinygpt.files import UndecodableFiles, check_apart
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
 from . import glue
-from .run import load_run
+from .run import RUN_FILES, load_run
 
 GPT1_VOCAB_SIZE = 40481  # GPT-1's tokenizer: 40,478 tokens and the 3 special ones
 
@@ -378,7 +378,8 @@ def check_json_folder(parser, args):
 
 def check_apart_from_inputs(parser, flag, output, args):
     """A usage error where `output` is, holds or lies inside what an evaluation reads: --data, and of
-    --run the weights and the files they depend on (the run folder itself may take outputs)."""
+    --run the weights, the files they depend on and the run's records (its folder may take new
+    outputs, and predictions again)."""
     data = getattr(args, "data", None) or []
     inputs = [("--data", path) for path in (data if isinstance(data, list) else [data])]
     try:
@@ -387,9 +388,11 @@ def check_apart_from_inputs(parser, flag, output, args):
         weights = None  # loading the run names what is wrong with it
     if weights:
         run = run_folder.run_of(weights) or weights
-        inputs += [("--run", weights)] + [
-            ("--run", os.path.join(run, name)) for name in run_folder.DEPENDENCIES
+        records = [
+            name for name in (*RUN_FILES, "tokenizer", "checkpoints", "best") if name != "predictions.tsv"
         ]
+        inputs += [("--run", os.path.join(run, name)) for name in (*run_folder.DEPENDENCIES, *records)]
+        inputs.append(("--run", weights))
     try:
         check_apart(output, inputs)
     except ValueError as error:

@@ -7,6 +7,7 @@ The two commands:
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -79,6 +80,13 @@ def attention_command(parser, args):
         import matplotlib  # noqa: F401  (checked first: no point loading a model we cannot draw)
     except ImportError:
         parser.error(PLOT_NEEDS)
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if os.path.splitext(args.out)[1].lstrip(".").lower() not in formats:
+        parser.error(
+            f"--out: {args.out}: not a figure's file name (end it in {', '.join(f'.{f}' for f in formats)})"
+        )
     cli.check_writable(parser, "--out", args.out)
     cli.check_apart_from_inputs(parser, "--out", args.out, args)
     model, tokenizer = open_run(parser, args.run, args.device)

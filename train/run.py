@@ -86,11 +86,14 @@ def check_new_run_folder(path, overwrite=False):
 
 def in_the_way(path):
     """What the new run would write over in run folder `path`, though no run wrote it: someone else's
-    file in best/ or a checkpoint's folder, a folder named as a run's file, a file as a run's folder."""
+    file in best/ or a checkpoint's folder, a folder named as a run's file, a file as a run's folder,
+    a link where a run writes a folder (emptying it would empty the folder it points to)."""
     checkpoints = os.path.join(path, "checkpoints")
     steps = [os.path.join(checkpoints, n) for n in sorted_entries(checkpoints) if is_step(n)]
     folders = [os.path.join(path, "best"), *steps]
-    found = [f for f in folders if os.path.exists(f) and not os.path.isdir(f)]
+    linked = [os.path.join(path, n) for n in ("best", "checkpoints", "tokenizer")] + steps
+    found = [f for f in linked if os.path.islink(f)]
+    found += [f for f in folders if os.path.exists(f) and not os.path.isdir(f)]
     found += [os.path.join(f, n) for f in folders for n in sorted_entries(f) if n not in WEIGHT_FILES]
     files = [os.path.join(f, n) for f in folders for n in WEIGHT_FILES]
     files += [os.path.join(path, n) for n in RUN_FILES]

@@ -521,3 +521,9 @@ def test_incompatible_shapes_raise(device, expression):
     x23, x4 = leaf(np.ones((2, 3)), device), leaf(np.ones(4), device)
     with pytest.raises(ValueError):
         SHAPE_MISMATCHES[expression](x23, x4)
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None, [True]])
+def test_requires_grad_must_be_a_bool(flag):
+    with pytest.raises(TypeError, match=r"^requires_grad must be True or False, not "):
+        ag.tensor([1.0], requires_grad=flag)

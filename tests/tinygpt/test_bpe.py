@@ -425,3 +425,8 @@ def test_real_book_round_trip():
     ids = tokenizer.encode(text)
     assert len(ids) < len(text.encode("utf-8")) / 2.5
     assert tokenizer.decode(ids) == text
+
+
+def test_training_on_one_string_rather_than_a_list_of_them_is_refused():
+    with pytest.raises(TypeError, match="an iterable of strings, not one string"):
+        BPETokenizer.train("hello world", 270)

@@ -676,3 +676,12 @@ def test_a_training_step_of_gpt_takes_no_copy_of_its_weights(monkeypatch, precis
             optimizer.step()
             optimizer.zero_grad()
     assert reads == []
+
+
+def test_from_openai_names_a_folder_that_is_not_there_or_is_a_file(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for path in (tmp_path / "missing", tmp_path / "a-file"):
+        with pytest.raises(
+            FileNotFoundError, match=rf"^GPT.from_openai: {re.escape(str(path))}: no such folder"
+        ):
+            GPT.from_openai(str(path))

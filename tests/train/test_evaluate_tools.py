@@ -298,6 +298,16 @@ def test_attention_refuses_a_layer_the_model_lacks(run, tmp_path, capsys):
     assert stop.value.code == 2 and "--layer 1: the model has blocks 0..0" in capsys.readouterr().err
 
 
+def test_attention_refuses_a_file_name_no_figure_format_has_before_loading(run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "notes.txt"
+    with pytest.raises(SystemExit) as stop:
+        attention(run[0], out)
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(error) == 1 and f"--out: {out}: not a figure's file name" in error[-1]
+    assert ".png" in error[-1] and not out.exists()
+
+
 # ----- summary ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("context", [None, 4])
 def test_summary_counts_parameters_and_flops_per_token(run, capsys, context):

@@ -161,7 +161,10 @@ def test_an_output_on_what_predict_reads_is_refused_and_the_file_kept(runs, tmp_
     data = tmp_path / "test.tsv"
     shutil.copy(runs / "test.unlabelled.tsv", data)
     run = runs / "sst2"
-    for out, flag in [(data, "--data"), (run / "config.json", "--run"), (run / "best", "--run")]:  # fmt: skip
+    records = [run / name for name in ("metrics.jsonl", "results.json", "labels.json")]
+    for out, flag in [(data, "--data"), (run / "config.json", "--run"), (run / "best", "--run")] + [
+        (record, "--run") for record in records
+    ]:
         before = sorted((p, p.read_bytes()) for p in ([out] if out.is_file() else out.rglob("*.*")))
         with pytest.raises(SystemExit):
             predict("--run", run, "--data", data, "--out", out)

@@ -84,6 +84,18 @@ def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside_saying_so_firs
     assert read_metrics(aside) == [m for m in metrics if m["step"] > 2]
 
 
+def test_a_checkpoint_set_aside_says_how_to_use_it_again(run, capsys):
+    pretrain.main(["--resume", str(run / "checkpoints" / "2"), "--device", "cpu", "--steps", "2"])
+    aside = run / "checkpoints" / "after-2" / "4"
+    for main, argv in [
+        (pretrain.main, ["--resume", str(aside), "--device", "cpu"]),
+        (evaluate.main, ["perplexity", "--run", str(aside), "--data", str(run / "config.json")]),
+    ]:
+        line = one_line(capsys, main, argv)
+        assert f"{aside}: a checkpoint, but not in a run's checkpoints/<step>/" in line
+        assert "move it back to checkpoints/<its step>" in line
+
+
 def test_rotation_removes_a_checkpoints_own_files_and_keeps_a_users(tmp_path, capsys):
     model, optimizer = trained_pair()
     checkpoint.save_checkpoint(tmp_path, 1, model, optimizer, {}, keep=1)
@@ -124,6 +136,33 @@ def test_overwrite_refuses_before_any_work_a_users_file_where_the_run_writes(bas
     named = run / (mine if mine.startswith(("best", "checkpoints")) else "metrics.jsonl")
     assert line.startswith(f"python -m train.pretrain: error: --out: {named}: no run wrote this")
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("linked", ["tokenizer", "checkpoints/2", "best", "checkpoints"])
+def test_overwrite_refuses_a_link_where_the_run_writes_a_folder_and_empties_nothing(
+    base, run, tmp_path, capsys, linked
+):
+    """Emptying a linked folder would empty the user's folder it points to, outside the run."""
+    theirs = tmp_path / "theirs"
+    shutil.copytree(run / linked, theirs) if (run / linked).is_dir() else theirs.mkdir()
+    (theirs / "NOTES.txt").write_text("mine")
+    shutil.rmtree(run / linked, ignore_errors=True)
+    (run / linked).symlink_to(theirs, target_is_directory=True)
+    before = snapshot(theirs)
+    line = one_line(capsys, pretrain.main, new_run(base[1], run, "--overwrite"))
+    assert line.startswith(f"python -m train.pretrain: error: --out: {run / linked}: no run wrote this")
+    assert snapshot(theirs) == before
+
+
+def test_rotation_keeps_a_linked_checkpoint_and_what_it_points_to(tmp_path, capsys):
+    model, optimizer = trained_pair()
+    checkpoint.save_checkpoint(tmp_path / "run", 1, model, optimizer, {}, keep=0)
+    os.replace(tmp_path / "run" / "checkpoints" / "1", tmp_path / "theirs")
+    (tmp_path / "run" / "checkpoints" / "1").symlink_to(tmp_path / "theirs", target_is_directory=True)
+    before = snapshot(tmp_path / "theirs")
+    checkpoint.save_checkpoint(tmp_path / "run", 2, model, optimizer, {}, keep=1)
+    assert snapshot(tmp_path / "theirs") == before
+    assert "checkpoints/1: kept (--keep-checkpoints): a link, which no run wrote" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -183,6 +183,8 @@ class BPETokenizer(Tokenizer):
         tokens. Special tokens found in the texts are cut out before counting. If the corpus runs
         out of pairs first, the vocabulary comes out smaller than asked.
         """
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("BPETokenizer.train: texts must be an iterable of strings, not one string")
         special_tokens = list(special_tokens)
         if len(set(special_tokens)) != len(special_tokens) or not all(special_tokens):
             raise ValueError(f"special tokens must be distinct non-empty strings, got {special_tokens}")
