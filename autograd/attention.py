@@ -66,6 +66,7 @@ class ScaledDotProductAttention(Function):
     forward_cpu = attention_kernels.scaled_dot_product_forward_cpu
     backward_cpu = attention_kernels.scaled_dot_product_backward_cpu
     forward_gpu = attention_kernels.scaled_dot_product_forward_gpu
+    fits_gpu = attention_kernels.scaled_dot_product_fits_gpu
     backward_gpu = attention_kernels.scaled_dot_product_backward_gpu
 
     @staticmethod
@@ -113,6 +114,7 @@ class MultiHeadAttention(Function):
     forward_cpu = attention_kernels.multi_head_forward_cpu
     backward_cpu = attention_kernels.multi_head_backward_cpu
     forward_gpu = attention_kernels.multi_head_forward_gpu
+    fits_gpu = attention_kernels.multi_head_fits_gpu
     backward_gpu = attention_kernels.multi_head_backward_gpu
 
     @staticmethod

@@ -333,6 +333,7 @@ class LayerNorm(Function):
     mixes_floats = True
     forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
     forward_gpu, backward_gpu = layer_norm_kernels.forward_gpu, layer_norm_kernels.backward_gpu
+    fits_gpu = layer_norm_kernels.fits_gpu
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):

@@ -62,8 +62,9 @@ class Function:
 
     Positional args that are Tensors are the graph inputs; anything else (numbers, index arrays)
     reaches forward as it is. These two are the reference; a heavy op may also name fast paths
-    with the same arguments, forward_cpu/backward_cpu and forward_gpu/backward_gpu, which
-    `kernels.choose` picks from (see autograd/kernels).
+    with the same arguments, forward_cpu/backward_cpu and forward_gpu/backward_gpu, and the calls
+    they take, fits_cpu/fits_gpu(*args, **attrs), which `kernels.choose` picks from (see
+    autograd/kernels).
 
     Two promises about what backward returns let the engine add gradients in place rather than
     allocate their sums: `returns_new_arrays` (arrays of its own making, each once: never `grad`,
@@ -79,17 +80,19 @@ class Function:
     returns_new_arrays = False
     returns_view_of_grad = False
     mixes_floats = False
-    forward_cpu = backward_cpu = forward_gpu = backward_gpu = None
+    forward_cpu = backward_cpu = forward_gpu = backward_gpu = fits_cpu = fits_gpu = None
 
     @classmethod
     def apply(cls, *args, **attrs):
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
         on_gpu = any(backend.on_gpu(t._data) for t in tensors)
-        forward, backward = kernels.choose(cls, on_gpu, {t.dtype for t in tensors if is_floating(t.dtype)})
+        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        dtypes = {t.dtype for t in tensors if is_floating(t.dtype)}
+        forward, backward = kernels.choose(cls, on_gpu, dtypes, arrays, attrs)
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         with backend.device_scope(tensors[0]._data if tensors else None):  # the inputs' GPU
-            out = _as_array(forward(ctx, *(a._data if isinstance(a, Tensor) else a for a in args), **attrs))
+            out = _as_array(forward(ctx, *arrays, **attrs))
         out = _unpromoted(out, float_dtype)
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))

@@ -33,13 +33,11 @@ THREADS = 256  # threads per block: CLIP_THREADS of adam.cu, where the tree sums
 
 
 def takes(arrays):
-    """The rule, in the spirit of kernels.choose: the kernels run on float32 arrays of a GPU unless
-    the reference is asked for (kernels.use_reference); anything else runs optim.py's code."""
-    return (
-        not kernels.reference_only()
-        and len(arrays) > 0
-        and all(backend.on_gpu(a) and a.dtype == np.float32 for a in arrays)
-    )
+    """Whether the kernels take these arrays, by the rule of kernels.choose: a GPU's fast path where it
+    is allowed (kernels.fast_path_allowed) and fits, here float32 arrays all on a GPU; anything else
+    runs optim.py's code."""
+    fits = len(arrays) > 0 and all(backend.on_gpu(a) and a.dtype == np.float32 for a in arrays)
+    return fits and kernels.fast_path_allowed("gpu", {a.dtype for a in arrays})
 
 
 class Chunks(NamedTuple):

@@ -209,20 +209,21 @@ def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
     _launch(ctx, "attention_backward_queries", 2, n_queries, (*inputs, grad_q))
 
 
+def scaled_dot_product_fits_gpu(q, k, v, causal, dropout_p, generator):
+    """The kernels take heads up to 128 wide and the heads of q k^T; not heads that v adds of its own
+    (they would share a dropout mask), nor empty arrays."""
+    heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    return (
+        np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) == heads
+        and _kernel_width(q.shape[-1], v.shape[-1]) is not None
+        and 0 not in (q.size, k.size, v.size)
+    )
+
+
 def scaled_dot_product_forward_gpu(ctx, q, k, v, causal, dropout_p, generator):
-    """The kernels take the heads of q k^T, broadcast (copied) where q or k shares them; where v adds heads of
-    its own (they would share a dropout mask), or a head is wider than 128, the reference runs."""
+    """The kernels take the heads of q k^T, broadcast (copied) where q or k shares them."""
     xp = get_array_module(q)
     heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    ctx.on_reference = (
-        np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) != heads
-        or _kernel_width(q.shape[-1], v.shape[-1]) is None
-        or 0 in (q.size, k.size, v.size)
-    )
-    if ctx.on_reference:
-        from ..attention import ScaledDotProductAttention  # here: autograd.attention imports this module
-
-        return ScaledDotProductAttention.forward(ctx, q, k, v, causal, dropout_p, generator)
     ctx.shapes, ctx.heads = (q.shape, k.shape, v.shape), heads
     q, k, v = (
         xp.ascontiguousarray(xp.broadcast_to(a, heads + a.shape[-2:])).reshape(-1, *a.shape[-2:])
@@ -234,10 +235,6 @@ def scaled_dot_product_forward_gpu(ctx, q, k, v, causal, dropout_p, generator):
 
 
 def scaled_dot_product_backward_gpu(ctx, grad):
-    if ctx.on_reference:
-        from ..attention import ScaledDotProductAttention
-
-        return ScaledDotProductAttention.backward(ctx, grad)
     xp = get_array_module(grad)
     grads = tuple(xp.empty_like(a) for a in (ctx.q, ctx.k, ctx.v))
     _flash_backward(ctx, xp.ascontiguousarray(grad).reshape(ctx.out_float.shape), *grads)
@@ -247,16 +244,18 @@ def scaled_dot_product_backward_gpu(ctx, grad):
     )
 
 
+def multi_head_fits_gpu(qkv, n_head, dropout_p, generator):
+    """The kernels take heads up to 128 wide, of a qkv that is not empty."""
+    return (
+        _kernel_width(qkv.shape[-1] // 3 // n_head, qkv.shape[-1] // 3 // n_head) is not None and qkv.size > 0
+    )
+
+
 def multi_head_forward_gpu(ctx, qkv, n_head, dropout_p, generator):
-    """q, k and v read straight out of qkv (batch, time, 3 * width); heads over 128 wide run the reference."""
+    """q, k and v read straight out of qkv (batch, time, 3 * width)."""
     xp = get_array_module(qkv)
     batch, time, width3 = qkv.shape
     width = width3 // 3
-    ctx.on_reference = _kernel_width(width // n_head, width // n_head) is None or qkv.size == 0
-    if ctx.on_reference:
-        from ..attention import MultiHeadAttention  # here: autograd.attention imports this module
-
-        return MultiHeadAttention.forward(ctx, qkv, n_head, dropout_p, generator)
     qkv = xp.ascontiguousarray(qkv)
     q, k, v = (qkv[:, :, i * width : (i + 1) * width] for i in range(3))
     # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
@@ -265,10 +264,6 @@ def multi_head_forward_gpu(ctx, qkv, n_head, dropout_p, generator):
 
 def multi_head_backward_gpu(ctx, grad):
     """The gradients of q, k and v written straight into one array like qkv."""
-    if ctx.on_reference:
-        from ..attention import MultiHeadAttention
-
-        return MultiHeadAttention.backward(ctx, grad)
     xp = get_array_module(grad)
     batch, time, width = grad.shape
     grad_qkv = xp.empty((batch, time, 3 * width), ctx.dtype)

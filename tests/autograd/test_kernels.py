@@ -234,6 +234,22 @@ def test_choose_gives_the_fast_pair_for_its_device_and_dtypes_and_the_reference_
         assert kernels.choose(F.GELU, on_gpu=False, float_dtypes={f32}) == reference
 
 
+@pytest.mark.parametrize("width, fits", [(64, True), (128, True), (129, False)])
+def test_choose_asks_the_fast_path_whether_the_call_fits(width, fits):
+    """Attention's kernels take heads up to 128 wide: a wider one runs the reference, by choose's one
+    rule, both ways (the launchers have no fallback of their own)."""
+    q = np.zeros((2, 4, width), np.float32)
+    fast = (F.ScaledDotProductAttention.forward_gpu, F.ScaledDotProductAttention.backward_gpu)
+    reference = (F.ScaledDotProductAttention.forward, F.ScaledDotProductAttention.backward)
+    chosen = kernels.choose(F.ScaledDotProductAttention, True, {q.dtype}, (q, q, q, True, 0.0, None))
+    assert chosen == (fast if fits else reference)
+    qkv = np.zeros((1, 4, 3 * 2 * width), np.float32)
+    chosen = kernels.choose(
+        F.MultiHeadAttention, True, {qkv.dtype}, (qkv,), {"n_head": 2, "dropout_p": 0.0, "generator": None}
+    )
+    assert (chosen[0] is F.MultiHeadAttention.forward_gpu) == fits
+
+
 def test_use_reference_as_a_context_restores_the_choice_before_it():
     assert not kernels.reference_only()
     with ag.use_reference(True):

@@ -214,8 +214,20 @@ def test_gelu_over_more_entries_than_a_grid_has_threads(device):
 # the paths chosen
 
 
-def test_a_gpu_runs_the_kernels_for_float32_and_bfloat16_and_the_reference_for_float64():
-    for function, module in [(F.LayerNorm, layer_norm_kernels), (F.GELU, gelu_kernels)]:
+def test_a_gpu_runs_the_kernels_for_float32_and_bfloat16_where_they_fit_and_else_the_reference():
+    x, w = np.zeros((2, 8), np.float32), np.ones(8, np.float32)
+    for function, module, args in [
+        (F.LayerNorm, layer_norm_kernels, (x, w, w, 1e-5)),
+        (F.GELU, gelu_kernels, (x,)),
+    ]:
+        reference = (function.forward, function.backward)
         for dtypes in [{np.dtype(np.float32)}, {ag.bfloat16, np.dtype(np.float32)}]:
-            assert kernels.choose(function, True, dtypes) == (module.forward_gpu, module.backward_gpu)
-        assert kernels.choose(function, True, {np.dtype(np.float64)}) == (function.forward, function.backward)
+            assert kernels.choose(function, True, dtypes, args) == (module.forward_gpu, module.backward_gpu)
+        assert kernels.choose(function, True, {np.dtype(np.float64)}, args) == reference
+    # rows wider than a block's, or none: layer norm's kernels do not fit, and the choice says so
+    for x in [np.zeros((1, layer_norm_kernels.BLOCK_WIDTH + 1), np.float32), np.zeros((0, 8), np.float32)]:
+        args = (x, None, None, 1e-5)
+        assert kernels.choose(F.LayerNorm, True, {np.dtype(np.float32)}, args) == (
+            F.LayerNorm.forward,
+            F.LayerNorm.backward,
+        )
