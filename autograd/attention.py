@@ -106,11 +106,13 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=
 
 
 class MultiHeadAttention(Function):
-    """Causal self-attention of the heads packed in qkv (B, T, 3 D), as one projection makes
-    them: q, k and v, each split into H heads of width D / H, are attended head by head
-    (ScaledDotProductAttention's formula) and the heads' outputs set side by side, (B, T, D).
-    One op, so that the backward writes the three gradients straight into one array like qkv."""
+    """Causal self-attention of the heads packed in qkv + b (B, T, 3 D), as one projection makes
+    them (b its bias, of (3 D,), or none): q, k and v, each split into H heads of width D / H, are
+    attended head by head (ScaledDotProductAttention's formula) and the heads' outputs set side by
+    side, (B, T, D). One op, so that the backward writes the three gradients straight into one array
+    like qkv, dqkv; db = the sum of dqkv's rows."""
 
+    mixes_floats = True  # bfloat16 qkv, float32 bias
     forward_cpu = attention_kernels.multi_head_forward_cpu
     backward_cpu = attention_kernels.multi_head_backward_cpu
     forward_gpu = attention_kernels.multi_head_forward_gpu
@@ -118,12 +120,14 @@ class MultiHeadAttention(Function):
     backward_gpu = attention_kernels.multi_head_backward_gpu
 
     @staticmethod
-    def forward(ctx, qkv, n_head, dropout_p, generator):
+    def forward(ctx, qkv, bias, n_head, dropout_p, generator):
         batch, time, width3 = qkv.shape
-        ctx.n_head = n_head
+        ctx.n_head, ctx.bias, dtype = n_head, bias, qkv.dtype
+        qkv = qkv if bias is None else widened(qkv) + bias  # float32 for bfloat16 qkv, not rounded
         heads = qkv.reshape(batch, time, 3, n_head, -1).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, D / H)
         y = _attend(ctx, heads[0], heads[1], heads[2], True, dropout_p, generator)  # (B, H, T, D / H)
-        return y.transpose(0, 2, 1, 3).reshape(batch, time, -1)  # heads merged: (B, T, D)
+        ctx.dtype = dtype  # the output and dqkv in qkv's type
+        return y.transpose(0, 2, 1, 3).reshape(batch, time, -1).astype(dtype, copy=False)  # (B, T, D)
 
     @staticmethod
     def backward(ctx, grad):
@@ -131,18 +135,22 @@ class MultiHeadAttention(Function):
         batch, time, width = grad.shape
         grad = grad.reshape(batch, time, ctx.n_head, -1).transpose(0, 2, 1, 3)  # (B, H, T, D / H)
         grads = xp.stack(_attend_backward(ctx, grad))  # (3, B, H, T, D / H): q, k, v
-        return grads.transpose(1, 3, 0, 2, 4).reshape(batch, time, 3 * width)  # (B, T, 3 D)
+        grad_qkv = grads.transpose(1, 3, 0, 2, 4).reshape(batch, time, 3 * width)  # (B, T, 3 D)
+        db = None if ctx.bias is None else widened(grad_qkv).sum(axis=(0, 1)).astype(ctx.bias.dtype)
+        return grad_qkv, db
 
 
-def multi_head_attention(qkv, n_head, dropout_p=0.0, generator=None):
-    """Causal self-attention over the heads packed in qkv (batch, time, 3 * width), q then k then
-    v, each split into n_head heads; gives the heads' outputs side by side, (batch, time, width).
+def multi_head_attention(qkv, n_head, dropout_p=0.0, generator=None, bias=None):
+    """Causal self-attention over the heads packed in qkv + bias (batch, time, 3 * width), q then k
+    then v, each split into n_head heads; gives the heads' outputs side by side, (batch, time, width).
     The same numbers as splitting qkv and calling scaled_dot_product_attention, in one op, dropout
     too: the weights' mask, (batch, head, time, time), is one draw of `generator` (by default the
-    current stream)."""
+    current stream). bias (3 * width,): the projection's that made qkv, added as the heads are read."""
     masks.check_probability("multi_head_attention: dropout_p", dropout_p)
     if qkv.shape[-1] % (3 * n_head):
         raise ValueError(f"multi_head_attention: {qkv.shape[-1]} features are not 3 x {n_head} heads")
+    if bias is not None and bias.shape != qkv.shape[-1:]:
+        raise ValueError(f"multi_head_attention: bias has shape {bias.shape}, expected ({qkv.shape[-1]},)")
     if dropout_p > 0 and generator is None:
         generator = random.current()
-    return MultiHeadAttention.apply(qkv, n_head=n_head, dropout_p=dropout_p, generator=generator)
+    return MultiHeadAttention.apply(qkv, bias, n_head=n_head, dropout_p=dropout_p, generator=generator)

@@ -25,6 +25,7 @@ from .kernels import gelu as gelu_kernels
 from .kernels import layer_norm as layer_norm_kernels
 from .kernels import linear as linear_kernels
 from .precision import widened
+from .residual_layer_norm import ResidualLayerNorm, residual_layer_norm  # noqa: F401 (as F.*)
 from .tensor import Function, Tensor
 
 IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
@@ -51,9 +52,9 @@ class Linear(Function):
     Over the rows of x and dy:
         dx = dy W^T,   dW = x^T dy,   db = the sum of dy's rows
 
-    The product is in x's type (bfloat16 activations read float32 weights as bfloat16); dW and db
-    are in the weights' own type. Every product is of two matrices, x's rows stacked (rows, in):
-    the form a GPU multiplies in bfloat16 and TF32 (backend.matmul).
+    The product is in x's type: it reads `weight_cast`, W in that type (under bf16, the copy W keeps:
+    precision.kept_cast); dW and db are in W's own type. Every product is of two matrices, x's rows
+    stacked (rows, in): the form a GPU multiplies in bfloat16 and TF32 (backend.matmul).
     """
 
     returns_new_arrays = True
@@ -61,10 +62,9 @@ class Linear(Function):
     forward_cpu, backward_cpu = linear_kernels.forward_cpu, linear_kernels.backward_cpu
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, weight_cast):
         ctx.x2 = x.reshape(-1, x.shape[-1])  # (rows, in)
-        ctx.x_shape, ctx.weight_dtype = x.shape, weight.dtype
-        ctx.weight = weight.astype(x.dtype, copy=False)
+        ctx.x_shape, ctx.weight_dtype, ctx.weight = x.shape, weight.dtype, weight_cast
         out = backend.matmul(ctx.x2, ctx.weight)  # (rows, out), in x's type
         if bias is not None:
             out += bias
@@ -83,8 +83,9 @@ class Linear(Function):
     forward_gpu, backward_gpu = forward, linear_kernels.backward_gpu  # the bias gradient by column sums
 
 
-def linear(x, weight, bias=None):
-    """x @ weight + bias, with weight shaped (in, out)."""
+def linear(x, weight, bias=None, weight_cast=None):
+    """x @ weight + bias, with weight shaped (in, out). weight_cast: weight's array in x's type where the
+    caller keeps one (the tied LM head: the embedding's, transposed); by default precision.kept_cast's."""
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (in, out), got shape {weight.shape}")
     n_in, n_out = weight.shape
@@ -94,7 +95,8 @@ def linear(x, weight, bias=None):
         raise ValueError(
             f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}"
         )
-    return Linear.apply(x, weight, bias)
+    weight_cast = precision.kept_cast(weight, x.dtype) if weight_cast is None else weight_cast
+    return Linear.apply(x, weight, bias, weight_cast=weight_cast)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,28 +261,33 @@ SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
 class GELU(Function):
-    """GPT-1's GELU, the tanh approximation of x Phi(x).
+    """GPT-1's GELU, the tanh approximation of v Phi(v), of v = x + b: b a bias over x's last axis, or 0.
 
-    With t = tanh(sqrt(2/pi) (x + 0.044715 x^3)):
-        y = 0.5 x (1 + t)
-        dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    With t = tanh(sqrt(2/pi) (v + 0.044715 v^3)):
+        y = 0.5 v (1 + t)
+        dx = dy (0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 v^2)),   db = the sum of dx's rows
     """
 
+    mixes_floats = True  # bfloat16 x, float32 bias
     forward_cpu, backward_cpu = gelu_kernels.forward_cpu, gelu_kernels.backward_cpu
     forward_gpu, backward_gpu = gelu_kernels.forward_gpu, gelu_kernels.backward_gpu
 
     @staticmethod
-    def forward(ctx, x):
-        xp, x32 = get_array_module(x), widened(x)  # float32 math for bfloat16 x
-        ctx.x = x
-        ctx.t = xp.tanh(SQRT_2_OVER_PI * (x32 + 0.044715 * x32**3))
-        return (0.5 * x32 * (1 + ctx.t)).astype(x.dtype, copy=False)
+    def forward(ctx, x, bias):
+        xp, v = get_array_module(x), widened(x)  # float32 math for bfloat16 x
+        v = v if bias is None else v + widened(bias)
+        ctx.v, ctx.t, ctx.bias = v, xp.tanh(SQRT_2_OVER_PI * (v + 0.044715 * v**3)), bias
+        return (0.5 * v * (1 + ctx.t)).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        x, t = widened(ctx.x), ctx.t
-        slope = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
-        return (widened(grad) * slope).astype(grad.dtype, copy=False)
+        v, t = ctx.v, ctx.t
+        slope = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * v * v)
+        grad_x = widened(grad) * slope  # float32 for bfloat16 x: db adds it up before its rounding
+        grad_bias = None
+        if ctx.needs_input_grad[1]:  # dx as (rows, width), summed over the rows
+            grad_bias = grad_x.reshape(-1, v.shape[-1]).sum(axis=0).astype(ctx.bias.dtype, copy=False)
+        return grad_x.astype(grad.dtype, copy=False), grad_bias
 
 
 class ExactGELU(Function):
@@ -308,11 +315,13 @@ def _normal_cdf(x):
     return 0.5 * (1 + backend.erf(x / math.sqrt(2)))
 
 
-def gelu(x, approximate="tanh"):
-    """The GELU activation; approximate="tanh" (GPT-1's) or "none" (exact, with erf)."""
+def gelu(x, approximate="tanh", bias=None):
+    """GELU of x + bias (a linear layer's, fused in); approximate "tanh" (GPT-1's) or "none" (exact, erf)."""
     if approximate not in ("tanh", "none"):
         raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
-    return GELU.apply(x) if approximate == "tanh" else ExactGELU.apply(x)
+    if bias is not None and (bias.ndim != 1 or bias.shape != x.shape[-1:]):
+        raise ValueError(f"gelu: bias has shape {bias.shape}, expected (width,) for x of shape {x.shape}")
+    return GELU.apply(x, bias) if approximate == "tanh" else ExactGELU.apply(x if bias is None else x + bias)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -330,7 +339,7 @@ class LayerNorm(Function):
     dw and db are in the weights' own type.
     """
 
-    mixes_floats = True
+    mixes_floats = returns_new_arrays = True
     forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
     forward_gpu, backward_gpu = layer_norm_kernels.forward_gpu, layer_norm_kernels.backward_gpu
     fits_gpu = layer_norm_kernels.fits_gpu

@@ -10,7 +10,8 @@ what CuPy 14 launches for it on a GPU (read in CuPy's source) as Launches: name 
 category, bytes read, bytes written. The rules:
   - the project's kernels: one launch, named as exported; an array argument's bytes are read where its C
     parameter is const, else written (an output also read counts once); Adam's and clipping's kernels
-    reach their tensors through tables of pointers, counted from the tensors' sizes (TABLES);
+    reach their tensors through tables of pointers, counted from the tensors' sizes (TABLES), and Adam's
+    writes the bfloat16 copies its table of them points to (COPIES);
   - a product (backend.matmul): one cuBLAS call, bfloat16 in and float32 out included (gemmEx); no bytes;
   - a ufunc: one kernel, cupy_<ufunc>__<types>, inputs read and outputs written; a reduction: CUB's where
     CuPy's default accelerator takes it (all axes, or the trailing ones of a C-ordered array, in its own
@@ -54,6 +55,7 @@ CATEGORIES += ("optimizer", "embedding", "loss", "dropout", "copies", "other")
 PROJECT = {  # the project's kernels (autograd/kernels/cuda) by the start of their names
     "attention_": "attention",
     "layer_norm_": "layer norm",
+    "residual_layer_norm_": "layer norm",
     "gelu_": "elementwise",
     "dropout_": "dropout",
     "cross_entropy_": "loss",
@@ -62,6 +64,7 @@ PROJECT = {  # the project's kernels (autograd/kernels/cuda) by the start of the
     **dict.fromkeys(("adam_step", "chunk_squares", "clip_factor", "scale_chunks"), "optimizer"),
 }
 TABLES = {"adam_step": (4, 3), "chunk_squares": (1, 0), "scale_chunks": (1, 1)}  # tensors read, written
+COPIES = {"adam_step": 4}  # the argument of pointers to bfloat16 copies written beside them (0: none)
 REDUCTIONS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min"}
 REDUCING = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "amax": np.maximum, "min": np.minimum}
 REDUCING |= {"amin": np.minimum}  # xp.sum(a, axis) is a.sum(axis), as CuPy's own cupy.sum is
@@ -167,10 +170,14 @@ class Count:
 
     def kernel(self, kernel, args):
         """A launch of one of the project's kernels (kernels/emulated.py's Kernel); whether to run it."""
-        tensors = TABLES.get(kernel.name.rsplit("_", 1)[0])
-        if tensors:  # float32 tensors of `sizes`, the first int64 array argument
-            sizes = next(a for a in args if isinstance(a, np.ndarray) and a.dtype == np.int64)
-            read, written = (n * 4 * int(emulated_gpu.host_view(sizes).sum()) for n in tensors)
+        name = kernel.name.rsplit("_", 1)[0]
+        if name in TABLES:  # float32 tensors of `sizes`, the first int64 array argument
+            sizes = next(
+                emulated_gpu.host_view(a) for a in args if isinstance(a, np.ndarray) and a.dtype == np.int64
+            )
+            read, written = (n * 4 * int(sizes.sum()) for n in TABLES[name])
+            if name in COPIES:  # 2 bytes a number of each tensor that has a copy
+                written += 2 * int(sizes[emulated_gpu.host_view(args[COPIES[name]]) != 0].sum())
             self.launches.append(Launch(kernel.name, category(kernel.name), read, written))
             return self.run
         const = _const_parameters(kernel.library.name)[kernel.name]

@@ -68,6 +68,25 @@ def activation_dtype(dtype):
     return bfloat16 if _policy == "bf16" and dtype == np.float32 else np.dtype(dtype)
 
 
+def kept_cast(tensor, dtype):
+    """The tensor's array in `dtype`, as a product with activations of that type reads it (Linear).
+
+    Under bf16 a float32 weight would be cast at every use; instead it keeps a bfloat16 copy
+    (`tensor._kept`) with the version it was made from, used while the tensor keeps that version and
+    cast anew once it changed. Setting or reading `.data` lets the copy go (a write may follow), so a
+    kept copy is always of the tensor's own array. Adam's GPU kernel writes it in the pass that updates
+    the weight (autograd/kernels/adam.py): a step casts no weight at all.
+    """
+    array = tensor._data
+    if dtype != bfloat16 or array.dtype != np.float32:
+        with backend.device_scope(array):
+            return array.astype(dtype, copy=False)
+    if tensor._kept is None or tensor._kept[0] != tensor._version:
+        with backend.device_scope(array):
+            tensor._kept = (tensor._version, array.astype(bfloat16))
+    return tensor._kept[1]
+
+
 def widened(array):
     """A bfloat16 array as float32, for statistics and elementwise math (any other array as it
     is): NumPy computes on bfloat16 slowly, and sums of bfloat16 lose what float32 keeps."""

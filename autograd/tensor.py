@@ -203,6 +203,7 @@ class Tensor:
     _version = 0  # how many times the array was set anew or stepped in place
     _holders = 0  # the live nodes that hold this tensor (Node)
     _snapshot = None  # the array as the graph saw it, kept while one holds it and `.data` is read
+    _kept = None  # (version, a bfloat16 copy of the array made at that version): precision.kept_cast
 
     def __init__(self, data, requires_grad=False):
         if not isinstance(requires_grad, (bool, np.bool_)):
@@ -216,14 +217,15 @@ class Tensor:
 
     @property
     def data(self):
-        """The array itself (not a copy)."""
+        """The array itself (not a copy). A write into it may follow: a copy kept of it is let go."""
         if self._holders and self._snapshot is None:
             self._snapshot = _copy(self._data)
+        self._kept = None
         return self._data
 
     @data.setter
     def data(self, array):
-        self._data, self._snapshot = array, None
+        self._data, self._snapshot, self._kept = array, None, None
         self._version += 1
 
     def _hold(self):

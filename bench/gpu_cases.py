@@ -58,14 +58,16 @@ def attention(width, dtype, causal):
 
 
 def layer_norm(width, dtype):
-    """Layer norm of 40 rows of `width`: up to 1024 a warp per row, wider a block per row; the
-    weight's and bias's gradients in two chunks of rows."""
+    """Layer norm of 40 rows of `width`, plain and residual (with dropout): up to 1024 a warp per row,
+    wider a block per row; the column sums of the gradients in two chunks of rows."""
 
     def case(device):
         rng = np.random.default_rng(0)
         x = leaf(rng, (40, width), dtype, device)
         weight, bias = (leaf(rng, (width,), np.float32, device) for _ in range(2))
         backward(F.layer_norm(x, weight, bias), rng)
+        y, ln_bias = leaf(rng, (40, width), dtype, device), leaf(rng, (width,), np.float32, device)
+        backward(F.residual_layer_norm(x, y, bias, weight, ln_bias, dropout_p=0.1), rng)
 
     return case
 
@@ -97,9 +99,14 @@ def embedding(weight_dtype, out_dtype):
 
 
 def gelu(dtype):
+    """GELU of 40 rows of 1000 (two chunks of the bias gradient's sums), without a bias and with a
+    float32 one."""
+
     def case(device):
         rng = np.random.default_rng(0)
         backward(F.gelu(leaf(rng, (40, 1000), dtype, device)), rng)
+        bias = leaf(rng, (1000,), np.float32, device)
+        backward(F.gelu(leaf(rng, (40, 1000), dtype, device), bias=bias), rng)
 
     return case
 

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from autograd import backend, nn
+from autograd import backend, nn, precision
 from autograd import functional as F
 from autograd.serialization import load_file, save_file
 from autograd.tensor import Tensor
@@ -23,7 +23,11 @@ from .run_folder import weights_folder
 
 
 class Block(nn.Module):
-    """One post-LN transformer block: n = ln_1(x + attn(x)); h = ln_2(n + mlp(n))."""
+    """One post-LN transformer block: n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)).
+
+    Each sublayer ends in a linear layer and residual dropout: attn(x) = dropout(y W + b). The block
+    takes its product y W before the bias, and the norm adds the bias, the dropout and the residual
+    in the same op (LayerNorm.residual): on a GPU, one pass over the rows."""
 
     def __init__(self, config):
         std = config.initializer_range
@@ -35,8 +39,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
 
     def forward(self, x, cache=None):
-        n = self.ln_1(x + self.attn(x, cache))
-        return self.ln_2(n + self.mlp(n))
+        attn, mlp = self.attn, self.mlp
+        # n = ln_1(x + attn(x))
+        n = self.ln_1.residual(x, attn.project(x, cache), attn.c_proj.bias, attn.resid_dropout)
+        # h = ln_2(n + mlp(n))
+        return self.ln_2.residual(n, mlp.project(n), mlp.c_proj.bias, mlp.dropout)
 
 
 class GPT(nn.Module):
@@ -78,8 +85,10 @@ class GPT(nn.Module):
         return self.lm_logits(self.hidden_states(ids, cache))
 
     def lm_logits(self, hidden):
-        """The LM head: hidden states times W_e^T (tied to the token embedding)."""
-        return F.linear(hidden, self.tokens_embed.weight.T)
+        """The LM head: hidden states times W_e^T (tied to the token embedding), read from the copy of
+        W_e in the hidden states' type that the embedding keeps (autograd.precision.kept_cast)."""
+        table = self.tokens_embed.weight
+        return F.linear(hidden, table.T, weight_cast=precision.kept_cast(table, hidden.dtype).T)
 
     def _check_ids(self, ids, start=0):
         """The ids as a (batch, time) integer array on the model's device. Ids that arrive on the

@@ -11,10 +11,14 @@ Launches per step, whatever the number of parameters:
     clip_grad_norm   1 upload (the gradients' pointers) + 3 kernels: each chunk's sum of squares;
                      the norm and the clip factor, on the device (no host read); the scaling
 
+Under bf16 a parameter keeps a bfloat16 copy for the products (precision.kept_cast): Adam's kernel
+writes it in the pass that updates the parameter, so the next forward casts no weight.
+
 The gradients are new arrays each step, so their pointers go up each time (an upload, no read
-back). The other tables (parameters' and moments' pointers, sizes, the chunks) are uploaded on the
-first step and again only when those arrays change, as after load_state_dict. An array not in C
-order (the kernels index flat) costs one copy more, and one back where a kernel writes to it.
+back). The other tables (the pointers of parameters, moments and copies, sizes, the chunks) are
+uploaded on the first step and again only when those arrays change, as after load_state_dict. An
+array not in C order (the kernels index flat) costs one copy more, and one back where a kernel
+writes to it.
 
 optim.py keeps its own code as the reference: it runs wherever `takes` says no.
 """
@@ -96,16 +100,19 @@ def copy_back(arrays, copies):
 def adam_step(opt):
     """One step of `opt`, an autograd.optim.Adam whose step_count already counts it, on every
     parameter with a gradient: one kernel (see optim.Adam for the math). A parameter whose grad
-    is None gets a null pointer, and the kernel leaves it and its moments alone."""
+    is None gets a null pointer, and the kernel leaves it and its moments alone. A parameter that
+    keeps a bfloat16 copy has it written too, and marked as made from the parameter's new version."""
     params = [p._data for p in opt.params]
+    kept = [None if p._kept is None else p._kept[1] for p in opt.params]
     xp = backend.get_array_module(params[0])
     with params[0].device as device:
-        arrays = [[in_c_order(a) for a in group] for group in (params, opt.m, opt.v)]
+        arrays = [[in_c_order(a) for a in group] for group in (params, opt.m, opt.v, kept)]
         grads = [in_c_order(p.grad) for p in opt.params]
         parts = chunks(tuple(a.size for a in params), xp, device.id)
         if parts.count == 0:
             return
-        p_table, m_table, v_table = (table(pointers(group), np.uint64, xp, device.id) for group in arrays)
+        tables = (table(pointers(group), np.uint64, xp, device.id) for group in arrays)
+        p_table, m_table, v_table, copy_table = tables
         ranks = table(tuple(a.ndim for a in params), np.int32, xp, device.id)
         grad_table = xp.asarray(np.array(pointers(grads), dtype=np.uint64))
 
@@ -116,7 +123,8 @@ def adam_step(opt):
             root, step_size = 1.0, opt.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
         decays = bool(opt.l2)
         args = (
-            *(p_table, grad_table, m_table, v_table, parts.sizes, ranks, parts.tensor, parts.start),
+            *(p_table, grad_table, m_table, v_table, copy_table),
+            *(parts.sizes, ranks, parts.tensor, parts.start),
             np.int64(CHUNK),
             *map(np.float32, (b1, 1 - b1, b2, 1 - b2, opt.eps, opt.l2, step_size, root)),
             np.int32(coupled),
@@ -124,8 +132,11 @@ def adam_step(opt):
             np.int32(decays and (coupled or opt.vector_l2)),  # the others
         )
         gpu.kernel("adam", "adam_step", np.float32)((parts.count,), (THREADS,), args)
-        for originals, copies in zip((params, opt.m, opt.v), arrays):
+        for originals, copies in zip((params, opt.m, opt.v, kept), arrays):
             copy_back(originals, copies)
+    for p in opt.params:
+        if p._kept is not None and p.grad is not None:
+            p._kept = (p._version, p._kept[1])
 
 
 def clip_grad_norm(grads, max_norm):

@@ -7,7 +7,11 @@ scores (T x S).
 
 The CUDA path (below): flash attention, autograd/kernels/cuda/attention.cu. The T x S matrices are
 never stored: the forward keeps each row's log-sum-exp, from which the backward recomputes them,
-and dropout's mask is drawn inside the kernels, the reference's mask bit for bit."""
+and dropout's mask is drawn inside the kernels, the reference's mask bit for bit.
+
+MultiHeadAttention's bias (the projection's that made qkv) costs no pass of its own: the CPU adds it in
+the copy that lays the heads out, the kernels as they load q, k and v. Its gradient is the column sums
+of dqkv."""
 
 import math
 
@@ -17,6 +21,7 @@ from .. import buffers, masks, parallel
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from . import gpu
+from . import linear as linear_kernels
 
 
 def _dropped(ctx, heads, probs):
@@ -100,11 +105,16 @@ def scaled_dot_product_backward_cpu(ctx, grad):
     )
 
 
-def multi_head_forward_cpu(ctx, qkv, n_head, dropout_p, generator):
+def multi_head_forward_cpu(ctx, qkv, bias, n_head, dropout_p, generator):
     batch, time, width3 = qkv.shape
     ctx.heads_shape = (batch, time, 3, n_head, width3 // (3 * n_head))
-    # (3, batch * head, time, head width): one copy, which each head reads contiguously
-    q, k, v = qkv.reshape(ctx.heads_shape).transpose(2, 0, 3, 1, 4).reshape(3, batch * n_head, time, -1)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    # (3, batch * head, time, head width): one copy, which each head reads contiguously; the bias is
+    # added as it is made
+    heads = qkv.reshape(ctx.heads_shape).transpose(2, 0, 3, 1, 4)  # (3, batch, head, time, head width)
+    if bias is not None:
+        heads = np.add(heads, bias.reshape(3, 1, n_head, 1, -1), out=buffers.empty(heads.shape, qkv.dtype))
+    q, k, v = heads.reshape(3, batch * n_head, time, -1)
     keep = None
     if dropout_p > 0:  # drawn as the reference does, (batch, head, time, time): the batch is the example axis
         keep = masks.keep_mask(generator, (batch, n_head, time, time), dropout_p, np).reshape(-1, time, time)
@@ -120,7 +130,10 @@ def multi_head_backward_cpu(ctx, grad):
     grad_qkv = buffers.empty(ctx.heads_shape, grad.dtype)
     for i, g in enumerate(_attend_backward(ctx, grad)):
         grad_qkv[:, :, i] = g.reshape(batch, n_head, time, head_width).transpose(0, 2, 1, 3)
-    return grad_qkv.reshape(batch, time, -1)
+    grad_qkv = grad_qkv.reshape(batch, time, -1)
+    if not ctx.needs_input_grad[1]:
+        return grad_qkv, None
+    return grad_qkv, grad_qkv.reshape(batch * time, -1).sum(axis=0).astype(ctx.bias_dtype, copy=False)
 
 
 # ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
@@ -132,6 +145,7 @@ WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in
 TILE_ROWS = {64: (64, 32, 32), 128: (32, 16, 16)}
 TILE_THREADS = 128
 MAX_GRID_Y = 65535
+NO_BIAS = (np.uintp(0),) * 3  # null pointers: nothing added to q, k and v
 
 
 def _kernel_width(d, e):
@@ -154,12 +168,14 @@ def _launch(ctx, kernel, tile, n_rows, arrays):
     gpu.kernel("attention", f"{kernel}_d{ctx.width}", ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
 
 
-def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_example):
+def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_example, biases=NO_BIAS):
     """y (batch, T, n_head * e) for the n_head heads of q (batch, T, n_head * d), k (batch, S, n_head * d)
     and v (batch, S, n_head * e), whose last axes are contiguous: one launch, which also writes each row's
-    log-sum-exp (and y in float32 where y is bfloat16: the backward's rowsum(dy y) reads it). The dropout
-    mask's examples are rows_per_example rows each of the heads' T x S scores in order (masks.keep_mask's
-    example axis is the scores' first). Keeps on ctx what _flash_backward reads."""
+    log-sum-exp (and y in float32 where y is bfloat16: the backward's rowsum(dy y) reads it). `biases`:
+    float32 arrays of (n_head * d,), (n_head * d,) and (n_head * e,) that every kernel adds to q's, k's and
+    v's rows as it reads them, or NO_BIAS. The dropout mask's examples are rows_per_example rows each of the
+    heads' T x S scores in order (masks.keep_mask's example axis is the scores' first). Keeps on ctx what
+    _flash_backward reads."""
     xp = get_array_module(q)
     batch, n_queries, n_keys = q.shape[0], q.shape[1], k.shape[1]
     d, e = q.shape[2] // n_head, v.shape[2] // n_head
@@ -167,6 +183,7 @@ def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_
     seed, step, site, first, threshold = generator.next_key(dropout_p) if dropout_p > 0 else (0, 0, 0, 0, 0)
     ctx.dtype, ctx.width, ctx.n_head, ctx.n_heads = q.dtype, _kernel_width(d, e), n_head, batch * n_head
     ctx.args = (
+        *biases,
         *_layout(q, n_head),
         *_layout(k, n_head),
         *_layout(v, n_head),
@@ -244,29 +261,38 @@ def scaled_dot_product_backward_gpu(ctx, grad):
     )
 
 
-def multi_head_fits_gpu(qkv, n_head, dropout_p, generator):
+def multi_head_fits_gpu(qkv, bias, n_head, dropout_p, generator):
     """The kernels take heads up to 128 wide, of a qkv that is not empty."""
     return (
         _kernel_width(qkv.shape[-1] // 3 // n_head, qkv.shape[-1] // 3 // n_head) is not None and qkv.size > 0
     )
 
 
-def multi_head_forward_gpu(ctx, qkv, n_head, dropout_p, generator):
-    """q, k and v read straight out of qkv (batch, time, 3 * width)."""
+def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):
+    """q, k and v read straight out of qkv (batch, time, 3 * width), the bias's thirds (as float32: a
+    bfloat16 one widened) added by the kernels as they read them."""
     xp = get_array_module(qkv)
-    batch, time, width3 = qkv.shape
-    width = width3 // 3
-    qkv = xp.ascontiguousarray(qkv)
-    q, k, v = (qkv[:, :, i * width : (i + 1) * width] for i in range(3))
+    width = qkv.shape[2] // 3
+
+    def thirds(a):  # q's, k's and v's part of the last axis
+        return tuple(a[..., i * width : (i + 1) * width] for i in range(3))
+
+    q, k, v = thirds(xp.ascontiguousarray(qkv))
+    biases = NO_BIAS if bias is None else thirds(xp.ascontiguousarray(bias, dtype=np.float32))
+    ctx.bias_dtype = None if bias is None else bias.dtype
     # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
-    return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * time)
+    return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * qkv.shape[1], biases)
 
 
 def multi_head_backward_gpu(ctx, grad):
-    """The gradients of q, k and v written straight into one array like qkv."""
+    """The gradients of q, k and v written straight into one array like qkv; the bias's, the sums of its
+    columns (linear.column_sums: two launches)."""
     xp = get_array_module(grad)
     batch, time, width = grad.shape
     grad_qkv = xp.empty((batch, time, 3 * width), ctx.dtype)
     grads = (grad_qkv[:, :, i * width : (i + 1) * width] for i in range(3))
     _flash_backward(ctx, xp.ascontiguousarray(grad), *grads)
-    return grad_qkv
+    if not ctx.needs_input_grad[1]:
+        return grad_qkv, None
+    grad_bias = linear_kernels.column_sums(grad_qkv.reshape(batch * time, 3 * width))
+    return grad_qkv, grad_bias.astype(ctx.bias_dtype, copy=False)

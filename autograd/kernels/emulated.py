@@ -3,7 +3,8 @@ g++ for the CPU against autograd/kernels/emulator/cuda.h, and run there with a G
 as fibers, barriers, warp shuffles, shared memory that starts as NaN: see cuda.h and cuda.cpp).
 
     k = emulated.kernel("gelu", "gelu_forward", np.float32)   # as gpu.kernel, same names
-    k((blocks,), (256,), (x, out, np.int64(x.size)))           # as CuPy's RawKernel; `out` written in place
+    args = (x, np.uintp(0), out, np.int64(1), np.int64(x.size), np.int32(32))  # no bias: x one row
+    k((1, blocks), (256,), args)                               # as CuPy's RawKernel; `out` written in place
 
 A launch takes NumPy arrays (any subclass, strided views included: the kernel gets the address of the
 first element), NumPy scalars, and np.uintp(0) for a null pointer. What a GPU would get wrong silently

@@ -1,10 +1,12 @@
-"""Layer norm's fast paths. The CPU's: rows normalised in cache-sized blocks, on all cores, each
+"""Layer norm's fast paths, and those of the residual layer norm that ends a post-LN sublayer,
+ln(x + dropout(y + bias)). The CPU's: rows normalised in cache-sized blocks, on all cores, each
 block's passes made while it is in cache. The GPU's (autograd/kernels/cuda/layer_norm.cu): a warp
-per row (a block for wide rows) holding the row in registers, and dw, db summed in a fixed order."""
+per row (a block for wide rows) holding the row in registers, the residual's sum and its dropout
+mask made as the row is read, and the column sums (dw, db, dbias) in a fixed order."""
 
 import numpy as np
 
-from .. import backend, buffers, parallel
+from .. import backend, buffers, masks, parallel
 from . import gpu
 
 
@@ -13,14 +15,18 @@ def _row_dot(a, b):
     return np.einsum("...i,...i->...", a, b)[..., None]
 
 
-def forward_cpu(ctx, x, weight, bias, eps):
-    width = x.shape[-1]
-    x2 = x.reshape(-1, width)
-    normed, out = buffers.empty(x2.shape, x.dtype), buffers.empty(x2.shape, x.dtype)
-    rstd = np.empty((len(x2), 1), x.dtype)
+def _normalise(ctx, shape, dtype, weight, bias, eps, fill):
+    """Layer norm of the rows that fill(rows, into) writes into `into`, a block of rows at a time,
+    each block's passes made while it is in cache; keeps the normalised rows and rstd on ctx."""
+    width = shape[-1]
+    n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+    normed, out = buffers.empty((n_rows, width), dtype), buffers.empty((n_rows, width), dtype)
+    rstd = np.empty((n_rows, 1), dtype)
 
     def normalise(rows):
-        n = np.subtract(x2[rows], x2[rows].mean(axis=1, keepdims=True), out=normed[rows])
+        n = normed[rows]
+        fill(rows, n)
+        n -= n.mean(axis=1, keepdims=True)
         rstd[rows] = 1 / np.sqrt(_row_dot(n, n) / width + eps)
         n *= rstd[rows]
         if weight is not None:
@@ -30,13 +36,21 @@ def forward_cpu(ctx, x, weight, bias, eps):
         if bias is not None:
             out[rows] += bias
 
-    parallel.run(normalise, parallel.blocks(len(x2), width))
+    parallel.run(normalise, parallel.blocks(n_rows, width))
     ctx.normed, ctx.rstd, ctx.weight = normed, rstd, weight
-    return out.reshape(x.shape)
+    return out.reshape(shape)
+
+
+def forward_cpu(ctx, x, weight, bias, eps):
+    x2 = x.reshape(-1, x.shape[-1])
+    return _normalise(ctx, x.shape, x.dtype, weight, bias, eps, lambda rows, into: np.copyto(into, x2[rows]))
 
 
 def backward_cpu(ctx, grad):
-    need_x, need_w, need_b = ctx.needs_input_grad
+    return _backward_cpu(ctx, grad, *ctx.needs_input_grad)
+
+
+def _backward_cpu(ctx, grad, need_x, need_w, need_b):
     normed, rstd, weight = ctx.normed, ctx.rstd, ctx.weight
     width = normed.shape[1]
     grad2 = grad.reshape(-1, width)
@@ -60,28 +74,70 @@ def backward_cpu(ctx, grad):
     )
 
 
+def residual_fits_cpu(x, y, bias, weight, ln_bias, eps, dropout_p, generator):
+    """Every array in one type (the NumPy blocks add them in place, and sum in it)."""
+    return all(a.dtype == x.dtype for a in (y, bias, weight, ln_bias) if a is not None)
+
+
+def residual_forward_cpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, generator):
+    width = x.shape[-1]
+    x2, y2 = x.reshape(-1, width), y.reshape(-1, width)
+    ctx.keep = masks.keep_mask(generator, y.shape, dropout_p, np) if dropout_p > 0 else None
+    ctx.scale = masks.keep_scale(dropout_p)
+    keep2 = None if ctx.keep is None else ctx.keep.reshape(-1, width)
+
+    def residual(rows, into):  # x + dropout(y + bias)
+        np.add(y2[rows], bias, out=into) if bias is not None else np.copyto(into, y2[rows])
+        if keep2 is not None:
+            into *= keep2[rows]
+            into *= ctx.scale
+        into += x2[rows]
+
+    return _normalise(ctx, x.shape, x.dtype, weight, ln_bias, eps, residual)
+
+
+def residual_backward_cpu(ctx, grad):
+    need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
+    grad_h, grad_w, grad_b = _backward_cpu(ctx, grad, True, need_w, need_b)
+    grad_y = grad_h.copy() if ctx.keep is None else masks.drop(grad_h, ctx.keep, ctx.scale)
+    grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(axis=0) if need_bias else None
+    return grad_h if need_x else None, grad_y if need_y else None, grad_bias, grad_w, grad_b
+
+
 # ----- the CUDA path (autograd/kernels/cuda/layer_norm.cu)
 
 WARP, WARP_PER_THREAD, BLOCK_PER_THREAD = 32, 32, 16  # as in layer_norm.cu
 WARP_WIDTH = WARP * WARP_PER_THREAD  # rows up to 1024 wide: a warp per row, in registers
 BLOCK_WIDTH = 1024 * BLOCK_PER_THREAD  # up to 16384 wide: a block per row; wider ones take the reference
-ROWS_PER_CHUNK = 32  # dw and db: each block of their first pass sums this many rows, in order
+ROWS_PER_CHUNK = 8  # the backward: each warp (or block) takes this many rows in order, summing dw, db, dbias
 
 
-def _row_kernel(direction, rows, width, dtype):
-    """The row kernel ("forward" or "backward") of layer_norm.cu for this width, with its grid and
-    block: blocks of THREADS threads with a warp per row, or a block per row of just enough warps."""
+def _row_kernel(name, direction, items, width, dtype):
+    """The kernel ("forward" or "backward") of layer_norm.cu's `name` kernels for this width, with its
+    grid and block for `items` (the forward's rows, the backward's chunks of rows): blocks of THREADS
+    threads with a warp per item, or a block per item of just enough warps."""
     if width <= WARP_WIDTH:
-        kernel = gpu.kernel("layer_norm", f"layer_norm_{direction}_warps", dtype)
-        return kernel, (-(-rows // (gpu.THREADS // WARP)),), (gpu.THREADS,)
-    kernel = gpu.kernel("layer_norm", f"layer_norm_{direction}_blocks", dtype)
-    return kernel, (rows,), (WARP * -(-width // (WARP * BLOCK_PER_THREAD)),)
+        kernel = gpu.kernel("layer_norm", f"{name}_{direction}_warps", dtype)
+        return kernel, (-(-items // (gpu.THREADS // WARP)),), (gpu.THREADS,)
+    kernel = gpu.kernel("layer_norm", f"{name}_{direction}_blocks", dtype)
+    return kernel, (items,), (WARP * -(-width // (WARP * BLOCK_PER_THREAD)),)
 
 
 def _float32_or_null(xp, p):
     """A weight or bias as float32 for the kernels (bfloat16 ones widened, as the reference's
     float32 math reads them), or a null pointer where there is none."""
     return np.uintp(0) if p is None else xp.ascontiguousarray(p, dtype=np.float32)
+
+
+def _sums_of_chunks(xp, partial):
+    """The column sums that the backward kernels summed a chunk of rows at a time into partial
+    (chunks, sums, width): the chunks added in order by column_sums.cu, every sum's columns in one
+    launch; float32, (sums, width). No atomics: a run repeats bit for bit."""
+    chunks, sums, width = partial.shape
+    total = xp.empty((sums, width), np.float32)
+    args = (partial, total, np.int32(chunks), np.int32(sums * width))
+    gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(sums * width),), (gpu.THREADS,), args)
+    return total
 
 
 def fits_gpu(x, weight, bias, eps):
@@ -93,60 +149,81 @@ def forward_gpu(ctx, x, weight, bias, eps):
     """The forward kernel keeps mean and rstd (float32, one of each per row) and the backward reads
     x again with them, where the reference keeps the float32 normalised values: x is kept by the
     graph anyway."""
-    width = x.shape[-1]
-    xp = backend.get_array_module(x)
-    rows = x.size // width
-    x = xp.ascontiguousarray(x)
+    xp, width = backend.get_array_module(x), x.shape[-1]
+    rows, x = x.size // width, xp.ascontiguousarray(x)
     out = xp.empty_like(x)
     ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
     ctx.x, ctx.weight = x, _float32_or_null(xp, weight)
     ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
-    kernel, grid, block = _row_kernel("forward", rows, width, x.dtype)
+    kernel, grid, block = _row_kernel("layer_norm", "forward", rows, width, x.dtype)
     args = (x, ctx.weight, _float32_or_null(xp, bias), out, ctx.mean, ctx.rstd, np.int64(rows))
     kernel(grid, block, args + (np.int32(width), np.float32(eps)))
     return out
 
 
 def backward_gpu(ctx, grad):
-    """dx a row at a time; dw and db summed over the rows in an order fixed by the shapes."""
+    """dx a row at a time, each chunk of rows summing its dw and db as it goes; then the chunks' sums."""
     need_x, need_w, need_b = ctx.needs_input_grad
     xp, x = backend.get_array_module(grad), ctx.x
     rows, width = x.size // x.shape[-1], x.shape[-1]
+    chunks = -(-rows // ROWS_PER_CHUNK)
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
-    grad_x = grad_weight = grad_bias = None
-    if need_x:
-        grad_x = xp.empty_like(x)
-        kernel, grid, block = _row_kernel("backward", rows, width, x.dtype)
-        args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, np.int64(rows), np.int32(width))
-        kernel(grid, block, args)
-    if need_w or need_b:
-        sum_w, sum_b = _column_sums(xp, x, grad, ctx.mean, ctx.rstd)
-        grad_weight = sum_w.astype(ctx.param_dtype, copy=False) if need_w else None
-        grad_bias = sum_b.astype(ctx.param_dtype, copy=False) if need_b else None
-    return grad_x, grad_weight, grad_bias
+    grad_x, partial = xp.empty_like(x), xp.empty((chunks, 2, width), np.float32)
+    kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
+    args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
+    kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))
+    sums = _sums_of_chunks(xp, partial).astype(ctx.param_dtype, copy=False) if need_w or need_b else None
+    return grad_x if need_x else None, sums[0] if need_w else None, sums[1] if need_b else None
 
 
-def _column_sums(xp, x, grad, mean, rstd):
-    """(sum over rows of dy n, sum over rows of dy), float32, in two passes: each block of the
-    first sums ROWS_PER_CHUNK rows, the second adds the chunks' sums in order. No atomics: a run
-    repeats bit for bit."""
+def residual_fits_gpu(x, y, bias, weight, ln_bias, eps, dropout_p, generator):
+    """As layer norm's, with the residual and the branch in one type, of one shape."""
+    return x.dtype == y.dtype and x.shape == y.shape and fits_gpu(x, weight, ln_bias, eps)
+
+
+def _mask_arguments(generator, p, shape, rows):
+    """The dropout mask's arguments of the residual kernels: the key of the generator's next draw
+    (common.cuh's MaskKey), the rows of one example (the first axis is the example axis) and the
+    scale of the entries kept; with p == 0 no draw and a threshold of 0, which keeps every entry."""
+    seed, step, site, first, threshold = generator.next_key(p) if p > 0 else (0, 0, 0, 0, 0)
+    rows_per_example = rows // shape[0] if len(shape) >= 2 and shape[0] else rows
+    key = (np.uint64(seed), np.uint32(step), np.uint32(site), np.uint32(first), np.uint32(threshold))
+    return key + (np.int64(max(rows_per_example, 1)), np.float32(masks.keep_scale(p)))
+
+
+def residual_forward_gpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, generator):
+    xp, width = backend.get_array_module(x), x.shape[-1]
+    rows = x.size // width
+    ctx.x, ctx.y = xp.ascontiguousarray(x), xp.ascontiguousarray(y)
+    ctx.bias, ctx.weight = _float32_or_null(xp, bias), _float32_or_null(xp, weight)
+    ctx.mask = _mask_arguments(generator, dropout_p, x.shape, rows)
+    ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.param_dtype = next((p.dtype for p in (weight, ln_bias) if p is not None), x.dtype)
+    out = xp.empty_like(ctx.x)
+    kernel, grid, block = _row_kernel("residual_layer_norm", "forward", rows, width, x.dtype)
+    args = (ctx.x, ctx.y, ctx.bias, ctx.weight, _float32_or_null(xp, ln_bias), out, ctx.mean, ctx.rstd)
+    kernel(grid, block, args + (np.int64(rows), np.int32(width), np.float32(eps)) + ctx.mask)
+    return out
+
+
+def residual_backward_gpu(ctx, grad):
+    """dx = dh and dy = dropout(dh) a row at a time, each chunk of rows summing its dw, db and dbias
+    as it goes; then the chunks' sums."""
+    need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
+    xp, x = backend.get_array_module(grad), ctx.x
     rows, width = x.size // x.shape[-1], x.shape[-1]
     chunks = -(-rows // ROWS_PER_CHUNK)
-    partial_w, partial_b = xp.empty((chunks, width), np.float32), xp.empty((chunks, width), np.float32)
-    args = (
-        x,
-        grad,
-        mean,
-        rstd,
-        partial_w,
-        partial_b,
-        np.int64(rows),
-        np.int32(width),
-        np.int32(ROWS_PER_CHUNK),
+    grad = xp.ascontiguousarray(grad, dtype=x.dtype)
+    grad_x, grad_y, partial = xp.empty_like(x), xp.empty_like(x), xp.empty((chunks, 3, width), np.float32)
+    kernel, grid, block = _row_kernel("residual_layer_norm", "backward", chunks, width, x.dtype)
+    args = (x, ctx.y, ctx.bias, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, partial)
+    kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)) + ctx.mask)
+    sums = _sums_of_chunks(xp, partial) if need_w or need_b or need_bias else [None] * 3
+    return (
+        grad_x if need_x else None,
+        grad_y if need_y else None,
+        sums[2].astype(ctx.bias_dtype, copy=False) if need_bias else None,
+        sums[0].astype(ctx.param_dtype, copy=False) if need_w else None,
+        sums[1].astype(ctx.param_dtype, copy=False) if need_b else None,
     )
-    kernel = gpu.kernel("layer_norm", "layer_norm_column_partials", x.dtype)
-    kernel((chunks, -(-width // gpu.THREADS)), (gpu.THREADS,), args)
-    sum_w, sum_b = xp.empty(width, np.float32), xp.empty(width, np.float32)
-    args = (partial_w, partial_b, sum_w, sum_b, np.int32(chunks), np.int32(width))
-    gpu.kernel("layer_norm", "layer_norm_column_sums", np.float32)((gpu.blocks(width),), (gpu.THREADS,), args)
-    return sum_w, sum_b

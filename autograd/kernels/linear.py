@@ -11,11 +11,11 @@ from . import gpu
 ROWS_PER_CHUNK = 32  # rows a block of column_sums' first pass adds: a GPT-1 step's 4,096 give 128 chunks
 
 
-def forward_cpu(ctx, x, weight, bias):
+def forward_cpu(ctx, x, weight, bias, weight_cast):
     n_in, n_out = weight.shape
     x2 = x.reshape(-1, n_in)
-    ctx.x2, ctx.weight, ctx.x_shape = x2, weight, x.shape
-    return parallel.matmul(x2, weight, bias).reshape(*x.shape[:-1], n_out)
+    ctx.x2, ctx.weight, ctx.x_shape = x2, weight_cast, x.shape
+    return parallel.matmul(x2, weight_cast, bias).reshape(*x.shape[:-1], n_out)
 
 
 def backward_cpu(ctx, grad):

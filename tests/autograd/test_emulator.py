@@ -487,7 +487,8 @@ def test_an_integer_for_a_float_is_refused(tiny):
 
 def test_kernels_are_named_as_gpu_kernel_names_them():
     k = emulated.kernel("gelu", "gelu_forward", ag.bfloat16)
-    assert k.name == "gelu_forward_bf16" and k.params == ["pu2", "pu2", "vi8"]  # bf16: unsigned short
+    # x, bias, out, rows, width, rows_per_chunk; bf16: unsigned short
+    assert k.name == "gelu_forward_bf16" and k.params == ["pu2", "pf4", "pu2", "vi8", "vi8", "vi4"]
     with pytest.raises(TypeError, match="float32 or bfloat16"):
         emulated.kernel("gelu", "gelu_forward", np.float64)
     with pytest.raises(EmulatorError, match="gelu.cu has no kernel nothing_f32"):
@@ -795,7 +796,8 @@ table, rows = np.ones((3, 4), np.float32), np.arange(3, dtype=np.int64)
 embedding = emulated.kernel("embedding", "embedding_forward_f32", np.float32)
 embedding((2,), (32,), (table, rows, np.empty_like(table), np.int64(3), np.int64(4)))
 x = np.linspace(-3, 3, 1000, dtype=np.float32)
-emulated.kernel("gelu", "gelu_forward", np.float32)((4,), (256,), (x, np.empty_like(x), np.int64(x.size)))
+args = (x, np.uintp(0), np.empty_like(x), np.int64(1), np.int64(x.size), np.int32(32))  # one row, no bias
+emulated.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args)
 """
 
 
@@ -810,8 +812,8 @@ def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_
     """A debug build under gdb: in gelu's kernel, loaded after embedding's, the condition reads gelu's
     launch's blockIdx and threadIdx (each library has its own), and gdb names gelu.cu's own line."""
     (tmp_path / "two.py").write_text(TWO_LIBRARIES)
-    stop = "break gelu_forward<float> if blockIdx.x == 1 && threadIdx.x == 3"
-    show = 'printf "at %u %u %u %u\\n", blockIdx.x, threadIdx.x, blockDim.x, gridDim.x'
+    stop = "break gelu_forward<float> if blockIdx.y == 1 && threadIdx.x == 3"
+    show = 'printf "at %u %u %u %u\\n", blockIdx.y, threadIdx.x, blockDim.x, gridDim.y'
     commands = ["set breakpoint pending on", stop, "run", show]
     env = {**os.environ, "AUTOGRAD_EMULATOR_DEBUG": "1", "PYTHONPATH": str(ROOT)}
     gdb = ["gdb", "-batch", "-nx", *(part for c in commands for part in ("-ex", c))]
@@ -819,9 +821,9 @@ def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_
     done = subprocess.run([*gdb, "--args", *script], capture_output=True, text=True, env=env, timeout=600)
     if "ptrace: Operation not permitted" in done.stderr:
         pytest.skip("gdb may not trace a process here")
-    first = line_of("gelu.cu", "__device__ void gelu_forward(") + 1  # its first statement
+    first = line_of("gelu.cu", "__device__ void gelu_forward(") + 2  # its first statement (2-line signature)
     assert f") at {gpu.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
-    assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.x, threadIdx.x, blockDim.x, gridDim.x
+    assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.y, threadIdx.x, blockDim.x, gridDim.y
 
 
 def test_compilers_name_the_real_file_and_line_of_an_error():

@@ -468,6 +468,44 @@ def test_gelu_gradient(device, approximate, x):
     check_gradients_at(lambda x: F.gelu(x, approximate=approximate), [leaf(x, device)])
 
 
+@st.composite
+def gelu_with_bias_inputs(draw):
+    """x of 1 to 3 axes and a bias over its last axis."""
+    x = draw(arrays(shapes(min_dims=1), -6.0, 6.0))
+    return x, draw(arrays(x.shape[-1:]))
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@given(gelu_with_bias_inputs())
+def test_gelu_with_a_bias_is_gelu_of_the_sum(device, approximate, case):
+    """gelu(x, bias=b) = gelu(x + b), b added to every row."""
+    x, bias = case
+    y = F.gelu(leaf(x, device), approximate, bias=leaf(bias, device)).numpy()
+    expected = (ref_gelu_tanh if approximate == "tanh" else ref_gelu_exact)(x + bias)
+    np.testing.assert_allclose(y, expected, **TOLERANCE[np.float64])
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@given(gelu_with_bias_inputs())
+def test_gelu_gradient_with_a_bias(device, approximate, case):
+    """Gradients of x and of the bias (dx summed over the rows) match finite differences."""
+    x, bias = case
+    check_gradients_at(
+        lambda x, b: F.gelu(x, approximate=approximate, bias=b), [leaf(x, device), leaf(bias, device)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "bias_shape"), [((2, 3), (2,)), ((2, 3), (1, 3)), ((2, 3), ()), ((), ())]
+)
+def test_gelu_rejects_a_bias_not_over_xs_last_axis(device, x_shape, bias_shape):
+    """The bias is one number per entry of x's last axis; the message names both shapes."""
+    x, bias = leaf(np.zeros(x_shape), device), leaf(np.zeros(bias_shape), device)
+    with pytest.raises(ValueError, match="^gelu: bias") as error:
+        F.gelu(x, bias=bias)
+    assert str(bias_shape) in str(error.value) and str(x_shape) in str(error.value)
+
+
 def test_gelu_rejects_an_unknown_approximation(device):
     """approximate must be "tanh" or "none"; the message repeats the name given."""
     with pytest.raises(ValueError, match="'sigmoid'"):
@@ -713,36 +751,58 @@ def split_attention(qkv, n_head, **options):
     return y.transpose(0, 2, 1, 3).reshape(batch, time, width3 // 3)
 
 
-@given(packed_heads(), st.sampled_from([0.0, 0.3]), SEEDS)
-def test_multi_head_attention_equals_splitting_the_heads(device, case, dropout_p, seed):
-    """One op gives the same output and qkv gradient as GetItem, scaled_dot_product_attention,
-    Transpose and Reshape, with the same dropout mask from the same seed."""
+def split_attention_plus_bias(qkv, n_head, bias=None, **options):
+    """split_attention of qkv + bias: the bias added by an op of its own."""
+    return split_attention(qkv if bias is None else qkv + bias, n_head, **options)
+
+
+@given(packed_heads(), st.booleans(), st.sampled_from([0.0, 0.3]), SEEDS, st.data())
+def test_multi_head_attention_equals_splitting_the_heads(device, case, with_bias, dropout_p, seed, data):
+    """One op gives the same output and gradients as Add (the bias, when there is one), GetItem,
+    scaled_dot_product_attention, Transpose and Reshape, with the same dropout mask from the same seed."""
     qkv, n_head = case
+    bias = data.draw(arrays(qkv.shape[-1:])) if with_bias else None
     results = []
-    for attend in (F.multi_head_attention, split_attention):
-        x = leaf(qkv, device)
-        out = attend(x, n_head, dropout_p=dropout_p, generator=fresh_stream(seed))
+    for attend in (F.multi_head_attention, split_attention_plus_bias):
+        x, b = leaf(qkv, device), None if bias is None else leaf(bias, device)
+        out = attend(x, n_head, dropout_p=dropout_p, generator=fresh_stream(seed), bias=b)
         out.backward(np.cos(np.arange(out.size)).reshape(out.shape))
-        results.append((out.numpy(), x.grad))
+        results.append((out.numpy(), x.grad) + (() if b is None else (b.grad,)))
     for fused, split in zip(*results):
         np.testing.assert_allclose(backend.to_host(fused), backend.to_host(split), rtol=1e-12, atol=1e-12)
 
 
 @checks_gradient_of(F.MultiHeadAttention)
-@given(packed_heads(), st.sampled_from([0.0, 0.3]), SEEDS)
-def test_multi_head_attention_gradient(device, case, dropout_p, seed):
-    """The gradient of qkv matches finite differences, with and without dropout."""
+@given(packed_heads(), st.booleans(), st.sampled_from([0.0, 0.3]), SEEDS, st.data())
+def test_multi_head_attention_gradient(device, case, with_bias, dropout_p, seed, data):
+    """The gradients of qkv and of a bias added to it (when there is one) match finite differences, with
+    and without dropout."""
     qkv, n_head = case
+    inputs = [leaf(qkv, device)]
+    if with_bias:
+        inputs.append(leaf(data.draw(arrays(qkv.shape[-1:])), device))
 
-    def attend(qkv):
-        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed))
+    def attend(qkv, bias=None):
+        return F.multi_head_attention(
+            qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed), bias=bias
+        )
 
-    check_gradients_at(attend, [leaf(qkv, device)])
+    check_gradients_at(attend, inputs)
 
 
 def test_multi_head_attention_names_a_width_not_made_of_heads(device):
     with pytest.raises(ValueError, match="not 3 x 2 heads"):
         F.multi_head_attention(leaf(np.ones((1, 2, 8)), device), 2)
+
+
+@pytest.mark.parametrize("shape", [(), (4,), (1, 6), (2, 6)])
+def test_multi_head_attention_names_a_bias_not_of_qkvs_width(device, shape):
+    """The bias is one number per feature of qkv: (3 * width,), nothing broadcast."""
+    qkv, bias = leaf(np.ones((1, 2, 6)), device), leaf(np.ones(shape), device)
+    with pytest.raises(
+        ValueError, match=re.escape(f"multi_head_attention: bias has shape {shape}, expected (6,)")
+    ):
+        F.multi_head_attention(qkv, 2, bias=bias)
 
 
 @pytest.mark.parametrize(
@@ -796,6 +856,7 @@ def _functional_cases():
         ),
         pytest.param(lambda x: F.gelu(x, approximate="tanh"), [normal(3, 4)], id="gelu_tanh"),
         pytest.param(lambda x: F.gelu(x, approximate="none"), [normal(3, 4)], id="gelu_exact"),
+        pytest.param(lambda x, b: F.gelu(x, bias=b), [normal(2, 3, 4), normal(4)], id="gelu_bias"),
         pytest.param(F.layer_norm, [normal(3, 4), normal(4), normal(4)], id="layer_norm"),
         pytest.param(lambda x: F.dropout(x, 0.3, generator=fresh_stream(0)), [normal(3, 4)], id="dropout"),
         pytest.param(
@@ -811,6 +872,11 @@ def _functional_cases():
         ),
         pytest.param(
             lambda qkv: F.multi_head_attention(qkv, 2), [normal(2, 3, 12)], id="multi_head_attention"
+        ),
+        pytest.param(
+            lambda qkv, b: F.multi_head_attention(qkv, 2, 0.3, generator=fresh_stream(0), bias=b),
+            [normal(2, 3, 12), normal(12)],
+            id="multi_head_attention_bias",
         ),
     ]
 

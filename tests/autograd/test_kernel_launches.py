@@ -184,23 +184,31 @@ def on_gpu(rng, shape, dtype=np.float32):
 
 
 def drive_layer_norm(rng, dtype):
-    """Rows of a warp (width <= 1024) and of a block, with weight and bias, weight only, neither."""
+    """Rows of a warp (width <= 1024) and of a block, with weight and bias, weight only, neither; and
+    the residual layer norm's, with all three parameters and dropout, and with none and no dropout."""
     for width in (48, 2000):
         x, w, b = on_gpu(rng, (3, 5, width), dtype), on_gpu(rng, (width,)), on_gpu(rng, (width,))
         for weight, bias in ((w, b), (w, None), (None, None)):
             F.layer_norm(x, weight, bias).sum().backward()
+        y = on_gpu(rng, (3, 5, width), dtype)
+        F.residual_layer_norm(x, y, b, w, b, dropout_p=0.2).sum().backward()
+        F.residual_layer_norm(x, y, None, None, None).sum().backward()
 
 
 def drive_elementwise(rng, dtype):
-    """GELU, dropout and cross-entropy (with an ignored target), forward and backward."""
+    """GELU (with a float32 bias, its gradient wanted or not, and without), dropout and cross-entropy
+    (with an ignored target), forward and backward."""
     F.gelu(on_gpu(rng, (4, 6), dtype)).sum().backward()
+    F.gelu(on_gpu(rng, (4, 6), dtype), bias=on_gpu(rng, (6,))).sum().backward()
+    F.gelu(on_gpu(rng, (4, 6), dtype), bias=on_gpu(rng, (6,)).detach()).sum().backward()
     F.dropout(on_gpu(rng, (4, 6), dtype), 0.3).sum().backward()
     F.cross_entropy(on_gpu(rng, (4, 10), dtype), np.array([1, 2, -100, 9])).backward()
 
 
 def drive_attention(rng, dtype):
     """Both attention Functions with heads that take the d64 and the d128 kernels, causal or not,
-    with dropout and without; 5 queries over 7 keys, as with a KV cache."""
+    with dropout and without; 5 queries over 7 keys, as with a KV cache. Multi-head attention with no
+    bias, a float32 one (the bf16 policy's) and one of qkv's type."""
     for d in (32, 100):
         q, k, v = (
             on_gpu(rng, (2, 3, 5, d), dtype),
@@ -211,7 +219,8 @@ def drive_attention(rng, dtype):
             for p in (0.0, 0.2):
                 F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=p).sum().backward()
         for p in (0.0, 0.2):
-            F.multi_head_attention(on_gpu(rng, (2, 5, 6 * d), dtype), 2, p).sum().backward()
+            for bias in (None, on_gpu(rng, (6 * d,)), on_gpu(rng, (6 * d,), dtype)):
+                F.multi_head_attention(on_gpu(rng, (2, 5, 6 * d), dtype), 2, p, bias=bias).sum().backward()
 
 
 def drive_embedding(rng, dtype):

@@ -203,9 +203,9 @@ def test_multi_head_attention(device, dtype, case, dropout_p, seed):
 
 
 def test_every_fast_path_is_compared_with_its_reference():
-    """A Function given forward_cpu or forward_gpu without a test, above or in a test_kernels_*.py
-    beside this file, makes this fail."""
-    for path in Path(__file__).parent.glob("test_kernels_*.py"):
+    """A Function given forward_cpu or forward_gpu without a test, above or in a test file beside
+    this one, makes this fail."""
+    for path in Path(__file__).parent.glob("test_*.py"):
         importlib.import_module(f"tests.autograd.{path.stem}")  # their tests register themselves
     fast = {f for f in functions_of(ag) if f.forward_cpu is not None or f.forward_gpu is not None}
     assert fast, "found no Function with a fast path"
@@ -245,7 +245,11 @@ def test_choose_asks_the_fast_path_whether_the_call_fits(width, fits):
     assert chosen == (fast if fits else reference)
     qkv = np.zeros((1, 4, 3 * 2 * width), np.float32)
     chosen = kernels.choose(
-        F.MultiHeadAttention, True, {qkv.dtype}, (qkv,), {"n_head": 2, "dropout_p": 0.0, "generator": None}
+        F.MultiHeadAttention,
+        True,
+        {qkv.dtype},
+        (qkv, None),
+        {"n_head": 2, "dropout_p": 0.0, "generator": None},
     )
     assert (chosen[0] is F.MultiHeadAttention.forward_gpu) == fits
 
@@ -272,7 +276,7 @@ def test_use_reference_as_a_call_holds_until_switched_back():
 def test_the_fast_path_runs_unless_the_reference_is_asked_for(monkeypatch):
     """A broken fast path fails a call on the fast path only."""
 
-    def broken(ctx, x):
+    def broken(ctx, x, bias):
         raise RuntimeError("the fast path ran")
 
     monkeypatch.setattr(F.GELU, "forward_cpu", broken)

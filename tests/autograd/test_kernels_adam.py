@@ -1,6 +1,7 @@
 """Adam and clip_grad_norm on their multi-tensor kernels (autograd/kernels/adam.py) give the numbers of
 optim.py's own code, the reference: over several steps, in both L2 modes, with vector_l2 on and off,
-with parameters left without a gradient, strided gradients, and clipping above and below the limit.
+with parameters left without a gradient, strided gradients, and clipping above and below the limit;
+and the bfloat16 copy a parameter keeps under bf16, written by Adam's kernel as astype would round it.
 
 On the CPU both runs take the reference (as every fast-path test does there); the chunk layout the
 kernels read and the rule that picks the path are checked here too."""
@@ -159,3 +160,49 @@ def test_the_kernels_take_float32_arrays_of_a_gpu_unless_the_reference_is_asked_
     assert not adam_kernels.takes([])
     with ag.use_reference():
         assert not adam_kernels.takes([float32])
+
+
+def special_values():
+    """Float32 values where rounding to bfloat16 is delicate: halfway ties (to even, up and down),
+    values just above and below them, the largest float32 (rounds to inf), subnormals, signed zeros,
+    infinities and NaNs with payloads."""
+    bits = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF, 0x00000001, 0x807FFFFF]
+    bits += [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7F800001, 0xFFFFFFFF, 0x7FC00000]
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+def bfloat16_bits(array):
+    """The bits of a bfloat16 array, every NaN as one NaN (which NaN a cast gives is the device's choice)."""
+    return np.where(np.isnan(array.astype(np.float32)), 0x7FC0, array.view(np.uint16))
+
+
+def test_adam_writes_the_bfloat16_copy_each_parameter_keeps(device):
+    """Under bf16 a parameter keeps a bfloat16 copy (precision.kept_cast). After an Adam step the copy it
+    gives is the new parameter rounded as astype(bfloat16) rounds it (a NaN as a NaN): on a GPU the
+    kernel writes it in the same pass and marks it current, with no cast after the step. The copies are
+    first spoiled, so that only a write can make them right; a parameter without a gradient keeps its copy
+    as it was. Two steps: one with lr 0, which leaves the delicate values of special_values() in place,
+    then an ordinary one."""
+    rng = np.random.default_rng(0)
+    on = backend.parse_device(device)
+    values = [
+        special_values(),
+        *(rng.standard_normal(s).astype(np.float32) for s in [(CHUNK + 3,), (65, 64), (7,)]),
+    ]
+    params = [Parameter(backend.to_device(v, on)) for v in values]
+    with np.errstate(invalid="ignore"):  # the NaNs, cast
+        copies = [ag.precision.kept_cast(p, ag.bfloat16) for p in params]
+        for copy in copies:
+            copy[...] = 0
+        for lr in (0.0, 1e-2):
+            for p in params[:-1]:  # the last has no gradient
+                p.grad = backend.to_device(rng.standard_normal(p.shape).astype(np.float32), on)
+            Adam(params, lr=lr).step()
+            for p, copy in zip(params, copies):
+                kept = ag.precision.kept_cast(p, ag.bfloat16)
+                assert (kept is copy) == (device != "cpu" or p.grad is None)  # the CPU's reference: cast anew
+                if p.grad is None:
+                    assert not backend.to_host(kept).astype(np.float32).any()  # left alone: still spoiled
+                    continue
+                expected = bfloat16_bits(p.numpy().astype(ag.bfloat16))
+                np.testing.assert_array_equal(bfloat16_bits(backend.to_host(kept)), expected)

@@ -1,7 +1,9 @@
 """Attention's fast paths give the numbers of the reference (autograd/attention.py): on the CPU its
 blocked NumPy path, on a GPU the flash attention kernels (autograd/kernels/cuda/attention.cu), forward
 and backward, causal and not, with dropout's mask drawn from the same stream; for T and S that are no
-multiple of a tile, heads 1 to 128 wide, float32 and bfloat16, and at GPT-1's size."""
+multiple of a tile, heads 1 to 128 wide, float32 and bfloat16, and at GPT-1's size. Multi-head attention
+with the projection's bias too, which the fast paths add as they read q, k and v: a bias in float32
+beside bfloat16 qkv, as the bf16 policy has it."""
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from autograd.kernels import attention as attention_kernels
 from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import (
+    TOLERANCE,
     WITH_BF16,
     assert_fast_equals_reference,
     compares_fast_path_of,
@@ -24,6 +27,7 @@ from tests.autograd.test_kernels import (
 SIZES = st.integers(1, 130)  # the kernels' tiles are 16 to 64 rows: most sizes leave a partial one
 HEAD_WIDTHS = st.one_of(st.sampled_from([1, 64, 128]), st.integers(1, 128))  # zero-padded to 64 or 128
 DROPOUT = st.sampled_from([0.0, 0.3])
+BIAS_SCALES = st.sampled_from([None, 0.5, 2.0])  # None: no bias
 
 
 def normal(seed, *shapes):
@@ -85,10 +89,51 @@ def attend(causal, dropout_p, seed):
 
 
 def attend_packed(n_head, dropout_p, seed):
-    def attend(qkv):
-        return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed))
+    def attend(qkv, bias=None):
+        return F.multi_head_attention(
+            qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(seed), bias=bias
+        )
 
     return attend
+
+
+def bias_dtype(dtype):
+    """The bias's type beside qkv of `dtype`: float32 for bfloat16 qkv (the bf16 policy's parameters)."""
+    return np.dtype(np.float32) if dtype == ag.bfloat16 else np.dtype(dtype)
+
+
+def forward_and_backward_typed(fn, inputs, dtypes, device, reference):
+    """fn's output and its inputs' gradients, each input in its own type, for the fixed upstream, as
+    host arrays, on the reference path or on the fast ones."""
+    with ag.use_reference(reference):
+        tensors = [ag.tensor(a, requires_grad=True, dtype=t, device=device) for a, t in zip(inputs, dtypes)]
+        out = fn(*tensors)
+        out.backward(upstream(out.shape))
+    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
+
+
+def assert_packed_fast_equals_reference(qkv, bias, n_head, dropout_p, seed, device, dtype):
+    """multi_head_attention of qkv + bias (None: no bias) on the fast path and on the reference: y and
+    dqkv in qkv's type, db in bias_dtype's; y and dqkv within assert_fast_equals_reference's tolerance,
+    for heads q, k, v = qkv + bias; db, the sum of dqkv's rows, within the sum of their allowances."""
+    dtype = np.dtype(dtype)
+    inputs, dtypes = [qkv], [dtype]
+    if bias is not None:
+        inputs, dtypes = [qkv, bias], [dtype, bias_dtype(dtype)]
+    attend = attend_packed(n_head, dropout_p, seed)
+    fast, reference = (forward_and_backward_typed(attend, inputs, dtypes, device, on) for on in (False, True))
+    heads = qkv if bias is None else qkv + bias  # the q, k and v attended
+    tolerance, terms = TOLERANCE[dtype], largest_term_packed(heads, n_head)
+    allowed = []
+    for b in (x.astype(np.float64) for x in reference[:2]):  # y's and dqkv's: assert_fast_equals_reference's
+        scale = max(1.0, terms, np.abs(b).max(initial=0), np.abs(heads).max(initial=0))
+        allowed.append(tolerance["atol"] * scale + tolerance["rtol"] * np.abs(b))
+    allowed.append(allowed[1].reshape(-1, qkv.shape[-1]).sum(axis=0))  # db's: the sum of its rows'
+    for name, a, b, allowance, t in zip(["y", "dqkv", "db"], fast, reference, allowed, [dtype, *dtypes]):
+        assert a.dtype == b.dtype == t, f"{name}: {a.dtype} and {b.dtype}, not {t}"
+        excess = np.abs(a.astype(np.float64) - b.astype(np.float64)) - allowance
+        out = np.count_nonzero(excess > 0)
+        assert not out, f"{name}: {out} entries out, by up to {excess.max()}"
 
 
 @compares_fast_path_of(F.ScaledDotProductAttention)
@@ -113,11 +158,12 @@ def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
 
 @compares_fast_path_of(F.MultiHeadAttention)
 @pytest.mark.parametrize("dtype", WITH_BF16)
-@given(st.integers(1, 2), SIZES, st.integers(1, 3), HEAD_WIDTHS, DROPOUT, SEEDS)
-def test_multi_head_attention(device, dtype, batch, time, n_head, head_width, dropout_p, seed):
-    (qkv,) = normal(seed, (batch, time, 3 * n_head * head_width))
-    terms = largest_term_packed(qkv, n_head)
-    assert_fast_equals_reference(attend_packed(n_head, dropout_p, seed), [qkv], device, dtype, terms=terms)
+@given(st.integers(1, 2), SIZES, st.integers(1, 3), HEAD_WIDTHS, BIAS_SCALES, DROPOUT, SEEDS)
+def test_multi_head_attention(device, dtype, batch, time, n_head, head_width, bias_scale, dropout_p, seed):
+    """With a bias of q, k and v (every kernel adds its part as it loads them) and without one."""
+    qkv, bias = normal(seed, (batch, time, 3 * n_head * head_width), 3 * n_head * head_width)
+    bias = None if bias_scale is None else bias * bias_scale
+    assert_packed_fast_equals_reference(qkv, bias, n_head, dropout_p, seed, device, dtype)
 
 
 # (T, S, head width): causal, S - T one more than a multiple of the key tile (32 keys in the kernels of
@@ -163,9 +209,10 @@ def test_attention_dropout_where_a_rows_mask_starts_inside_a_draw(device, n_quer
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_multi_head_attention_at_gpt1_size(device, dtype, dropout_p):
-    """GPT-1's attention: 2 sequences of 512 tokens, 12 heads of 64, with its attention dropout."""
-    (qkv,) = normal(0, (2, 512, 3 * 768))
-    assert_fast_equals_reference(attend_packed(12, dropout_p, 7), [qkv], device, dtype)
+    """GPT-1's attention: 2 sequences of 512 tokens, 12 heads of 64, with its attention dropout and
+    c_attn's bias."""
+    qkv, bias = normal(0, (2, 512, 3 * 768), 3 * 768)
+    assert_packed_fast_equals_reference(qkv, bias * 0.1, 12, dropout_p, 7, device, dtype)
 
 
 @pytest.mark.parametrize("case", ["wide heads", "heads of v's own"])
@@ -181,13 +228,15 @@ def test_what_the_kernels_do_not_take_runs_the_reference(device, case):
 
 @pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
 def test_attention_repeats_bit_for_bit(device, dtype):
-    """No atomics in the kernels: the same inputs give the same output and gradient, bit for bit."""
-    (qkv,) = normal(0, (2, 130, 3 * 2 * 64))
+    """No atomics in the kernels, nor in the bias's column sums: the same inputs give the same output
+    and gradients, bit for bit."""
+    qkv, bias = normal(0, (2, 130, 3 * 2 * 64), 3 * 2 * 64)
     results = []
     for _ in range(2):
         x = ag.tensor(qkv, requires_grad=True, dtype=dtype, device=device)
-        out = attend_packed(2, 0.3, 5)(x)
+        x_bias = ag.tensor(bias, requires_grad=True, dtype=bias_dtype(dtype), device=device)
+        out = attend_packed(2, 0.3, 5)(x, x_bias)
         out.backward(np.cos(np.arange(out.size)).reshape(out.shape))
-        results.append((out.numpy(), backend.to_host(x.grad)))
+        results.append((out.numpy(), backend.to_host(x.grad), backend.to_host(x_bias.grad)))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

@@ -4,7 +4,8 @@ reference on a GPU) and bfloat16, at GPT-1's sizes and at awkward ones.
 
 Layer norm mixes floating types: under bf16 its x is bfloat16 and its weight and bias float32, so
 its comparison builds each input in its own type and checks that both paths give the same types
-(y and dx in x's, dw and db in the weights'), and values within the tolerance of each one's type."""
+(y and dx in x's, dw and db in the weights'), and values within the tolerance of each one's type.
+GELU with the bias of the linear layer before it does the same."""
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from autograd.kernels import gpu
 from autograd.kernels import layer_norm as layer_norm_kernels
 from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS
-from tests.autograd.test_kernels import WITH_BF16, compares_fast_path_of
+from tests.autograd.test_kernels import WITH_BF16, column_sums_in_their_order, compares_fast_path_of
 from tests.autograd.test_kernels_loss_embedding import assert_close
 
 GPT1_WIDTH, GPT1_CONTEXT, GPT1_INNER = 768, 512, 3072
@@ -178,7 +179,11 @@ def test_layer_norm_repeats_bit_for_bit(device, dtype, width):
 
 
 # ----------------------------------------------------------------------------------------------
-# GELU
+# GELU, of x alone and of x + b (b the bias of the linear layer before it)
+
+# widths around a block of 256 threads (a thread a column), and GPT-1's inner width
+GELU_WIDTHS = [255, 256, 257, 1000, GPT1_INNER]
+GELU_SLOPE = 1.2  # GELU's slope lies within (-0.17, 1.13): |dx| <= 1.2 |dy|
 
 
 @st.composite
@@ -190,6 +195,35 @@ def gelu_inputs(draw):
     return normal(rng, shape, draw(st.sampled_from([0.5, 3.0, 30.0])))
 
 
+@st.composite
+def gelu_with_bias_inputs(draw):
+    """x (lead..., width) and a bias (width,), at a scale that reaches where tanh saturates: rows around
+    a chunk of 32 (db's partial sums on a GPU), widths around a block of threads. Wide rows come in
+    few of them."""
+    width = draw(st.one_of(st.integers(1, 40), st.sampled_from(GELU_WIDTHS)))
+    lead = draw(st.sampled_from(LEADS if width <= 1024 else [(), (1,), (3,), (33,)]))
+    rng = np.random.default_rng(draw(SEEDS))
+    scale = draw(st.sampled_from([0.5, 3.0, 30.0]))
+    return normal(rng, (*lead, width), scale), normal(rng, width, scale)
+
+
+def bias_sum_slack(shape, dtype):
+    """How far apart the rounding of db's sums alone may put the two paths' db: each adds a column's n
+    entries of dx (float32 math for bfloat16) in its own order, a chain of at most n additions each
+    within u of a partial sum no larger than the sum of |dx| (u: the unit roundoff of that math)."""
+    u = np.finfo(np.float32 if dtype == ag.bfloat16 else dtype).eps / 2
+    dy = np.abs(upstream(shape)).reshape(-1, shape[-1])
+    return 2 * len(dy) * u * GELU_SLOPE * dy.sum(axis=0)
+
+
+def assert_gelu_paths_agree(x, bias, dtype, device):
+    """gelu(x, bias=b): y, dx and db agree within their types' tolerances, db's plus bias_sum_slack; the
+    bias is float32 for bfloat16 x (the bf16 policy's), as layer norm's weights are."""
+    slack = [0.0, 0.0, bias_sum_slack(x.shape, dtype)]
+    fn = lambda x, b: F.gelu(x, bias=b)  # noqa: E731
+    assert_paths_agree(fn, [x, bias], layer_norm_dtypes(dtype, 1), device, slack)
+
+
 @compares_fast_path_of(F.GELU)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @given(gelu_inputs())
@@ -198,16 +232,72 @@ def test_gelu(device, dtype, x):
 
 
 @pytest.mark.parametrize("dtype", WITH_BF16)
-def test_gelu_at_gpt1s_size(device, dtype):
-    """(2, 512, 3072): the MLP's inner activations."""
-    x = normal(np.random.default_rng(6), (2, GPT1_CONTEXT, GPT1_INNER), 2.0)
-    assert_paths_agree(F.gelu, [x], [dtype], device)
+@given(gelu_with_bias_inputs())
+def test_gelu_with_a_bias(device, dtype, case):
+    """y, dx and db, for rows on both sides of a chunk's edge and widths on both sides of a block's."""
+    assert_gelu_paths_agree(*case, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_gelu_with_a_bias_whose_gradient_is_not_wanted(device, dtype):
+    """A bias that wants no gradient (a frozen layer's) is still added; only dx comes back."""
+    rng = np.random.default_rng(8)
+    x, bias = normal(rng, (70, 300), 2.0), ag.tensor(normal(rng, 300), device=device)
+    assert_paths_agree(lambda x: F.gelu(x, bias=bias), [x], [dtype], device)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_gelu_with_a_bias_where_x_wants_no_gradient(device, dtype):
+    """db alone: the backward still makes dx, to sum it, but gives none back."""
+    rng = np.random.default_rng(9)
+    x, bias = ag.tensor(normal(rng, (70, 300), 2.0), dtype=dtype, device=device), normal(rng, 300)
+    slack = [0.0, bias_sum_slack(x.shape, dtype)]
+    assert_paths_agree(lambda b: F.gelu(x, bias=b), [bias], [np.float32], device, slack)
+
+
+@pytest.mark.parametrize("dtype", WITH_BF16)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gelu_at_gpt1s_size(device, dtype, with_bias):
+    """(2, 512, 3072): the MLP's inner activations, with c_fc's bias or without."""
+    rng = np.random.default_rng(6)
+    x, bias = normal(rng, (2, GPT1_CONTEXT, GPT1_INNER), 2.0), normal(rng, GPT1_INNER)
+    if with_bias:
+        assert_gelu_paths_agree(x, bias, dtype, device)
+    else:
+        assert_paths_agree(F.gelu, [x], [dtype], device)
 
 
 def test_gelu_over_more_entries_than_a_grid_has_threads(device):
-    """Each thread of the grid-stride loop takes a second entry, some of them."""
+    """Without a bias x is one row on a GPU: each thread of the columns' grid-stride loop takes a second
+    entry, some of them."""
     x = normal(np.random.default_rng(7), gpu.blocks(2**40) * gpu.THREADS + 1000, 2.0)
     assert_paths_agree(F.gelu, [x], [np.float32], device)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_gelus_bias_gradient_repeats_bit_for_bit(device, dtype):
+    """db sums 1024 rows in a fixed order: two runs give the same bits."""
+    rng = np.random.default_rng(10)
+    inputs = [normal(rng, (2, GPT1_CONTEXT, GPT1_INNER), 2.0), normal(rng, GPT1_INNER)]
+    first, second = (
+        run(lambda x, b: F.gelu(x, bias=b), inputs, layer_norm_dtypes(dtype, 1), device, reference=False)
+        for _ in range(2)
+    )
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+
+
+@given(st.integers(0, 100), st.integers(1, 300), SEEDS)
+def test_gelus_bias_gradient_on_a_gpu_adds_each_chunks_rows_in_order_then_the_chunks(
+    gpu_device, rows, width, seed
+):
+    """float32: db has the bits of dx's columns added as column_sums.cu adds a linear layer's bias
+    gradient (each chunk's rows in order, then the chunks in order), for row counts on both sides of a
+    chunk's edge."""
+    rng = np.random.default_rng(seed)
+    x, bias = normal(rng, (rows, width), 2.0), normal(rng, width)
+    _, grad_x, grad_bias = run(lambda x, b: F.gelu(x, bias=b), [x, bias], [np.float32] * 2, gpu_device, False)
+    np.testing.assert_array_equal(grad_bias, column_sums_in_their_order(grad_x, gelu_kernels.ROWS_PER_CHUNK))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,7 +308,7 @@ def test_a_gpu_runs_the_kernels_for_float32_and_bfloat16_where_they_fit_and_else
     x, w = np.zeros((2, 8), np.float32), np.ones(8, np.float32)
     for function, module, args in [
         (F.LayerNorm, layer_norm_kernels, (x, w, w, 1e-5)),
-        (F.GELU, gelu_kernels, (x,)),
+        (F.GELU, gelu_kernels, (x, w)),
     ]:
         reference = (function.forward, function.backward)
         for dtypes in [{np.dtype(np.float32)}, {ag.bfloat16, np.dtype(np.float32)}]:

@@ -1,6 +1,7 @@
 """The precision policies: under bf16, activations in bfloat16 from the embedding on, weights
 and their gradients in float32, statistics in float32; TF32 on only inside its block; a bf16
-step of a GPT close to the float32 one."""
+step of a GPT close to the float32 one; the bfloat16 copies a bf16 run's weights keep, which give
+the bits of casting the weights at each use, are never read stale, and exist under bf16 alone."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, precision
 from autograd import functional as F
+from autograd.optim import Adam
 from autograd.testing import arrays
 from tests import tf32
 from tinygpt import GPT, GPTConfig
@@ -169,3 +171,127 @@ def test_tf32_rounds_float32_products_and_spares_layer_norm(gpu_device):
         product_tf32, norm_tf32 = host(a @ b), host(F.layer_norm(x))
     assert relative_error(product32, exact) < 1e-6 < relative_error(product_tf32, exact) < 1e-2
     np.testing.assert_array_equal(norm_tf32, norm32)
+
+
+# ----- the bfloat16 copies that a bf16 run's weights keep (precision.kept_cast)
+
+SMALL = GPTConfig(vocab_size=64, n_ctx=16, n_embd=32, n_layer=1, n_head=4)
+IDS = np.random.default_rng(0).integers(0, 64, (2, 17))
+
+
+def small_gpt(device, seed=0):
+    ag.manual_seed(seed)
+    return GPT(SMALL).to(device).train()
+
+
+def bf16_steps(model, optimizer, steps, first=0):
+    """The losses (host arrays) of bf16 training steps first, first + 1, ... of `model`, dropout on."""
+    losses = []
+    for step in range(first, first + steps):
+        with ag.use_precision("bf16"), ag.random.use_masks(ag.random.MaskStream(0, step)):
+            loss = F.cross_entropy(model(IDS[:, :-1]), IDS[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(host(loss))
+    return losses
+
+
+def cast_at_each_use(tensor, dtype):
+    """precision.kept_cast without the keeping: what a bf16 step did before the copies."""
+    with backend.device_scope(tensor._data):
+        return tensor._data.astype(dtype, copy=False)
+
+
+def weights(model):
+    """Host copies of the parameters, by name (read without `.data`, which lets the copies go)."""
+    return {name: p.numpy() for name, p in model.named_parameters()}
+
+
+def test_bf16_steps_on_the_kept_copies_give_the_bits_of_casting_the_weights_at_each_use(device, monkeypatch):
+    """Four bf16 steps of a small GPT, the weights read from their kept bfloat16 copies (on a GPU,
+    written by Adam's kernel) and the run resumed after two from the state dicts into a new model and
+    optimizer: the losses and weights of four steps that cast every weight at every use, bit for bit.
+    The matrices keep copies (the tied embedding's included), nothing else does; the state dict holds
+    the float32 weights alone."""
+    model = small_gpt(device)
+    optimizer = Adam(model.parameters(), lr=1e-2, l2=0.01)
+    losses = bf16_steps(model, optimizer, 2)
+    assert {name for name, p in model.named_parameters() if p._kept is not None} == {
+        name for name, p in model.named_parameters() if p.ndim == 2 and name != "positions_embed.weight"
+    }
+    state, optimizer_state = model.state_dict(), optimizer.state_dict()
+    assert state.keys() == weights(model).keys() and {a.dtype for a in state.values()} == {
+        np.dtype(np.float32)
+    }
+    resumed = small_gpt(device, seed=1)
+    bf16_steps(resumed, Adam(resumed.parameters()), 1)  # copies of other weights, which the load makes stale
+    resumed.load_state_dict(state)
+    optimizer = Adam(resumed.parameters())
+    optimizer.load_state_dict(optimizer_state)
+    losses += bf16_steps(resumed, optimizer, 2, first=2)
+
+    monkeypatch.setattr(precision, "kept_cast", cast_at_each_use)
+    model = small_gpt(device)
+    expected = bf16_steps(model, Adam(model.parameters(), lr=1e-2, l2=0.01), 4)
+    np.testing.assert_array_equal(losses, expected)
+    for (name, got), want in zip(weights(resumed).items(), weights(model).values(), strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+CHANGES = [
+    "write into .data",
+    "set .data",
+    "scale .data",
+    "load_state_dict",
+    "Adam",
+    "Adam's reference",
+    "to",
+]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_changed_weight_is_never_read_from_a_stale_copy(device, change):
+    """A bf16 forward of a small GPT makes its weights' copies; after the weights change (or move to another
+    device), the next bf16 forward gives the bits of a new model that holds the changed weights."""
+    model = small_gpt(device).eval()
+    with ag.use_precision("bf16"):
+        before = host(model(IDS[:, :-1]))
+    params, on = dict(model.named_parameters()), backend.parse_device(device)
+    other = "cpu" if on != "cpu" else "cuda-emulated"
+    new = {name: values * 1.5 + 0.01 for name, values in weights(model).items()}
+    if change == "write into .data":
+        for name, p in params.items():
+            p.data[...] = backend.to_device(new[name], on)
+    elif change == "set .data":
+        for name, p in params.items():
+            p.data = backend.to_device(new[name], on)
+    elif change == "scale .data":
+        for p in params.values():
+            p.data *= 1.5
+    elif change == "load_state_dict":
+        model.load_state_dict(new)
+    elif change in ("Adam", "Adam's reference"):
+        for p in params.values():
+            p.grad = p.xp.ones_like(p._data)
+        with ag.use_reference(change == "Adam's reference"):
+            Adam(model.parameters(), lr=0.1).step()
+    else:
+        model.to(other)
+    fresh = small_gpt("cpu", seed=1).eval()
+    fresh.load_state_dict(weights(model))
+    fresh.to(other if change == "to" else device)
+    with ag.use_precision("bf16"):
+        after, expected = host(model(IDS[:, :-1])), host(fresh(IDS[:, :-1]))
+    np.testing.assert_array_equal(after, expected)
+    assert change == "to" or not np.array_equal(after, before)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_fp32_and_tf32_steps_keep_no_copies(device, policy):
+    model = small_gpt(device)
+    optimizer = Adam(model.parameters())
+    with ag.use_precision(policy):
+        F.cross_entropy(model(IDS[:, :-1]), IDS[:, 1:]).backward()
+    optimizer.step()
+    assert all(p._kept is None for p in model.parameters())

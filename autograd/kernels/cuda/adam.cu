@@ -3,7 +3,8 @@
 // their device pointers and cuts them into chunks of `chunk` numbers: block b takes chunk b, the
 // numbers [chunk_start[b], chunk_start[b] + chunk) of tensor chunk_tensor[b] (fewer at a tensor's end),
 // and its threads take every blockDim.x-th of them. Parameters, gradients and moments are float32 (the
-// master weights, under bf16 too), so each kernel has its float32 entry only.
+// master weights, under bf16 too), so each kernel has its float32 entry only; under bf16 Adam also writes
+// the bfloat16 copy a parameter keeps for the products (autograd/precision.py's kept_cast).
 //
 // The arithmetic is that of autograd/optim.py's whole-array code, one rounding per operator in the same
 // order: the _rn intrinsics are never fused into FMAs, so the numbers are its numbers.
@@ -30,19 +31,22 @@ __device__ __forceinline__ Chunk chunk_of_block(const long long* sizes, const in
 //   decoupled:  m, v as above;  p -= (m / (sqrt(v) + eps) + l2 p (where l2_decays)) * step_size,
 //               step_size = lr sqrt(1 - b2^t) / (1 - b1^t)
 // l2_decays is l2_matrices for tensors of two or more dimensions, l2_vectors for the others.
+// copies[t]: the bfloat16 copy of parameter t (0: none), written with the new p, rounded as astype does.
 // Layout: block b updates chunk b (see the top of the file), a thread every blockDim.x-th number of it.
 extern "C" __global__ void adam_step_f32(const unsigned long long* params, const unsigned long long* grads,
                                          const unsigned long long* ms, const unsigned long long* vs,
-                                         const long long* sizes, const int* ndims, const int* chunk_tensor,
-                                         const long long* chunk_start, long long chunk, float b1, float one_minus_b1,
-                                         float b2, float one_minus_b2, float eps, float l2, float step_size, float root,
-                                         int coupled, int l2_matrices, int l2_vectors) {
+                                         const unsigned long long* copies, const long long* sizes, const int* ndims,
+                                         const int* chunk_tensor, const long long* chunk_start, long long chunk,
+                                         float b1, float one_minus_b1, float b2, float one_minus_b2, float eps,
+                                         float l2, float step_size, float root, int coupled, int l2_matrices,
+                                         int l2_vectors) {
     Chunk c = chunk_of_block(sizes, chunk_tensor, chunk_start, chunk);
     if (grads[c.tensor] == 0) return;
     float* p = reinterpret_cast<float*>(params[c.tensor]);
     const float* grad = reinterpret_cast<const float*>(grads[c.tensor]);
     float* m = reinterpret_cast<float*>(ms[c.tensor]);
     float* v = reinterpret_cast<float*>(vs[c.tensor]);
+    bf16* copy = reinterpret_cast<bf16*>(copies[c.tensor]);
     bool decays = ndims[c.tensor] > 1 ? l2_matrices : l2_vectors;
     for (long long i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
         float w = p[i], g = grad[i];
@@ -58,7 +62,9 @@ extern "C" __global__ void adam_step_f32(const unsigned long long* params, const
             update = __fdiv_rn(mi, __fadd_rn(__fsqrt_rn(vi), eps));
             if (decays) update = __fadd_rn(update, __fmul_rn(l2, w));
         }
-        p[i] = __fsub_rn(w, __fmul_rn(update, step_size));
+        float updated = __fsub_rn(w, __fmul_rn(update, step_size));
+        p[i] = updated;
+        if (copy) store(copy, i, updated);
     }
 }
 

@@ -1,9 +1,13 @@
 // Flash attention (Dao et al. 2022, 2023): the numbers of autograd/attention.py's _attend and _attend_backward,
+//   q = q_in + b_q,  k = k_in + b_k,  v = v_in + b_v    (b_q, b_k, b_v: MultiHeadAttention's bias in thirds, or 0)
 //   S = q k^T * scale (-inf where the causal mask hides a key),  P = softmax(S),  W = dropout(P),  y = W v
 //   dv = W^T dy,  dP = dropout(dy v^T),  dS = P (dP - D),  dq = dS k * scale,  dk = dS^T q * scale
 // with D = rowsum(dP P) = rowsum(dy y), without ever storing the T x S matrices: the forward keeps each row's
 // log-sum-exp, L = max + log(sum exp(S - max)), from which the backward recomputes P = exp(S - L), and dropout's
-// mask is drawn again wherever it is needed (common.cuh's Philox, the layout of autograd/random.py).
+// mask is drawn again wherever it is needed (common.cuh's Philox, the layout of autograd/random.py). The biases
+// (float32, or null for none) are added in float32 by every kernel that loads q, k or v, as it loads them
+// (load_rows): the projection's bias costs no pass over qkv of its own. dq_in = dq, dk_in = dk, dv_in = dv, and
+// the bias's gradient, the sums of their rows, is the launcher's (column_sums.cu).
 //
 // The heads of a call are bh = 0 .. batch * n_head - 1 (blockIdx.x). Row t of head bh of a tensor starts at
 //   (bh / n_head) * batch + (bh % n_head) * head + t * row     (a Layout, in elements; its last axis contiguous)
@@ -38,8 +42,10 @@ struct Layout {
     long long batch, head, row;
 };
 
-// One call: its sizes, the layouts of q, k, v and y, and dropout on the weights (threshold 0: none dropped).
+// One call: the biases of q, k and v, their sizes, the layouts of q, k, v and y, and dropout on the weights
+// (threshold 0: none dropped).
 struct Attention {
+    const float *q_bias, *k_bias, *v_bias;  // n_head * d, n_head * d and n_head * e entries, or null
     Layout q, k, v, o;
     int n_head, n_queries, n_keys, d, e;
     bool causal;
@@ -49,6 +55,10 @@ struct Attention {
 
     TG_DEVICE long long head_start(const Layout& layout, int bh) const {
         return (bh / n_head) * layout.batch + (bh % n_head) * layout.head;
+    }
+    // The bias of head bh, `width` entries (null for none).
+    TG_DEVICE const float* head_bias(const float* bias, int bh, int width) const {
+        return bias == nullptr ? nullptr : bias + (bh % n_head) * width;
     }
     // Query t sees keys 0 .. t + S - T: the T queries are the last T of the S positions.
     TG_DEVICE bool sees(int t, int s) const { return s < n_keys && (!causal || s <= t + n_keys - n_queries); }
@@ -88,13 +98,18 @@ struct MaskWalk {
     }
 };
 
-// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) as float32 into tile[R][LD], zero
-// past n_rows and past the width.
+// bias[c], or 0 where there is no bias (null).
+TG_DEVICE float bias_at(const float* bias, int c) { return bias == nullptr ? 0.0f : bias[c]; }
+
+// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) as float32 into tile[R][LD], plus
+// the head's bias (null: none) in each column; zero past n_rows and past the width.
 template <int R, int W, int LD, typename T>
-TG_DEVICE void load_rows(float* tile, const T* head, long long row, int r0, int n_rows, int width) {
+TG_DEVICE void load_rows(float* tile, const T* head, const float* bias, long long row, int r0, int n_rows,
+                         int width) {
     for (int i = threadIdx.x; i < R * W; i += TILE_THREADS) {
         int r = i / W, c = i % W;
-        tile[r * LD + c] = (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) : 0.0f;
+        tile[r * LD + c] =
+            (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) + bias_at(bias, c) : 0.0f;
     }
 }
 
@@ -149,10 +164,12 @@ __device__ void attention_forward(const Attention& a, const T* q, const T* k, co
     v += a.head_start(a.v, bh);
     out += a.head_start(a.o, bh);
     out_float += a.head_start(a.o, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
     const int n_tiles = (a.n_queries + BR - 1) / BR;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * BR;
-        load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
+        load_rows<BR, D, D + 1>(&sq[0][0], q, q_bias, a.q.row, q0, a.n_queries, a.d);
         float m[RM], l[RM], acc[RM][EN];
         MaskRow rows[RM];
 #pragma unroll
@@ -166,8 +183,8 @@ __device__ void attention_forward(const Attention& a, const T* q, const T* k, co
         const int keys_end = a.keys_end(q0 + BR);
         for (int k0 = 0; k0 < keys_end; k0 += BC) {
             __syncthreads();  // the last tile's products are done with sk, sv, sp (and sq is written)
-            load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
-            load_rows<BC, D, D>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+            load_rows<BC, D, D + 1>(&sk[0][0], k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_rows<BC, D, D>(&sv[0][0], v, v_bias, a.v.row, k0, a.n_keys, a.e);
             __syncthreads();
             float s[RM][CN] = {};
             multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, &sq[ty * RM][0], &sk[tx * CN][0]);
@@ -249,21 +266,23 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
     grad += a.head_start(a.o, bh);
     grad_k += a.head_start(a.k, bh);
     grad_v += a.head_start(a.v, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
     lse += static_cast<long long>(bh) * a.n_queries;
     dot += static_cast<long long>(bh) * a.n_queries;
     const int n_tiles = (a.n_keys + BC - 1) / BC;
     for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
         const int k0 = tile * BC;
         __syncthreads();  // the last tile's products are done with every buffer
-        load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
-        load_rows<BC, D, D + 1>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+        load_rows<BC, D, D + 1>(&sk[0][0], k, k_bias, a.k.row, k0, a.n_keys, a.d);
+        load_rows<BC, D, D + 1>(&sv[0][0], v, v_bias, a.v.row, k0, a.n_keys, a.e);
         float gk[RM][EN] = {}, gv[RM][EN] = {};
         // the first query that sees key k0: k0 - (S - T) under the causal mask
         const int first = a.causal ? max(0, k0 - (a.n_keys - a.n_queries)) : 0;
         for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
             __syncthreads();  // the last step's products are done with sq, sg, sw, sds
-            load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
-            load_rows<BR, D, D + 1>(&sg[0][0], grad, a.o.row, q0, a.n_queries, a.e);
+            load_rows<BR, D, D + 1>(&sq[0][0], q, q_bias, a.q.row, q0, a.n_queries, a.d);
+            load_rows<BR, D, D + 1>(&sg[0][0], grad, nullptr, a.o.row, q0, a.n_queries, a.e);
             for (int i = threadIdx.x; i < BR; i += TILE_THREADS) {
                 sl[i] = q0 + i < a.n_queries ? lse[q0 + i] : 0.0f;
                 sdot[i] = q0 + i < a.n_queries ? dot[q0 + i] : 0.0f;
@@ -320,14 +339,16 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
     v += a.head_start(a.v, bh);
     grad += a.head_start(a.o, bh);
     grad_q += a.head_start(a.q, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
     lse += static_cast<long long>(bh) * a.n_queries;
     dot += static_cast<long long>(bh) * a.n_queries;
     const int n_tiles = (a.n_queries + BR - 1) / BR;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * BR;
         __syncthreads();  // the last tile's products are done with sq, sg
-        load_rows<BR, D, D + 1>(&sq[0][0], q, a.q.row, q0, a.n_queries, a.d);
-        load_rows<BR, D, D + 1>(&sg[0][0], grad, a.o.row, q0, a.n_queries, a.e);
+        load_rows<BR, D, D + 1>(&sq[0][0], q, q_bias, a.q.row, q0, a.n_queries, a.d);
+        load_rows<BR, D, D + 1>(&sg[0][0], grad, nullptr, a.o.row, q0, a.n_queries, a.e);
         float row_lse[RM], row_dot[RM], gq[RM][EN] = {};
         MaskRow rows[RM];
 #pragma unroll
@@ -340,8 +361,8 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
         const int keys_end = a.keys_end(q0 + BR);
         for (int k0 = 0; k0 < keys_end; k0 += BC) {
             __syncthreads();  // the last step's product is done with sk, sds (and sq, sg are written)
-            load_rows<BC, D, D + 1>(&sk[0][0], k, a.k.row, k0, a.n_keys, a.d);
-            load_rows<BC, D, D + 1>(&sv[0][0], v, a.v.row, k0, a.n_keys, a.e);
+            load_rows<BC, D, D + 1>(&sk[0][0], k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_rows<BC, D, D + 1>(&sv[0][0], v, v_bias, a.v.row, k0, a.n_keys, a.e);
             __syncthreads();
             float s[RM][CN] = {}, gw[RM][CN] = {};
             multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, &sq[ty * RM][0], &sk[tx * CN][0]);
@@ -376,13 +397,13 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
 
 // The exported kernels: every tile kernel takes the call's scalars (ATTENTION_PARAMS) and makes its Attention.
 #define ATTENTION_PARAMS                                                                                          \
-    long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head, long long k_row,     \
+    const float *q_bias, const float *k_bias, const float *v_bias, long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head, long long k_row,     \
         long long v_batch, long long v_head, long long v_row, long long o_batch, long long o_head, long long o_row, \
         int n_head, int n_queries, int n_keys, int d, int e, int causal, float scale, float keep_scale,           \
         unsigned long long seed, unsigned int step, unsigned int site, unsigned int threshold,                    \
         unsigned int first_example, unsigned int rows_per_example
 #define ATTENTION_OF_PARAMS                                                                                       \
-    Attention{{q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row},                       \
+    Attention{q_bias, k_bias, v_bias, {q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row},                       \
               {o_batch, o_head, o_row}, n_head, n_queries, n_keys, d, e, causal != 0, scale, keep_scale,          \
               MaskKey{seed, step, site, threshold}, first_example, rows_per_example}
 

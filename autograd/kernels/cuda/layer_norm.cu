@@ -1,12 +1,19 @@
-// Layer norm over the last axis of x, seen as (rows, width) in C order:
-//   forward   mean = sum(x) / D,   rstd = 1 / sqrt(sum((x - mean)^2) / D + eps),   n = (x - mean) rstd,
-//             y = n w + b
-//   backward  g = dy w,   dx = rstd (g - sum(g) / D - n sum(g n) / D),
-//             dw = sum over rows of dy n,   db = sum over rows of dy
-// w and b are float32 and either may be absent (a null pointer: y = n without w, no + b without b).
-// The math is float32 whatever x's storage type; y and dx are rounded to it once. The forward keeps mean
-// and rstd (float32, one of each per row); the backward computes n again from x with them, rather than
-// keeping a float32 copy of n as the reference does.
+// Layer norm over the last axis of h, seen as (rows, width) in C order:
+//   forward   mean = sum(h) / D,   rstd = 1 / sqrt(sum((h - mean)^2) / D + eps),   n = (h - mean) rstd,
+//             out = n w + b
+//   backward  g = dout w,   dh = rstd (g - sum(g) / D - n sum(g n) / D),
+//             dw = sum over rows of dout n,   db = sum over rows of dout
+// The plain kernels (layer_norm_*) normalise h = x. The residual kernels (residual_layer_norm_*) end a
+// post-LN sublayer in one pass: h = x + dropout(y + bias), the dropout's mask drawn in the kernel as
+// common.cuh draws it (threshold 0: no dropout), and back dx = dh, dy = dropout(dh) with the same mask, and
+// dbias = sum over rows of dy beside dw and db.
+// w, b and bias are float32 and any may be absent (a null pointer: out = n without w, no + b without b).
+// The math is float32 whatever the storage type; outputs are rounded to it once. The forward keeps mean and
+// rstd (float32, one of each per row); the backward computes h and n again from its inputs with them,
+// rather than keeping a float32 copy of n as the reference does.
+// The backward kernels emit the column sums' first pass themselves: each warp (or block) takes a chunk of
+// rows_per_chunk rows in order and writes its sums of dout n, dout (and dy) into partial[chunk, sum, j];
+// column_sums.cu's column_sums then adds the chunks in order.
 // Every sum runs in an order fixed by the shapes alone (no atomics): a run repeats bit for bit.
 
 constexpr int WARP = 32;
@@ -42,15 +49,56 @@ struct Block {  // a block per row, for rows too wide for a warp's registers
     __device__ float sum(float v) const { return block_sum(v); }
 };
 
-// One row of the forward: x, y point at the row; mean, rstd at its statistics.
-template <typename T, int PER_THREAD, typename Group>
-__device__ void normalise_row(const Group& group, const T* x, const float* w, const float* b, T* y, float* mean,
-                              float* rstd, int width, float eps) {
+// What a kernel normalises, row by row. Plain: h = x. Its backward writes dx = dh.
+template <typename T>
+struct Plain {
+    const T* x;
+    T* dx;
+    int width;
+    __device__ float h(long long row, int j) const { return to_float(x[row * width + j]); }
+    __device__ float store_gradient(long long row, int j, float dh) const {  // gives what dbias adds: none
+        store(dx, row * width + j, dh);
+        return 0.0f;
+    }
+};
+
+// Residual: h = x + dropout(y + bias). Its backward writes dx = dh and dy = dropout(dh).
+template <typename T>
+struct Residual {
+    const T *x, *y;
+    const float* bias;
+    T *dx, *dy;
+    int width;
+    MaskKey key;
+    long long rows_per_example;  // the mask's example of row r is r / rows_per_example
+    unsigned int first_example;
+    float scale;  // 1 / (1 - p)
+
+    __device__ bool kept(long long row, int j) const {
+        if (key.threshold == 0) return true;
+        unsigned long long at = static_cast<unsigned long long>(row % rows_per_example) * width + j;
+        return dropout_keeps(key, first_example + static_cast<unsigned int>(row / rows_per_example), at);
+    }
+    __device__ float h(long long row, int j) const {
+        float branch = to_float(y[row * width + j]) + (bias ? bias[j] : 0.0f);
+        return to_float(x[row * width + j]) + (kept(row, j) ? branch * scale : 0.0f);
+    }
+    __device__ float store_gradient(long long row, int j, float dh) const {  // gives dy as stored, for dbias
+        store(dx, row * width + j, dh);
+        store(dy, row * width + j, kept(row, j) ? dh * scale : 0.0f);
+        return to_float(dy[row * width + j]);
+    }
+};
+
+// One row of the forward: out points at the row, mean and rstd at its statistics.
+template <typename T, int PER_THREAD, typename Group, typename Source>
+__device__ void normalise_row(const Group& group, const Source& source, long long row, const float* w,
+                              const float* b, T* out, float* mean, float* rstd, int width, float eps) {
     float v[PER_THREAD], sum = 0.0f, squares = 0.0f;
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         int j = group.rank + k * group.size;
-        v[k] = j < width ? to_float(x[j]) : 0.0f;
+        v[k] = j < width ? source.h(row, j) : 0.0f;
         sum += v[k];
     }
     float row_mean = group.sum(sum) / width;
@@ -64,10 +112,10 @@ __device__ void normalise_row(const Group& group, const T* x, const float* w, co
     for (int k = 0; k < PER_THREAD; ++k) {
         int j = group.rank + k * group.size;
         if (j < width) {
-            float out = (v[k] - row_mean) * row_rstd;
-            if (w) out *= w[j];
-            if (b) out += b[j];
-            store(y, j, out);
+            float value = (v[k] - row_mean) * row_rstd;
+            if (w) value *= w[j];
+            if (b) value += b[j];
+            store(out, j, value);
         }
     }
     if (group.rank == 0) {
@@ -76,131 +124,166 @@ __device__ void normalise_row(const Group& group, const T* x, const float* w, co
     }
 }
 
-// One row of dx: x, dy, dx point at the row; n is computed again from the row's mean and rstd.
-template <typename T, int PER_THREAD, typename Group>
-__device__ void row_gradient(const Group& group, const T* x, const T* dy, const float* w, float mean, float rstd,
-                             T* dx, int width) {
-    float n[PER_THREAD], g[PER_THREAD], sum_g = 0.0f, sum_gn = 0.0f;
+// One row of dh, handed to the source to store: dout points at the row; n is computed again from h. Each
+// thread adds its columns' dout n, dout and stored dy to its sums over the rows of its chunk.
+template <typename T, int PER_THREAD, typename Group, typename Source>
+__device__ void row_gradient(const Group& group, const Source& source, long long row, const T* dout,
+                             const float* w, float mean, float rstd, int width, float sums[3][PER_THREAD]) {
+    float n[PER_THREAD], d[PER_THREAD], sum_g = 0.0f, sum_gn = 0.0f;
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         int j = group.rank + k * group.size;
-        n[k] = j < width ? (to_float(x[j]) - mean) * rstd : 0.0f;
-        g[k] = j < width ? to_float(dy[j]) : 0.0f;
-        if (w && j < width) g[k] *= w[j];
-        sum_g += g[k];
-        sum_gn += g[k] * n[k];
+        n[k] = j < width ? (source.h(row, j) - mean) * rstd : 0.0f;
+        d[k] = j < width ? to_float(dout[j]) : 0.0f;
+        float g = w && j < width ? d[k] * w[j] : d[k];
+        sum_g += g;
+        sum_gn += g * n[k];
     }
     float mean_g = group.sum(sum_g) / width, mean_gn = group.sum(sum_gn) / width;
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         int j = group.rank + k * group.size;
-        if (j < width) store(dx, j, (g[k] - mean_g - n[k] * mean_gn) * rstd);
+        if (j < width) {
+            float g = w ? d[k] * w[j] : d[k];
+            sums[2][k] += source.store_gradient(row, j, (g - mean_g - n[k] * mean_gn) * rstd);
+            sums[0][k] += d[k] * n[k];
+            sums[1][k] += d[k];
+        }
     }
 }
 
-// The forward and dx, a warp per row. Launch: blocks of 32 k threads; the grid's warp w takes row w.
-template <typename T>
-__device__ void forward_warps(const T* x, const float* w, const float* b, T* y, float* mean, float* rstd,
-                              long long rows, int width, float eps) {
+// The sums of a chunk's rows into partial[chunk]: dout n, dout, and with `dy` dy, each `width` apart.
+template <int PER_THREAD, typename Group>
+__device__ void write_partials(const Group& group, float* partial, int width, bool dy, float sums[3][PER_THREAD]) {
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        int j = group.rank + k * group.size;
+        if (j < width) {
+            partial[j] = sums[0][k];
+            partial[width + j] = sums[1][k];
+            if (dy) partial[2 * width + j] = sums[2][k];
+        }
+    }
+}
+
+// The forward, a warp per row. Launch: blocks of 32 k threads; the grid's warp w takes row w.
+template <typename T, typename Source>
+__device__ void forward_warps(const Source& source, const float* w, const float* b, T* out, float* mean,
+                              float* rstd, long long rows, int width, float eps) {
     long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
     if (row >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
     Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
-    long long at = row * width;
-    normalise_row<T, WARP_PER_THREAD>(group, x + at, w, b, y + at, mean + row, rstd + row, width, eps);
+    normalise_row<T, WARP_PER_THREAD>(group, source, row, w, b, out + row * width, mean + row, rstd + row,
+                                      width, eps);
 }
 
-template <typename T>
-__device__ void backward_warps(const T* x, const T* dy, const float* w, const float* mean, const float* rstd,
-                               T* dx, long long rows, int width) {
-    long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
-    if (row >= rows) return;
-    Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
-    long long at = row * width;
-    row_gradient<T, WARP_PER_THREAD>(group, x + at, dy + at, w, mean[row], rstd[row], dx + at, width);
-}
-
-// The forward and dx, a block per row. Launch: blocks of 32 k <= BLOCK_THREADS threads, with
-// 32 k BLOCK_PER_THREAD >= width; block i takes rows i, i + gridDim.x, ...
-template <typename T>
-__device__ void forward_blocks(const T* x, const float* w, const float* b, T* y, float* mean, float* rstd,
-                               long long rows, int width, float eps) {
-    Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        long long at = row * width;
-        normalise_row<T, BLOCK_PER_THREAD>(group, x + at, w, b, y + at, mean + row, rstd + row, width, eps);
-    }
-}
-
-template <typename T>
-__device__ void backward_blocks(const T* x, const T* dy, const float* w, const float* mean, const float* rstd,
-                                T* dx, long long rows, int width) {
-    Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        long long at = row * width;
-        row_gradient<T, BLOCK_PER_THREAD>(group, x + at, dy + at, w, mean[row], rstd[row], dx + at, width);
-    }
-}
-
-// dw and db, first pass: block (chunk, column block) sums rows chunk * rows_per_chunk, ... (in order, one
-// column a thread) into partial_w[chunk, j] = sum dy n and partial_b[chunk, j] = sum dy.
-// Launch: grid (chunks, ceil(width / blockDim.x)).
-template <typename T>
-__device__ void column_partials(const T* x, const T* dy, const float* mean, const float* rstd, float* partial_w,
-                                float* partial_b, long long rows, int width, int rows_per_chunk) {
-    int j = blockIdx.y * blockDim.x + threadIdx.x;
-    if (j >= width) return;
-    long long first = static_cast<long long>(blockIdx.x) * rows_per_chunk;
+// dh and the column partials, a warp per chunk of rows. Launch: blocks of 32 k threads; the grid's warp c takes
+// rows c rows_per_chunk, ... in order and writes partial[c] (sums of them: 2, or 3 with a dy).
+template <typename T, typename Source>
+__device__ void backward_warps(const Source& source, const T* dout, const float* w, const float* mean,
+                               const float* rstd, float* partial, int sums, long long rows, int width,
+                               int rows_per_chunk) {
+    long long chunk = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
+    long long first = chunk * rows_per_chunk;
+    if (first >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
     long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-    float sum_w = 0.0f, sum_b = 0.0f;
+    Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
+    float column_sums[3][WARP_PER_THREAD] = {};
     for (long long row = first; row < last; ++row) {
-        float d = to_float(dy[row * width + j]);
-        sum_w += d * ((to_float(x[row * width + j]) - mean[row]) * rstd[row]);
-        sum_b += d;
+        row_gradient<T, WARP_PER_THREAD>(group, source, row, dout + row * width, w, mean[row], rstd[row], width,
+                                         column_sums);
     }
-    partial_w[blockIdx.x * static_cast<long long>(width) + j] = sum_w;
-    partial_b[blockIdx.x * static_cast<long long>(width) + j] = sum_b;
+    write_partials<WARP_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
+}
+
+// The forward, a block per row, and the backward, a block per chunk of rows. Launch: blocks of
+// 32 k <= BLOCK_THREADS threads, with 32 k BLOCK_PER_THREAD >= width; block i takes rows (chunks) i,
+// i + gridDim.x, ...
+template <typename T, typename Source>
+__device__ void forward_blocks(const Source& source, const float* w, const float* b, T* out, float* mean,
+                               float* rstd, long long rows, int width, float eps) {
+    Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        normalise_row<T, BLOCK_PER_THREAD>(group, source, row, w, b, out + row * width, mean + row, rstd + row,
+                                           width, eps);
+    }
+}
+
+template <typename T, typename Source>
+__device__ void backward_blocks(const Source& source, const T* dout, const float* w, const float* mean,
+                                const float* rstd, float* partial, int sums, long long rows, int width,
+                                int rows_per_chunk) {
+    Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+    for (long long chunk = blockIdx.x; chunk * rows_per_chunk < rows; chunk += gridDim.x) {
+        long long first = chunk * rows_per_chunk;
+        long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+        float column_sums[3][BLOCK_PER_THREAD] = {};
+        for (long long row = first; row < last; ++row) {
+            row_gradient<T, BLOCK_PER_THREAD>(group, source, row, dout + row * width, w, mean[row], rstd[row],
+                                              width, column_sums);
+        }
+        write_partials<BLOCK_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
+    }
 }
 
 #define LAYER_NORM(suffix, T)                                                                                    \
     extern "C" __global__ void layer_norm_forward_warps_##suffix(                                                \
-        const T* x, const float* w, const float* b, T* y, float* mean, float* rstd, long long rows, int width,   \
+        const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, long long rows, int width, \
         float eps) {                                                                                             \
-        forward_warps<T>(x, w, b, y, mean, rstd, rows, width, eps);                                              \
+        forward_warps<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                  \
     }                                                                                                            \
     extern "C" __global__ void layer_norm_backward_warps_##suffix(                                               \
-        const T* x, const T* dy, const float* w, const float* mean, const float* rstd, T* dx, long long rows,    \
-        int width) {                                                                                             \
-        backward_warps<T>(x, dy, w, mean, rstd, dx, rows, width);                                                \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
+        long long rows, int width, int rows_per_chunk) {                                                         \
+        backward_warps<T>(Plain<T>{x, dx, width}, dout, w, mean, rstd, partial, 2, rows, width, rows_per_chunk); \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_forward_blocks_##suffix(              \
-        const T* x, const float* w, const float* b, T* y, float* mean, float* rstd, long long rows, int width,   \
+        const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, long long rows, int width, \
         float eps) {                                                                                             \
-        forward_blocks<T>(x, w, b, y, mean, rstd, rows, width, eps);                                             \
+        forward_blocks<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_backward_blocks_##suffix(             \
-        const T* x, const T* dy, const float* w, const float* mean, const float* rstd, T* dx, long long rows,    \
-        int width) {                                                                                             \
-        backward_blocks<T>(x, dy, w, mean, rstd, dx, rows, width);                                               \
-    }                                                                                                            \
-    extern "C" __global__ void layer_norm_column_partials_##suffix(                                              \
-        const T* x, const T* dy, const float* mean, const float* rstd, float* partial_w, float* partial_b,       \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
         long long rows, int width, int rows_per_chunk) {                                                         \
-        column_partials<T>(x, dy, mean, rstd, partial_w, partial_b, rows, width, rows_per_chunk);                \
+        backward_blocks<T>(Plain<T>{x, dx, width}, dout, w, mean, rstd, partial, 2, rows, width,                 \
+                           rows_per_chunk);                                                                      \
     }
 LAYER_NORM(f32, float)
 LAYER_NORM(bf16, bf16)
 
-// dw and db, second pass: dw[j] = the sum of partial_w[c, j] over the chunks c in order, db[j] likewise.
-// Launch: a grid-stride loop, one column per thread per step. The partials are float32 whatever x's type.
-extern "C" __global__ void layer_norm_column_sums_f32(const float* partial_w, const float* partial_b, float* dw,
-                                                      float* db, int chunks, int width) {
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < width; j += blockDim.x * gridDim.x) {
-        float sum_w = 0.0f, sum_b = 0.0f;
-        for (long long c = 0; c < chunks; ++c) {
-            sum_w += partial_w[c * width + j];
-            sum_b += partial_b[c * width + j];
-        }
-        dw[j] = sum_w;
-        db[j] = sum_b;
+// The residual kernels take, after their own arguments, the dropout's mask: its key (common.cuh), the rows
+// of one example and the scale 1 / (1 - p).
+#define MASK_PARAMETERS                                                                                    \
+    unsigned long long seed, unsigned int step, unsigned int site, unsigned int first_example,             \
+        unsigned int threshold, long long rows_per_example, float scale
+#define RESIDUAL(T, x, y, bias, dx, dy)                                                                    \
+    Residual<T>{x, y, bias, dx, dy, width, MaskKey{seed, step, site, threshold}, rows_per_example,         \
+                first_example, scale}
+
+#define RESIDUAL_LAYER_NORM(suffix, T)                                                                           \
+    extern "C" __global__ void residual_layer_norm_forward_warps_##suffix(                                       \
+        const T* x, const T* y, const float* bias, const float* w, const float* b, T* out, float* mean,          \
+        float* rstd, long long rows, int width, float eps, MASK_PARAMETERS) {                                    \
+        forward_warps<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);    \
+    }                                                                                                            \
+    extern "C" __global__ void residual_layer_norm_backward_warps_##suffix(                                      \
+        const T* x, const T* y, const float* bias, const T* dout, const float* w, const float* mean,             \
+        const float* rstd, T* dx, T* dy, float* partial, long long rows, int width, int rows_per_chunk,          \
+        MASK_PARAMETERS) {                                                                                       \
+        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, w, mean, rstd, partial, 3, rows, width,         \
+                          rows_per_chunk);                                                                       \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_forward_blocks_##suffix(     \
+        const T* x, const T* y, const float* bias, const float* w, const float* b, T* out, float* mean,          \
+        float* rstd, long long rows, int width, float eps, MASK_PARAMETERS) {                                    \
+        forward_blocks<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);   \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_backward_blocks_##suffix(    \
+        const T* x, const T* y, const float* bias, const T* dout, const float* w, const float* mean,             \
+        const float* rstd, T* dx, T* dy, float* partial, long long rows, int width, int rows_per_chunk,          \
+        MASK_PARAMETERS) {                                                                                       \
+        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, w, mean, rstd, partial, 3, rows, width,        \
+                           rows_per_chunk);                                                                      \
     }
-}
+RESIDUAL_LAYER_NORM(f32, float)
+RESIDUAL_LAYER_NORM(bf16, bf16)

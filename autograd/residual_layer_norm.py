@@ -1,0 +1,84 @@
+"""The end of a post-LN sublayer as one Function: its last product's bias, its residual dropout,
+the residual add and the layer norm, which a GPU then makes in one pass over the rows (and back
+in one more, with the column sums). Import it from autograd.functional."""
+
+from . import functional as F  # LayerNorm, read when called (functional offers this module's op)
+from . import masks, random
+from .backend import get_array_module
+from .kernels import layer_norm as layer_norm_kernels
+from .precision import widened
+from .tensor import Context, Function
+
+
+class ResidualLayerNorm(Function):
+    """With x the residual stream and y the sublayer's last product (its bias b not yet added):
+
+        h = x + dropout(y + b),   out = layer_norm(h) w + c
+
+    and back, with dh from layer norm's backward (functional.LayerNorm) and the same mask:
+
+        dx = dh,   dy = dropout(dh),   db = sum over rows of dy
+
+    h is float32 for bfloat16 x and y, as layer norm's statistics are; out, dx and dy are in x's
+    type, the parameters' gradients in their own.
+    """
+
+    mixes_floats = returns_new_arrays = True  # dy a copy of dx without dropout: the pass may write into each
+    forward_cpu, backward_cpu = (
+        layer_norm_kernels.residual_forward_cpu,
+        layer_norm_kernels.residual_backward_cpu,
+    )
+    forward_gpu, backward_gpu = (
+        layer_norm_kernels.residual_forward_gpu,
+        layer_norm_kernels.residual_backward_gpu,
+    )
+    fits_cpu, fits_gpu = layer_norm_kernels.residual_fits_cpu, layer_norm_kernels.residual_fits_gpu
+
+    @staticmethod
+    def forward(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, generator):
+        xp = get_array_module(y)
+        branch = widened(y) if bias is None else widened(y) + bias
+        ctx.keep = masks.keep_mask(generator, y.shape, dropout_p, xp) if dropout_p > 0 else None
+        ctx.scale, ctx.dtypes = masks.keep_scale(dropout_p), (x.dtype, y.dtype, getattr(bias, "dtype", None))
+        if ctx.keep is not None:
+            branch = masks.drop(branch, ctx.keep, ctx.scale)
+        ctx.norm = Context((True, weight is not None, ln_bias is not None))  # the layer norm's own
+        return F.LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps).astype(
+            x.dtype, copy=False
+        )
+
+    @staticmethod
+    def backward(ctx, grad):
+        need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
+        ctx.norm.needs_input_grad = (True, need_w, need_b)
+        grad_h, grad_w, grad_b = F.LayerNorm.backward(ctx.norm, grad)  # grad_h: float32 for bfloat16 grad
+        x_dtype, y_dtype, bias_dtype = ctx.dtypes
+        grad_y = grad_h.copy() if ctx.keep is None else masks.drop(grad_h, ctx.keep, ctx.scale)
+        grad_y = grad_y.astype(y_dtype, copy=False)  # db sums dy as it is stored, as a linear layer's does
+        return (
+            grad_h.astype(x_dtype, copy=False) if need_x else None,
+            grad_y if need_y else None,
+            widened(grad_y).reshape(-1, grad_y.shape[-1]).sum(axis=0).astype(bias_dtype, copy=False)
+            if need_bias
+            else None,
+            grad_w,
+            grad_b,
+        )
+
+
+def residual_layer_norm(x, y, bias, weight, ln_bias, eps=1e-5, dropout_p=0.0, training=True, generator=None):
+    """layer_norm(x + dropout(y + bias)) with the norm's weight and ln_bias: how a post-LN block
+    ends each sublayer (x its input, y the sublayer's last product). Dropout is on while training
+    with dropout_p > 0, its mask the next draw of `generator` (by default the current stream), as
+    functional.dropout's."""
+    masks.check_probability("residual_layer_norm: dropout_p", dropout_p)
+    if y.shape != x.shape:
+        raise ValueError(f"residual_layer_norm: y has shape {y.shape}, the residual x {x.shape}")
+    for name, p in (("bias", bias), ("weight", weight), ("ln_bias", ln_bias)):
+        if p is not None and p.shape != x.shape[-1:]:
+            raise ValueError(f"residual_layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
+    dropout_p = dropout_p if training else 0.0
+    generator = generator if generator is not None or dropout_p == 0 else random.current()
+    return ResidualLayerNorm.apply(
+        x, y, bias, weight, ln_bias, eps=eps, dropout_p=dropout_p, generator=generator
+    )
