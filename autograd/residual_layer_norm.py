@@ -2,10 +2,13 @@
 the residual add and the layer norm, which a GPU then makes in one pass over the rows (and back
 in one more, with the column sums). Import it from autograd.functional."""
 
+import functools
+import operator
+
 from . import functional as F  # LayerNorm, read when called (functional offers this module's op)
 from . import masks, random
 from .backend import get_array_module
-from .kernels import layer_norm as layer_norm_kernels
+from .kernels import layer_norm as kernels
 from .precision import widened
 from .tensor import Context, Function
 
@@ -15,7 +18,9 @@ class ResidualLayerNorm(Function):
 
         h = x + dropout(y + b),   out = layer_norm(h) w + c
 
-    and back, with dh from layer norm's backward (functional.LayerNorm) and the same mask:
+    and back, with dout the sum of the gradients of out's uses (it takes them apart: a block uses
+    its n twice, and the sum is made in the backward's own pass), dh from layer norm's backward
+    (functional.LayerNorm) and the same mask:
 
         dx = dh,   dy = dropout(dh),   db = sum over rows of dy
 
@@ -24,15 +29,10 @@ class ResidualLayerNorm(Function):
     """
 
     mixes_floats = returns_new_arrays = True  # dy a copy of dx without dropout: the pass may write into each
-    forward_cpu, backward_cpu = (
-        layer_norm_kernels.residual_forward_cpu,
-        layer_norm_kernels.residual_backward_cpu,
-    )
-    forward_gpu, backward_gpu = (
-        layer_norm_kernels.residual_forward_gpu,
-        layer_norm_kernels.residual_backward_gpu,
-    )
-    fits_cpu, fits_gpu = layer_norm_kernels.residual_fits_cpu, layer_norm_kernels.residual_fits_gpu
+    sums_gradients = True
+    forward_cpu, backward_cpu = kernels.residual_forward_cpu, kernels.residual_backward_cpu
+    forward_gpu, backward_gpu = kernels.residual_forward_gpu, kernels.residual_backward_gpu
+    fits_cpu, fits_gpu = kernels.residual_fits_cpu, kernels.residual_fits_gpu
 
     @staticmethod
     def forward(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, generator):
@@ -43,27 +43,22 @@ class ResidualLayerNorm(Function):
         if ctx.keep is not None:
             branch = masks.drop(branch, ctx.keep, ctx.scale)
         ctx.norm = Context((True, weight is not None, ln_bias is not None))  # the layer norm's own
-        return F.LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps).astype(
-            x.dtype, copy=False
-        )
+        out = F.LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps)
+        return out.astype(x.dtype, copy=False)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grads):
+        grad = functools.reduce(operator.add, grads)  # dout: its uses' gradients, in the order they came
         need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
         ctx.norm.needs_input_grad = (True, need_w, need_b)
         grad_h, grad_w, grad_b = F.LayerNorm.backward(ctx.norm, grad)  # grad_h: float32 for bfloat16 grad
         x_dtype, y_dtype, bias_dtype = ctx.dtypes
         grad_y = grad_h.copy() if ctx.keep is None else masks.drop(grad_h, ctx.keep, ctx.scale)
         grad_y = grad_y.astype(y_dtype, copy=False)  # db sums dy as it is stored, as a linear layer's does
-        return (
-            grad_h.astype(x_dtype, copy=False) if need_x else None,
-            grad_y if need_y else None,
-            widened(grad_y).reshape(-1, grad_y.shape[-1]).sum(axis=0).astype(bias_dtype, copy=False)
-            if need_bias
-            else None,
-            grad_w,
-            grad_b,
-        )
+        rows = widened(grad_y).reshape(-1, grad_y.shape[-1])
+        grad_bias = rows.sum(axis=0).astype(bias_dtype, copy=False) if need_bias else None
+        grad_x = grad_h.astype(x_dtype, copy=False) if need_x else None
+        return grad_x, grad_y if need_y else None, grad_bias, grad_w, grad_b
 
 
 def residual_layer_norm(x, y, bias, weight, ln_bias, eps=1e-5, dropout_p=0.0, training=True, generator=None):

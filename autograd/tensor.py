@@ -71,6 +71,11 @@ class Function:
     views of it, or arrays kept elsewhere) and `returns_view_of_grad` (a view of `grad` for its
     one input, as reshape and transpose do). Both paths of an op keep its promises.
 
+    An output used several times gets the sum of the gradients its uses give. An op that says
+    `sums_gradients` gets them apart instead, a list in the order they came, and sums them itself:
+    its fast path adds them in a kernel that reads them anyway (the residual layer norm, whose output
+    a block uses twice), where the sum would be a pass of its own.
+
     An op's floating inputs share one type, which its output keeps; only an op that says
     `mixes_floats` takes several (bfloat16 activations with float32 weights, autograd/precision.py)
     and gives the output type it chooses. A bfloat16 result that NumPy promoted to float32 (as
@@ -80,6 +85,7 @@ class Function:
     returns_new_arrays = False
     returns_view_of_grad = False
     mixes_floats = False
+    sums_gradients = False
     forward_cpu = backward_cpu = forward_gpu = backward_gpu = fits_cpu = fits_gpu = None
 
     @classmethod
@@ -381,12 +387,16 @@ class Gradients:
 
     def __init__(self):
         self._sums = {}  # id(tensor) -> the gradient gathered for it so far
+        self._parts = {}  # id(tensor) -> its gradients apart, for an op that sums_gradients itself
         self._own = set()  # ids of the tensors whose gathered gradient is the pass's own
         self._given = set()  # ids of the arrays stored as a leaf's .grad in this pass
 
     def add(self, tensor, grad, own):
         """Add one more gradient for `tensor`; `own`: the pass may write into `grad`."""
         key = id(tensor)
+        if tensor._node is not None and tensor._node.function.sums_gradients:
+            self._parts.setdefault(key, []).append(grad)
+            return
         if key not in self._sums:
             self._sums[key] = grad
         elif key in self._own:
@@ -402,8 +412,11 @@ class Gradients:
 
     def take(self, tensor):
         """(the gradient gathered for `tensor`, whether it is the pass's own), forgetting both;
-        (None, False) when no gradient reached it."""
+        (None, False) when no gradient reached it; (the list of its gradients, False) for an output
+        of an op that sums_gradients."""
         key = id(tensor)
+        if key in self._parts:
+            return self._parts.pop(key), False
         own = key in self._own
         self._own.discard(key)
         return _as_array(self._sums.pop(key, None)), own

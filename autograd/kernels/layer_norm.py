@@ -4,6 +4,8 @@ block's passes made while it is in cache. The GPU's (autograd/kernels/cuda/layer
 per row (a block for wide rows) holding the row in registers, the residual's sum and its dropout
 mask made as the row is read, and the column sums (dw, db, dbias) in a fixed order."""
 
+import functools
+
 import numpy as np
 
 from .. import backend, buffers, masks, parallel
@@ -96,9 +98,9 @@ def residual_forward_cpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, gener
     return _normalise(ctx, x.shape, x.dtype, weight, ln_bias, eps, residual)
 
 
-def residual_backward_cpu(ctx, grad):
+def residual_backward_cpu(ctx, grads):
     need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
-    grad_h, grad_w, grad_b = _backward_cpu(ctx, grad, True, need_w, need_b)
+    grad_h, grad_w, grad_b = _backward_cpu(ctx, functools.reduce(np.add, grads), True, need_w, need_b)
     grad_y = grad_h.copy() if ctx.keep is None else masks.drop(grad_h, ctx.keep, ctx.scale)
     grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(axis=0) if need_bias else None
     return grad_h if need_x else None, grad_y if need_y else None, grad_bias, grad_w, grad_b
@@ -170,7 +172,7 @@ def backward_gpu(ctx, grad):
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
     grad_x, partial = xp.empty_like(x), xp.empty((chunks, 2, width), np.float32)
     kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
-    args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
+    args = (x, grad, np.uintp(0), ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))
     sums = _sums_of_chunks(xp, partial).astype(ctx.param_dtype, copy=False) if need_w or need_b else None
     return grad_x if need_x else None, sums[0] if need_w else None, sums[1] if need_b else None
@@ -207,17 +209,20 @@ def residual_forward_gpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, gener
     return out
 
 
-def residual_backward_gpu(ctx, grad):
-    """dx = dh and dy = dropout(dh) a row at a time, each chunk of rows summing its dw, db and dbias
-    as it goes; then the chunks' sums."""
+def residual_backward_gpu(ctx, grads):
+    """dout = the sum of the last two gradients of the output's uses (any before them added first),
+    dx = dh and dy = dropout(dh) a row at a time, each chunk of rows summing its dw, db and dbias as it
+    goes; then the chunks' sums."""
     need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
-    xp, x = backend.get_array_module(grad), ctx.x
+    xp, x = backend.get_array_module(grads[0]), ctx.x
     rows, width = x.size // x.shape[-1], x.shape[-1]
     chunks = -(-rows // ROWS_PER_CHUNK)
-    grad = xp.ascontiguousarray(grad, dtype=x.dtype)
+    first, second = (grads[0], None) if len(grads) == 1 else (functools.reduce(xp.add, grads[:-1]), grads[-1])
+    first = xp.ascontiguousarray(first, dtype=x.dtype)
+    second = np.uintp(0) if second is None else xp.ascontiguousarray(second, dtype=x.dtype)
     grad_x, grad_y, partial = xp.empty_like(x), xp.empty_like(x), xp.empty((chunks, 3, width), np.float32)
     kernel, grid, block = _row_kernel("residual_layer_norm", "backward", chunks, width, x.dtype)
-    args = (x, ctx.y, ctx.bias, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, partial)
+    args = (x, ctx.y, ctx.bias, first, second, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, partial)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)) + ctx.mask)
     sums = _sums_of_chunks(xp, partial) if need_w or need_b or need_bias else [None] * 3
     return (

@@ -66,6 +66,50 @@ def test_it_gives_the_numbers_of_the_ops_it_replaces(device, reference, p):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+def used_several_times(fn, values, dtype, device, uses):
+    """The gradients of fn's inputs (x and y in `dtype`, the parameters float32) when its output goes
+    through `uses` linear layers whose outputs' sums are added: a gradient from each use."""
+    rng = np.random.default_rng(4)
+    weights = [ag.tensor(rng.standard_normal((48, 48)), dtype=dtype, device=device) for _ in range(uses)]
+    dtypes = [dtype, dtype] + [np.float32] * 3
+    leaves = [ag.tensor(v, requires_grad=True, dtype=d, device=device) for v, d in zip(values, dtypes)]
+    out = fn(*leaves)
+    sum(F.linear(out, w).sum() for w in weights).backward()
+    return [ag.backend.to_host(t.grad).astype(np.float64) for t in leaves]
+
+
+def several_uses_values():
+    rng = np.random.default_rng(3)
+    values = [normal(rng, (2, 4, 48)), normal(rng, (2, 4, 48)), normal(rng, 48), normal(rng, 48, 1.0, 1.0)]
+    return values + [normal(rng, 48)]
+
+
+@pytest.mark.parametrize("uses", [1, 2, 3])
+@pytest.mark.parametrize("reference", [True, False])
+def test_an_output_used_several_times_gets_the_sum_of_their_gradients(device, reference, uses):
+    """The op takes its output's gradients apart and adds them itself (sums_gradients), in the order
+    they came, as the engine adds them for the unfused ops: in float32, the same bits."""
+    with ag.use_reference(reference):
+        fused_grads, unfused_grads = (
+            used_several_times(fn, several_uses_values(), np.float32, device, uses)
+            for fn in (fused(0.2, **dict.fromkeys(PARAMETERS)), lambda *t: unfused(*t, 0.2))
+        )
+    for name, a, b in zip(["dx", "dy", "dbias", "dw", "dln_bias"], fused_grads, unfused_grads):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("uses", [1, 2, 3])
+def test_the_fast_path_sums_several_gradients_as_the_reference_does(device, uses):
+    """In bfloat16 the sum of two gradients is rounded to bfloat16 once, by the kernel as by the engine's
+    add: the fast path's gradients stay within a bfloat16 rounding of the reference's."""
+    fn, results = fused(0.2, **dict.fromkeys(PARAMETERS)), []
+    for reference in (False, True):
+        with ag.use_reference(reference):
+            results.append(used_several_times(fn, several_uses_values(), ag.bfloat16, device, uses))
+    for name, a, b in zip(["dx", "dy", "dbias", "dw", "dln_bias"], *results):
+        np.testing.assert_allclose(a, b, rtol=2**-7, atol=2**-5 * np.abs(b).max(), err_msg=name)
+
+
 @checks_gradient_of(F.ResidualLayerNorm)
 @pytest.mark.parametrize("p", [0.0, 0.5])
 @given(st.data())

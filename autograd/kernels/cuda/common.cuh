@@ -46,6 +46,14 @@ TG_DEVICE void store(bf16* out, long long i, float value) {
     out[i] = static_cast<bf16>(bits >> 16);
 }
 
+// value rounded to the storage type T once, as a store and a load would: a bfloat16 sum's rounding.
+template <typename T>
+TG_DEVICE float rounded(float value) {
+    T stored;
+    store(&stored, 0, value);
+    return to_float(stored);
+}
+
 // Philox4x32-10 (Salmon et al. 2011): 10 rounds on a 128-bit counter under a 64-bit key.
 TG_DEVICE void philox4x32_10(unsigned int c[4], unsigned int k0, unsigned int k1) {
     for (int round = 0; round < 10; ++round) {

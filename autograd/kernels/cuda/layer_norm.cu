@@ -124,17 +124,20 @@ __device__ void normalise_row(const Group& group, const Source& source, long lon
     }
 }
 
-// One row of dh, handed to the source to store: dout points at the row; n is computed again from h. Each
+// One row of dh, handed to the source to store: dout points at the row, and dout2 (or null) at a second
+// gradient of the output, added to it in T as the engine would add them; n is computed again from h. Each
 // thread adds its columns' dout n, dout and stored dy to its sums over the rows of its chunk.
 template <typename T, int PER_THREAD, typename Group, typename Source>
 __device__ void row_gradient(const Group& group, const Source& source, long long row, const T* dout,
-                             const float* w, float mean, float rstd, int width, float sums[3][PER_THREAD]) {
+                             const T* dout2, const float* w, float mean, float rstd, int width,
+                             float sums[3][PER_THREAD]) {
     float n[PER_THREAD], d[PER_THREAD], sum_g = 0.0f, sum_gn = 0.0f;
 #pragma unroll
     for (int k = 0; k < PER_THREAD; ++k) {
         int j = group.rank + k * group.size;
         n[k] = j < width ? (source.h(row, j) - mean) * rstd : 0.0f;
         d[k] = j < width ? to_float(dout[j]) : 0.0f;
+        if (dout2 && j < width) d[k] = rounded<T>(d[k] + to_float(dout2[j]));
         float g = w && j < width ? d[k] * w[j] : d[k];
         sum_g += g;
         sum_gn += g * n[k];
@@ -180,9 +183,9 @@ __device__ void forward_warps(const Source& source, const float* w, const float*
 // dh and the column partials, a warp per chunk of rows. Launch: blocks of 32 k threads; the grid's warp c takes
 // rows c rows_per_chunk, ... in order and writes partial[c] (sums of them: 2, or 3 with a dy).
 template <typename T, typename Source>
-__device__ void backward_warps(const Source& source, const T* dout, const float* w, const float* mean,
-                               const float* rstd, float* partial, int sums, long long rows, int width,
-                               int rows_per_chunk) {
+__device__ void backward_warps(const Source& source, const T* dout, const T* dout2, const float* w,
+                               const float* mean, const float* rstd, float* partial, int sums, long long rows,
+                               int width, int rows_per_chunk) {
     long long chunk = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
     long long first = chunk * rows_per_chunk;
     if (first >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
@@ -190,8 +193,9 @@ __device__ void backward_warps(const Source& source, const T* dout, const float*
     Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
     float column_sums[3][WARP_PER_THREAD] = {};
     for (long long row = first; row < last; ++row) {
-        row_gradient<T, WARP_PER_THREAD>(group, source, row, dout + row * width, w, mean[row], rstd[row], width,
-                                         column_sums);
+        const T* second = dout2 ? dout2 + row * width : nullptr;
+        row_gradient<T, WARP_PER_THREAD>(group, source, row, dout + row * width, second, w, mean[row], rstd[row],
+                                         width, column_sums);
     }
     write_partials<WARP_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
 }
@@ -210,17 +214,18 @@ __device__ void forward_blocks(const Source& source, const float* w, const float
 }
 
 template <typename T, typename Source>
-__device__ void backward_blocks(const Source& source, const T* dout, const float* w, const float* mean,
-                                const float* rstd, float* partial, int sums, long long rows, int width,
-                                int rows_per_chunk) {
+__device__ void backward_blocks(const Source& source, const T* dout, const T* dout2, const float* w,
+                                const float* mean, const float* rstd, float* partial, int sums, long long rows,
+                                int width, int rows_per_chunk) {
     Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
     for (long long chunk = blockIdx.x; chunk * rows_per_chunk < rows; chunk += gridDim.x) {
         long long first = chunk * rows_per_chunk;
         long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
         float column_sums[3][BLOCK_PER_THREAD] = {};
         for (long long row = first; row < last; ++row) {
-            row_gradient<T, BLOCK_PER_THREAD>(group, source, row, dout + row * width, w, mean[row], rstd[row],
-                                              width, column_sums);
+            const T* second = dout2 ? dout2 + row * width : nullptr;
+            row_gradient<T, BLOCK_PER_THREAD>(group, source, row, dout + row * width, second, w, mean[row],
+                                              rstd[row], width, column_sums);
         }
         write_partials<BLOCK_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
     }
@@ -233,9 +238,10 @@ __device__ void backward_blocks(const Source& source, const T* dout, const float
         forward_warps<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                  \
     }                                                                                                            \
     extern "C" __global__ void layer_norm_backward_warps_##suffix(                                               \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
-        long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_warps<T>(Plain<T>{x, dx, width}, dout, w, mean, rstd, partial, 2, rows, width, rows_per_chunk); \
+        const T* x, const T* dout, const T* dout2, const float* w, const float* mean, const float* rstd, T* dx,  \
+        float* partial, long long rows, int width, int rows_per_chunk) {                                         \
+        backward_warps<T>(Plain<T>{x, dx, width}, dout, dout2, w, mean, rstd, partial, 2, rows, width,           \
+                          rows_per_chunk);                                                                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_forward_blocks_##suffix(              \
         const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, long long rows, int width, \
@@ -243,9 +249,9 @@ __device__ void backward_blocks(const Source& source, const T* dout, const float
         forward_blocks<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_backward_blocks_##suffix(             \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
-        long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_blocks<T>(Plain<T>{x, dx, width}, dout, w, mean, rstd, partial, 2, rows, width,                 \
+        const T* x, const T* dout, const T* dout2, const float* w, const float* mean, const float* rstd, T* dx,  \
+        float* partial, long long rows, int width, int rows_per_chunk) {                                         \
+        backward_blocks<T>(Plain<T>{x, dx, width}, dout, dout2, w, mean, rstd, partial, 2, rows, width,          \
                            rows_per_chunk);                                                                      \
     }
 LAYER_NORM(f32, float)
@@ -267,10 +273,10 @@ LAYER_NORM(bf16, bf16)
         forward_warps<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);    \
     }                                                                                                            \
     extern "C" __global__ void residual_layer_norm_backward_warps_##suffix(                                      \
-        const T* x, const T* y, const float* bias, const T* dout, const float* w, const float* mean,             \
-        const float* rstd, T* dx, T* dy, float* partial, long long rows, int width, int rows_per_chunk,          \
-        MASK_PARAMETERS) {                                                                                       \
-        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, w, mean, rstd, partial, 3, rows, width,         \
+        const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
+        const float* mean, const float* rstd, T* dx, T* dy, float* partial, long long rows, int width,           \
+        int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
+        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, partial, 3, rows, width,  \
                           rows_per_chunk);                                                                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_forward_blocks_##suffix(     \
@@ -279,10 +285,10 @@ LAYER_NORM(bf16, bf16)
         forward_blocks<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);   \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_backward_blocks_##suffix(    \
-        const T* x, const T* y, const float* bias, const T* dout, const float* w, const float* mean,             \
-        const float* rstd, T* dx, T* dy, float* partial, long long rows, int width, int rows_per_chunk,          \
-        MASK_PARAMETERS) {                                                                                       \
-        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, w, mean, rstd, partial, 3, rows, width,        \
+        const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
+        const float* mean, const float* rstd, T* dx, T* dy, float* partial, long long rows, int width,           \
+        int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
+        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, partial, 3, rows, width, \
                            rows_per_chunk);                                                                      \
     }
 RESIDUAL_LAYER_NORM(f32, float)
