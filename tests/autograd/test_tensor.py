@@ -527,3 +527,33 @@ def test_incompatible_shapes_raise(device, expression):
 def test_requires_grad_must_be_a_bool(flag):
     with pytest.raises(TypeError, match=r"^requires_grad must be True or False, not "):
         ag.tensor([1.0], requires_grad=flag)
+
+
+class Twice(ag.Function):
+    """y = 2 x, taking its output's gradients apart (sums_gradients) and keeping what it was given."""
+
+    sums_gradients = True
+    given = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grads):
+        Twice.given.append([g.copy() for g in grads])
+        return 2 * sum(grads[1:], grads[0])
+
+
+@pytest.mark.parametrize("uses", [1, 2, 3])
+def test_an_op_that_sums_gradients_gets_each_use_s_gradient_apart(device, uses):
+    """The engine hands such an op a list, one gradient per use of its output, and the op's gradient
+    is what the engine's own sum would give."""
+    x = leaf(np.arange(3.0), device)
+    y = Twice.apply(x)
+    Twice.given.clear()
+    sum((y * (k + 1)).sum() for k in range(uses)).backward()
+    (given,) = Twice.given
+    assert len(given) == uses
+    assert sorted(float(to_host(g)[0]) for g in given) == [float(k + 1) for k in range(uses)]
+    np.testing.assert_array_equal(to_host(x.grad), np.full(3, 2.0 * sum(range(1, uses + 1))))
