@@ -158,6 +158,21 @@ def flops_per_token(config, n_parameters, seq):
     return 6 * n_parameters + 12 * config.n_layer * config.n_embd * seq
 
 
+def sgemm_rate(rows, n_in, n_out, rounds=5):
+    """FLOP/s of numpy's float32 product of a (rows, n_in) and an (n_in, n_out) matrix, its own BLAS
+    threads: the rate a CPU step's products could reach at best, the best of `rounds` runs."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((rows, n_in), np.float32), rng.standard_normal((n_in, n_out), np.float32)
+    best = min(timed(lambda: a @ b) for _ in range(rounds + 1))
+    return 2 * rows * n_in * n_out / best
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def gpu_peak_memory_gb(side):
     """The most memory a side's allocator has held on the GPU, in GB: CuPy's memory pool (which
     keeps what it once allocated) for tinygpt, torch.cuda.max_memory_allocated for PyTorch."""
@@ -335,6 +350,15 @@ def main(args):
         print(f"  {side:8s} {median:7.3f} s per step  {tokens / median:9,.0f} tokens/s{gpu}")
     if with_torch:
         print(f"  tinygpt / torch tokens/s: {result['ratio']:.2f}")
+    if device == "cpu":  # the step's FLOPs a second against the rate of numpy's own products
+        result["sgemm_gflops"] = round(sgemm_rate(tokens, config.n_embd, config.n_inner) / 1e9, 1)
+        result["tinygpt"]["gflops"] = round(tokens / medians["tinygpt"] * flops / 1e9, 1)
+        share = result["tinygpt"]["gflops"] / result["sgemm_gflops"]
+        shape = f"({tokens}, {config.n_embd}) x ({config.n_embd}, {config.n_inner})"
+        print(
+            f"  tinygpt  {result['tinygpt']['gflops']:.0f} GFLOP/s, {share:.0%} of numpy's float32 products "
+            f"({result['sgemm_gflops']:.0f} GFLOP/s at {shape})"
+        )
     if args.apart and device == "cpu":
         apart = time_apart(list(steps), args)
         for side, median in apart.items():
