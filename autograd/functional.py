@@ -96,6 +96,8 @@ def linear(x, weight, bias=None, weight_cast=None):
             f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}"
         )
     weight_cast = precision.kept_cast(weight, x.dtype) if weight_cast is None else weight_cast
+    if weight_cast.shape != weight.shape or weight_cast.dtype != x.dtype:
+        raise ValueError(f"linear: weight_cast must be the weight {weight.shape} in x's type {x.dtype}")
     return Linear.apply(x, weight, bias, weight_cast=weight_cast)
 
 

@@ -211,24 +211,26 @@ class CausalSelfAttention(Module):
     def forward(self, x, cache=None):
         """x: (B, T, D). With a KVCache, the keys and values of earlier positions come from it
         and this call's are added to it, so x holds only the new positions."""
-        return self.resid_dropout(self.project(x, cache) + self.c_proj.bias)  # (B, T, D)
+        return self.resid_dropout(self.c_proj(self.attend(x, cache)))  # (B, T, D)
 
     def project(self, x, cache=None):
-        """The attention's output times c_proj's weight, (B, T, D): forward before c_proj's bias and
-        the residual dropout, which a post-LN block adds with its residual in one op."""
+        """forward before c_proj's bias and the residual dropout, (B, T, D): a post-LN block adds
+        those with its residual in one op (LayerNorm.residual)."""
+        return F.linear(self.attend(x, cache), self.c_proj.weight)
+
+    def attend(self, x, cache=None):
+        """The heads' outputs side by side, (B, T, D), before c_proj."""
         dropout_p = self.attn_pdrop if self.training else 0.0
-        if cache is None:  # c_attn's product, then split into heads (c_attn's bias added as they are read),
-            qkv = F.linear(x, self.c_attn.weight)  # attend causally, merge the heads: one op
-            y = F.multi_head_attention(qkv, self.n_head, dropout_p, bias=self.c_attn.bias)  # (B, T, D)
-        else:
-            qkv = self.c_attn(x)  # (B, T, 3 D): q, k and v side by side
-            batch, time, width = x.shape
-            heads = qkv.reshape(batch, time, 3, self.n_head, width // self.n_head)  # (B, T, 3, H, D / H)
-            q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, D / H)
-            k, v = cache.extend(self, k, v)  # (B, H, S, D / H): the S positions so far
-            y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, D / H)
-            y = y.transpose(0, 2, 1, 3).reshape(batch, time, width)  # heads merged: (B, T, D)
-        return F.linear(y, self.c_proj.weight)  # (B, T, D)
+        if cache is None:  # c_attn's product; its bias added as the heads are read: one op
+            qkv = F.linear(x, self.c_attn.weight)  # (B, T, 3 D): q, k and v side by side, before the bias
+            return F.multi_head_attention(qkv, self.n_head, dropout_p, bias=self.c_attn.bias)  # (B, T, D)
+        qkv = self.c_attn(x)  # (B, T, 3 D)
+        batch, time, width = x.shape
+        heads = qkv.reshape(batch, time, 3, self.n_head, width // self.n_head)  # (B, T, 3, H, D / H)
+        q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, D / H)
+        k, v = cache.extend(self, k, v)  # (B, H, S, D / H): the S positions so far
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, D / H)
+        return y.transpose(0, 2, 1, 3).reshape(batch, time, width)  # heads merged: (B, T, D)
 
 
 class KVCache:
@@ -258,13 +260,15 @@ class MLP(Module):
         self.approximate = approximate
 
     def forward(self, x):
-        return self.dropout(self.project(x) + self.c_proj.bias)
+        return self.dropout(self.c_proj(self.hidden(x)))
 
     def project(self, x):
-        """gelu(x W_fc + b_fc) times c_proj's weight: forward before c_proj's bias and the residual
-        dropout, which a post-LN block adds with its residual in one op."""
-        if self.approximate == "tanh":  # GPT-1's: c_fc's bias added inside GELU's op
-            hidden = F.gelu(F.linear(x, self.c_fc.weight), bias=self.c_fc.bias)
-        else:
-            hidden = F.gelu(self.c_fc(x), self.approximate)
-        return F.linear(hidden, self.c_proj.weight)
+        """forward before c_proj's bias and the residual dropout: a post-LN block adds those with
+        its residual in one op (LayerNorm.residual)."""
+        return F.linear(self.hidden(x), self.c_proj.weight)
+
+    def hidden(self, x):
+        """gelu(x W_fc + b_fc), (B, T, n_inner); GPT-1's tanh form adds the bias inside GELU's op."""
+        if self.approximate == "tanh":
+            return F.gelu(F.linear(x, self.c_fc.weight), bias=self.c_fc.bias)
+        return F.gelu(self.c_fc(x), self.approximate)

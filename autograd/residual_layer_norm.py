@@ -28,7 +28,8 @@ class ResidualLayerNorm(Function):
     type, the parameters' gradients in their own.
     """
 
-    mixes_floats = returns_new_arrays = True  # dy a copy of dx without dropout: the pass may write into each
+    mixes_floats = True  # bfloat16 x and y, float32 parameters
+    returns_new_arrays = True  # dy is a copy of dx even without dropout
     sums_gradients = True
     forward_cpu, backward_cpu = kernels.residual_forward_cpu, kernels.residual_backward_cpu
     forward_gpu, backward_gpu = kernels.residual_forward_gpu, kernels.residual_backward_gpu
@@ -42,7 +43,7 @@ class ResidualLayerNorm(Function):
         ctx.scale, ctx.dtypes = masks.keep_scale(dropout_p), (x.dtype, y.dtype, getattr(bias, "dtype", None))
         if ctx.keep is not None:
             branch = masks.drop(branch, ctx.keep, ctx.scale)
-        ctx.norm = Context((True, weight is not None, ln_bias is not None))  # the layer norm's own
+        ctx.norm = Context(needs_input_grad=None)  # the layer norm's own; backward says what it needs
         out = F.LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps)
         return out.astype(x.dtype, copy=False)
 
@@ -69,6 +70,8 @@ def residual_layer_norm(x, y, bias, weight, ln_bias, eps=1e-5, dropout_p=0.0, tr
     masks.check_probability("residual_layer_norm: dropout_p", dropout_p)
     if y.shape != x.shape:
         raise ValueError(f"residual_layer_norm: y has shape {y.shape}, the residual x {x.shape}")
+    if y.dtype != x.dtype:
+        raise TypeError(f"residual_layer_norm: y is {y.dtype}, the residual x {x.dtype}: give both one type")
     for name, p in (("bias", bias), ("weight", weight), ("ln_bias", ln_bias)):
         if p is not None and p.shape != x.shape[-1:]:
             raise ValueError(f"residual_layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")

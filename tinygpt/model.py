@@ -26,8 +26,9 @@ class Block(nn.Module):
     """One post-LN transformer block: n = ln_1(x + attn(x)); h = ln_2(n + mlp(n)).
 
     Each sublayer ends in a linear layer and residual dropout: attn(x) = dropout(y W + b). The block
-    takes its product y W before the bias, and the norm adds the bias, the dropout and the residual
-    in the same op (LayerNorm.residual): on a GPU, one pass over the rows."""
+    takes its product y W before the bias (the sublayer's `project`, not its forward), and the norm
+    adds the bias, the dropout and the residual in the same op (LayerNorm.residual): on a GPU, one
+    pass over the rows."""
 
     def __init__(self, config):
         std = config.initializer_range

@@ -172,7 +172,7 @@ def backward_gpu(ctx, grad):
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
     grad_x, partial = xp.empty_like(x), xp.empty((chunks, 2, width), np.float32)
     kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
-    args = (x, grad, np.uintp(0), ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
+    args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))
     sums = _sums_of_chunks(xp, partial).astype(ctx.param_dtype, copy=False) if need_w or need_b else None
     return grad_x if need_x else None, sums[0] if need_w else None, sums[1] if need_b else None

@@ -586,3 +586,20 @@ def test_mlp_gradient(device, training, case, dropout_seed):
     x, n_inner, seed = case
     mlp = with_values(nn.MLP(x.shape[-1], n_inner, resid_pdrop=0.3), seed, device)
     check_layer_gradients(mlp.train(training), leaf(x, device), dropout_seed)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("sublayer", ["attention", "mlp"])
+def test_a_sublayer_called_alone_is_its_projection_plus_its_bias(sublayer, precision):
+    """forward (what a user calls) and project (what a post-LN block hands its residual layer norm)
+    differ by c_proj's bias and the dropout alone, under bf16 too (its activations bfloat16, the bias
+    float32)."""
+    ag.manual_seed(0)
+    layer = (nn.CausalSelfAttention(16, 2) if sublayer == "attention" else nn.MLP(16, 64)).eval()
+    dtype = ag.bfloat16 if precision == "bf16" else np.float32
+    x = ag.tensor(np.random.default_rng(0).standard_normal((2, 5, 16)), dtype=dtype)
+    with ag.use_precision(precision):
+        out, projected = layer(x), layer.project(x)
+    assert out.dtype == x.dtype
+    expected = projected.numpy().astype(np.float64) + layer.c_proj.bias.numpy()
+    np.testing.assert_allclose(out.numpy().astype(np.float64), expected, rtol=2**-7, atol=2**-7)

@@ -34,7 +34,8 @@ def fused(p, stream=0, **parameters):
 
     def fn(x, y, *given):
         named = dict(zip(parameters, given), **{name: None for name in PARAMETERS if name not in parameters})
-        return F.residual_layer_norm(x, y, **named, dropout_p=p, generator=MaskStream(stream))
+        generator = None if stream is None else MaskStream(stream)  # None: the current stream
+        return F.residual_layer_norm(x, y, **named, dropout_p=p, generator=generator)
 
     return fn
 
@@ -42,7 +43,7 @@ def fused(p, stream=0, **parameters):
 def unfused(x, y, bias, weight, ln_bias, p, stream=0):
     """The same with the ops it stands for: a bias add, F.dropout, the residual add, F.layer_norm."""
     branch = y if bias is None else y + bias
-    branch = F.dropout(branch, p, generator=MaskStream(stream)) if p else branch
+    branch = F.dropout(branch, p, generator=None if stream is None else MaskStream(stream)) if p else branch
     return F.layer_norm(x + branch, weight, ln_bias)
 
 
@@ -69,45 +70,95 @@ def test_it_gives_the_numbers_of_the_ops_it_replaces(device, reference, p):
 def used_several_times(fn, values, dtype, device, uses):
     """The gradients of fn's inputs (x and y in `dtype`, the parameters float32) when its output goes
     through `uses` linear layers whose outputs' sums are added: a gradient from each use."""
-    rng = np.random.default_rng(4)
-    weights = [ag.tensor(rng.standard_normal((48, 48)), dtype=dtype, device=device) for _ in range(uses)]
+    rng, shape = np.random.default_rng(4), values[0].shape
+    weights = [
+        ag.tensor(rng.standard_normal((shape[-1], 8)), dtype=dtype, device=device) for _ in range(uses)
+    ]
+    upstreams = [
+        ag.tensor(rng.standard_normal((*shape[:-1], 8)), dtype=dtype, device=device) for _ in weights
+    ]
     dtypes = [dtype, dtype] + [np.float32] * 3
     leaves = [ag.tensor(v, requires_grad=True, dtype=d, device=device) for v, d in zip(values, dtypes)]
     out = fn(*leaves)
-    sum(F.linear(out, w).sum() for w in weights).backward()
+    sum((F.linear(out, w) * upstream).sum() for w, upstream in zip(weights, upstreams)).backward()
     return [ag.backend.to_host(t.grad).astype(np.float64) for t in leaves]
 
 
-def several_uses_values():
+def several_uses_values(width=48, rows=(2, 4)):
+    """x, y, bias, weight, ln_bias: rows of `width` (48 a warp's, 2000 a block's); 8 rows, one chunk."""
     rng = np.random.default_rng(3)
-    values = [normal(rng, (2, 4, 48)), normal(rng, (2, 4, 48)), normal(rng, 48), normal(rng, 48, 1.0, 1.0)]
-    return values + [normal(rng, 48)]
+    values = [normal(rng, (*rows, width)), normal(rng, (*rows, width)), normal(rng, width)]
+    return values + [normal(rng, width, 1.0, 1.0), normal(rng, width)]
 
 
+@pytest.mark.parametrize("width", [48, 2000])
 @pytest.mark.parametrize("uses", [1, 2, 3])
 @pytest.mark.parametrize("reference", [True, False])
-def test_an_output_used_several_times_gets_the_sum_of_their_gradients(device, reference, uses):
+def test_an_output_used_several_times_gets_the_sum_of_their_gradients(device, reference, uses, width):
     """The op takes its output's gradients apart and adds them itself (sums_gradients), in the order
-    they came, as the engine adds them for the unfused ops: in float32, the same bits."""
+    they came, as the engine adds them for the unfused ops: in float32, the same bits, in the kernels
+    of a warp per row and of a block per row."""
     with ag.use_reference(reference):
         fused_grads, unfused_grads = (
-            used_several_times(fn, several_uses_values(), np.float32, device, uses)
+            used_several_times(fn, several_uses_values(width), np.float32, device, uses)
             for fn in (fused(0.2, **dict.fromkeys(PARAMETERS)), lambda *t: unfused(*t, 0.2))
         )
     for name, a, b in zip(["dx", "dy", "dbias", "dw", "dln_bias"], fused_grads, unfused_grads):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+@pytest.mark.parametrize("width", [48, 2000])
 @pytest.mark.parametrize("uses", [1, 2, 3])
-def test_the_fast_path_sums_several_gradients_as_the_reference_does(device, uses):
-    """In bfloat16 the sum of two gradients is rounded to bfloat16 once, by the kernel as by the engine's
-    add: the fast path's gradients stay within a bfloat16 rounding of the reference's."""
+def test_the_fast_path_sums_several_gradients_as_the_reference_does(device, uses, width):
+    """In bfloat16, over 18 rows (three chunks of the backward, the last one short) a warp or a block
+    wide: the fast path's gradients stay within a bfloat16 rounding of the reference's."""
     fn, results = fused(0.2, **dict.fromkeys(PARAMETERS)), []
     for reference in (False, True):
         with ag.use_reference(reference):
-            results.append(used_several_times(fn, several_uses_values(), ag.bfloat16, device, uses))
+            values = several_uses_values(width, rows=(2, 9))
+            results.append(used_several_times(fn, values, ag.bfloat16, device, uses))
     for name, a, b in zip(["dx", "dy", "dbias", "dw", "dln_bias"], *results):
         np.testing.assert_allclose(a, b, rtol=2**-7, atol=2**-5 * np.abs(b).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_two_bfloat16_gradients_are_added_with_one_rounding_as_the_engine_adds_them(device, reference):
+    """Two uses whose gradients are g1 and g2 give the bits of one use whose gradient is g1 + g2
+    rounded to bfloat16: what the engine's add of two bfloat16 arrays makes."""
+    rng = np.random.default_rng(6)
+    g1, g2 = (rng.standard_normal((2, 4, 48)).astype(ag.bfloat16) for _ in range(2))
+    g12 = (g1.astype(np.float32) + g2.astype(np.float32)).astype(ag.bfloat16)
+    results = []
+    with ag.use_reference(reference):
+        for gradients in ([g1, g2], [g12]):
+            dtypes = [ag.bfloat16] * 2 + [np.float32] * 3
+            leaves = [
+                ag.tensor(v, requires_grad=True, dtype=d, device=device)
+                for v, d in zip(several_uses_values(), dtypes)
+            ]
+            out = fused(0.2, **dict.fromkeys(PARAMETERS))(*leaves)
+            sum((out * ag.tensor(g, dtype=ag.bfloat16, device=device)).sum() for g in gradients).backward()
+            results.append([ag.backend.to_host(t.grad) for t in leaves])
+    for name, a, b in zip(["dx", "dy", "dbias", "dw", "dln_bias"], *results):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("width", [48, 2000])
+def test_its_mask_is_f_dropouts_in_a_stream_of_later_examples(device, width):
+    """A stream that starts at example 5 of step 3, with two rows an example (a data-parallel rank's,
+    a fine-tune's): the masks are F.dropout's, bit for bit in float32."""
+    values, results = several_uses_values(width, rows=(6,)), []
+    for fn in (
+        fused(0.3, stream=None, **dict.fromkeys(PARAMETERS)),
+        lambda *t: unfused(*t, 0.3, stream=None),
+    ):
+        with ag.random.use_masks(MaskStream(11, step=3, first_example=5)), ag.random.rows_per_example(2):
+            leaves = [ag.tensor(v, requires_grad=True, dtype=np.float32, device=device) for v in values]
+            out = fn(*leaves)
+            out.backward(np.random.default_rng(2).standard_normal(out.shape))
+        results.append([out.numpy()] + [ag.backend.to_host(t.grad) for t in leaves])
+    for name, a, b in zip(["out", "dx", "dy", "dbias", "dw", "dln_bias"], *results):
+        np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 @checks_gradient_of(F.ResidualLayerNorm)

@@ -238,9 +238,9 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
         forward_warps<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                  \
     }                                                                                                            \
     extern "C" __global__ void layer_norm_backward_warps_##suffix(                                               \
-        const T* x, const T* dout, const T* dout2, const float* w, const float* mean, const float* rstd, T* dx,  \
-        float* partial, long long rows, int width, int rows_per_chunk) {                                         \
-        backward_warps<T>(Plain<T>{x, dx, width}, dout, dout2, w, mean, rstd, partial, 2, rows, width,           \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
+        long long rows, int width, int rows_per_chunk) {                                                         \
+        backward_warps<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, partial, 2, rows, width,         \
                           rows_per_chunk);                                                                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_forward_blocks_##suffix(              \
@@ -249,9 +249,9 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
         forward_blocks<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_backward_blocks_##suffix(             \
-        const T* x, const T* dout, const T* dout2, const float* w, const float* mean, const float* rstd, T* dx,  \
-        float* partial, long long rows, int width, int rows_per_chunk) {                                         \
-        backward_blocks<T>(Plain<T>{x, dx, width}, dout, dout2, w, mean, rstd, partial, 2, rows, width,          \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
+        long long rows, int width, int rows_per_chunk) {                                                         \
+        backward_blocks<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, partial, 2, rows, width,        \
                            rows_per_chunk);                                                                      \
     }
 LAYER_NORM(f32, float)
