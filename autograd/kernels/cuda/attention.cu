@@ -397,14 +397,16 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
 
 // The exported kernels: every tile kernel takes the call's scalars (ATTENTION_PARAMS) and makes its Attention.
 #define ATTENTION_PARAMS                                                                                          \
-    const float *q_bias, const float *k_bias, const float *v_bias, long long q_batch, long long q_head, long long q_row, long long k_batch, long long k_head, long long k_row,     \
-        long long v_batch, long long v_head, long long v_row, long long o_batch, long long o_head, long long o_row, \
+    const float *q_bias, const float *k_bias, const float *v_bias, long long q_batch, long long q_head,          \
+        long long q_row, long long k_batch, long long k_head, long long k_row, long long v_batch,                 \
+        long long v_head, long long v_row, long long o_batch, long long o_head, long long o_row,                  \
         int n_head, int n_queries, int n_keys, int d, int e, int causal, float scale, float keep_scale,           \
         unsigned long long seed, unsigned int step, unsigned int site, unsigned int threshold,                    \
         unsigned int first_example, unsigned int rows_per_example
 #define ATTENTION_OF_PARAMS                                                                                       \
-    Attention{q_bias, k_bias, v_bias, {q_batch, q_head, q_row}, {k_batch, k_head, k_row}, {v_batch, v_head, v_row},                       \
-              {o_batch, o_head, o_row}, n_head, n_queries, n_keys, d, e, causal != 0, scale, keep_scale,          \
+    Attention{q_bias, k_bias, v_bias, {q_batch, q_head, q_row}, {k_batch, k_head, k_row},                        \
+              {v_batch, v_head, v_row}, {o_batch, o_head, o_row}, n_head, n_queries, n_keys, d, e, causal != 0,   \
+              scale, keep_scale,                                                                                  \
               MaskKey{seed, step, site, threshold}, first_example, rows_per_example}
 
 #define ATTENTION_KERNELS(D, suffix, T)                                                                          \
