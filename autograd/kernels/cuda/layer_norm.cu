@@ -180,24 +180,33 @@ __device__ void forward_warps(const Source& source, const float* w, const float*
                                       width, eps);
 }
 
-// dh and the column partials, a warp per chunk of rows. Launch: blocks of 32 k threads; the grid's warp c takes
-// rows c rows_per_chunk, ... in order and writes partial[c] (sums of them: 2, or 3 with a dy).
+// dh of one chunk of rows, rows_per_chunk from chunk * rows_per_chunk, in order, by the threads of `group`,
+// and their column sums into partial[chunk] (sums of them: 2, or 3 with a dy).
+template <typename T, int PER_THREAD, typename Group, typename Source>
+__device__ void backward_chunk(const Group& group, const Source& source, long long chunk, const T* dout,
+                               const T* dout2, const float* w, const float* mean, const float* rstd, float* partial,
+                               int sums, long long rows, int width, int rows_per_chunk) {
+    long long first = chunk * rows_per_chunk;
+    long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+    float column_sums[3][PER_THREAD] = {};
+    for (long long row = first; row < last; ++row) {
+        const T* second = dout2 ? dout2 + row * width : nullptr;
+        row_gradient<T, PER_THREAD>(group, source, row, dout + row * width, second, w, mean[row], rstd[row], width,
+                                    column_sums);
+    }
+    write_partials<PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
+}
+
+// The backward, a warp per chunk of rows. Launch: blocks of 32 k threads; the grid's warp c takes chunk c.
 template <typename T, typename Source>
 __device__ void backward_warps(const Source& source, const T* dout, const T* dout2, const float* w,
                                const float* mean, const float* rstd, float* partial, int sums, long long rows,
                                int width, int rows_per_chunk) {
     long long chunk = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
-    long long first = chunk * rows_per_chunk;
-    if (first >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
-    long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
+    if (chunk * rows_per_chunk >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
     Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
-    float column_sums[3][WARP_PER_THREAD] = {};
-    for (long long row = first; row < last; ++row) {
-        const T* second = dout2 ? dout2 + row * width : nullptr;
-        row_gradient<T, WARP_PER_THREAD>(group, source, row, dout + row * width, second, w, mean[row], rstd[row],
-                                         width, column_sums);
-    }
-    write_partials<WARP_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
+    backward_chunk<T, WARP_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, partial, sums, rows, width,
+                                       rows_per_chunk);
 }
 
 // The forward, a block per row, and the backward, a block per chunk of rows. Launch: blocks of
@@ -219,15 +228,8 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
                                 int width, int rows_per_chunk) {
     Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
     for (long long chunk = blockIdx.x; chunk * rows_per_chunk < rows; chunk += gridDim.x) {
-        long long first = chunk * rows_per_chunk;
-        long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-        float column_sums[3][BLOCK_PER_THREAD] = {};
-        for (long long row = first; row < last; ++row) {
-            const T* second = dout2 ? dout2 + row * width : nullptr;
-            row_gradient<T, BLOCK_PER_THREAD>(group, source, row, dout + row * width, second, w, mean[row],
-                                              rstd[row], width, column_sums);
-        }
-        write_partials<BLOCK_PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
+        backward_chunk<T, BLOCK_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, partial, sums, rows,
+                                            width, rows_per_chunk);
     }
 }
 
