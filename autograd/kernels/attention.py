@@ -278,7 +278,7 @@ def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):
         return tuple(a[..., i * width : (i + 1) * width] for i in range(3))
 
     q, k, v = thirds(xp.ascontiguousarray(qkv))
-    biases = NO_BIAS if bias is None else thirds(xp.ascontiguousarray(bias, dtype=np.float32))
+    biases = NO_BIAS if bias is None else thirds(gpu.float32_or_null(xp, bias))
     ctx.bias_dtype = None if bias is None else bias.dtype
     # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
     return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * qkv.shape[1], biases)

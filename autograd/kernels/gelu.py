@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import backend, buffers, parallel
 from . import gpu
+from . import linear as linear_kernels
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 ROWS_PER_CHUNK = 32  # rows a block of the GPU kernels walks: a GPT-1 step's 4,096 give 128 chunks of db
@@ -100,16 +101,10 @@ def _grid(rows, width):
     return (max(1, -(-rows // ROWS_PER_CHUNK)), max(1, min(-(-width // gpu.THREADS), 65535)))
 
 
-def _float32_or_null(xp, bias):
-    """The bias as float32 for the kernels (a bfloat16 one widened, as the reference's float32 math
-    reads it), or a null pointer where there is none."""
-    return np.uintp(0) if bias is None else xp.ascontiguousarray(bias, dtype=np.float32)
-
-
 def forward_gpu(ctx, x, bias):
     xp = backend.get_array_module(x)
     ctx.x = x = xp.ascontiguousarray(x).reshape(x.shape)  # (ascontiguousarray makes a 0-d x 1-d)
-    ctx.bias, ctx.bias_dtype = _float32_or_null(xp, bias), getattr(bias, "dtype", None)
+    ctx.bias, ctx.bias_dtype = gpu.float32_or_null(xp, bias), getattr(bias, "dtype", None)
     ctx.rows, ctx.width = rows, width = _gpu_rows(x, bias)
     out = xp.empty_like(x)
     args = (x, ctx.bias, out, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
@@ -128,10 +123,7 @@ def backward_gpu(ctx, grad):
     partial = xp.empty((grid[0], width), np.float32) if need_bias else np.uintp(0)
     args = (x, ctx.bias, grad, grad_x, partial, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
     gpu.kernel("gelu", "gelu_backward", x.dtype)(grid, (gpu.THREADS,), args)
-    grad_bias = None
-    if need_bias:
-        grad_bias = xp.empty(width, np.float32)
-        args = (partial, grad_bias, np.int32(grid[0]), np.int32(width))
-        gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(width),), (gpu.THREADS,), args)
-        grad_bias = grad_bias.astype(ctx.bias_dtype, copy=False)
+    grad_bias = (
+        linear_kernels.sum_of_chunks(partial).astype(ctx.bias_dtype, copy=False) if need_bias else None
+    )
     return grad_x if need_x else None, grad_bias

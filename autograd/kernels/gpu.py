@@ -112,6 +112,12 @@ def kernel(name, function, dtype):
     return module(name, device).get_function(f"{function}_{SUFFIXES[np.dtype(dtype)]}")
 
 
+def float32_or_null(xp, array):
+    """A weight or bias as the kernels read it, float32 (a bfloat16 one widened, as the references'
+    float32 math reads it), or a null pointer where there is none."""
+    return np.uintp(0) if array is None else xp.ascontiguousarray(array, dtype=np.float32)
+
+
 def blocks(n):
     """Blocks of THREADS for a grid-stride loop over n items (capped: each thread takes several)."""
     return max(1, min(-(-n // THREADS), 65535))

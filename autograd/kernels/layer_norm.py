@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import backend, buffers, masks, parallel
 from . import gpu
+from . import linear as linear_kernels
 
 
 def _row_dot(a, b):
@@ -125,23 +126,6 @@ def _row_kernel(name, direction, items, width, dtype):
     return kernel, (items,), (WARP * -(-width // (WARP * BLOCK_PER_THREAD)),)
 
 
-def _float32_or_null(xp, p):
-    """A weight or bias as float32 for the kernels (bfloat16 ones widened, as the reference's
-    float32 math reads them), or a null pointer where there is none."""
-    return np.uintp(0) if p is None else xp.ascontiguousarray(p, dtype=np.float32)
-
-
-def _sums_of_chunks(xp, partial):
-    """The column sums that the backward kernels summed a chunk of rows at a time into partial
-    (chunks, sums, width): the chunks added in order by column_sums.cu, every sum's columns in one
-    launch; float32, (sums, width). No atomics: a run repeats bit for bit."""
-    chunks, sums, width = partial.shape
-    total = xp.empty((sums, width), np.float32)
-    args = (partial, total, np.int32(chunks), np.int32(sums * width))
-    gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(sums * width),), (gpu.THREADS,), args)
-    return total
-
-
 def fits_gpu(x, weight, bias, eps):
     """The kernels take rows up to BLOCK_WIDTH wide, of an x that is not empty."""
     return x.size > 0 and x.shape[-1] <= BLOCK_WIDTH
@@ -155,10 +139,10 @@ def forward_gpu(ctx, x, weight, bias, eps):
     rows, x = x.size // width, xp.ascontiguousarray(x)
     out = xp.empty_like(x)
     ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
-    ctx.x, ctx.weight = x, _float32_or_null(xp, weight)
+    ctx.x, ctx.weight = x, gpu.float32_or_null(xp, weight)
     ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
     kernel, grid, block = _row_kernel("layer_norm", "forward", rows, width, x.dtype)
-    args = (x, ctx.weight, _float32_or_null(xp, bias), out, ctx.mean, ctx.rstd, np.int64(rows))
+    args = (x, ctx.weight, gpu.float32_or_null(xp, bias), out, ctx.mean, ctx.rstd, np.int64(rows))
     kernel(grid, block, args + (np.int32(width), np.float32(eps)))
     return out
 
@@ -174,7 +158,11 @@ def backward_gpu(ctx, grad):
     kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
     args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))
-    sums = _sums_of_chunks(xp, partial).astype(ctx.param_dtype, copy=False) if need_w or need_b else None
+    sums = (
+        linear_kernels.sum_of_chunks(partial).astype(ctx.param_dtype, copy=False)
+        if need_w or need_b
+        else None
+    )
     return grad_x if need_x else None, sums[0] if need_w else None, sums[1] if need_b else None
 
 
@@ -197,14 +185,14 @@ def residual_forward_gpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, gener
     xp, width = backend.get_array_module(x), x.shape[-1]
     rows = x.size // width
     ctx.x, ctx.y = xp.ascontiguousarray(x), xp.ascontiguousarray(y)
-    ctx.bias, ctx.weight = _float32_or_null(xp, bias), _float32_or_null(xp, weight)
+    ctx.bias, ctx.weight = gpu.float32_or_null(xp, bias), gpu.float32_or_null(xp, weight)
     ctx.mask = _mask_arguments(generator, dropout_p, x.shape, rows)
     ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.param_dtype = next((p.dtype for p in (weight, ln_bias) if p is not None), x.dtype)
     out = xp.empty_like(ctx.x)
     kernel, grid, block = _row_kernel("residual_layer_norm", "forward", rows, width, x.dtype)
-    args = (ctx.x, ctx.y, ctx.bias, ctx.weight, _float32_or_null(xp, ln_bias), out, ctx.mean, ctx.rstd)
+    args = (ctx.x, ctx.y, ctx.bias, ctx.weight, gpu.float32_or_null(xp, ln_bias), out, ctx.mean, ctx.rstd)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.float32(eps)) + ctx.mask)
     return out
 
@@ -224,7 +212,7 @@ def residual_backward_gpu(ctx, grads):
     kernel, grid, block = _row_kernel("residual_layer_norm", "backward", chunks, width, x.dtype)
     args = (x, ctx.y, ctx.bias, first, second, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, partial)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)) + ctx.mask)
-    sums = _sums_of_chunks(xp, partial) if need_w or need_b or need_bias else [None] * 3
+    sums = linear_kernels.sum_of_chunks(partial) if need_w or need_b or need_bias else [None] * 3
     return (
         grad_x if need_x else None,
         grad_y if need_y else None,

@@ -50,14 +50,25 @@ def column_sums(x):
     xp = backend.get_array_module(x)
     x = xp.ascontiguousarray(x)
     (rows, width), chunks = x.shape, max(1, -(-x.shape[0] // ROWS_PER_CHUNK))
-    partial, sums = xp.empty((chunks, width), np.float32), xp.empty(width, np.float32)
-    if width:
-        args = (x, partial, np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK))
-        gpu.kernel("column_sums", "column_partials", x.dtype)(
-            (chunks, -(-width // gpu.THREADS)), (gpu.THREADS,), args
-        )
-        args = (partial, sums, np.int32(chunks), np.int32(width))
-        gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(width),), (gpu.THREADS,), args)
+    partial = xp.empty((chunks, width), np.float32)
+    if not width:
+        return xp.empty(width, np.float32)
+    args = (x, partial, np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK))
+    gpu.kernel("column_sums", "column_partials", x.dtype)(
+        (chunks, -(-width // gpu.THREADS)), (gpu.THREADS,), args
+    )
+    return sum_of_chunks(partial)
+
+
+def sum_of_chunks(partial):
+    """The sum over its first axis of partial (chunks, ...), a GPU array of float32 sums of chunks of
+    rows, the chunks added in order (column_sums.cu's second pass): column_sums' second pass, and that
+    of the kernels that sum their chunks as they write a gradient (GELU's, layer norm's)."""
+    xp = backend.get_array_module(partial)
+    chunks, size = partial.shape[0], partial[0].size
+    sums = xp.empty(partial.shape[1:], np.float32)
+    args = (partial, sums, np.int32(chunks), np.int32(size))
+    gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(size),), (gpu.THREADS,), args)
     return sums
 
 
