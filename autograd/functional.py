@@ -199,7 +199,9 @@ class CrossEntropy(Function):
         loss_i = logsumexp(z_i) - z_i[t_i]      (0 where t_i is ignored)
         dloss_i / dz_i = softmax(z_i) - onehot(t_i)
 
-    bfloat16 logits give float32 losses (and bfloat16 gradients): the sums are float32 throughout.
+    then reduced: "none" keeps one loss per row, "sum" adds them, "mean" divides their sum by the
+    number of rows that count (by 1 when none does). bfloat16 logits give float32 losses (and
+    bfloat16 gradients): the sums are float32 throughout.
     """
 
     mixes_floats = True
@@ -207,23 +209,24 @@ class CrossEntropy(Function):
     forward_gpu, backward_gpu = cross_entropy_kernels.forward_gpu, cross_entropy_kernels.backward_gpu
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index):
+    def forward(ctx, logits, targets, ignore_index, reduction):
         xp = get_array_module(logits)
         z, log_sum = _shift_and_log_sum(logits.reshape(-1, logits.shape[-1]), axis=1)  # (rows, C), (rows, 1)
         counted = targets.reshape(-1) != ignore_index  # (rows,)
         t = xp.where(counted, targets.reshape(-1), 0)  # an ignored row points at class 0, counted as 0
         rows = xp.arange(len(t))
         ctx.z, ctx.log_sum, ctx.rows, ctx.t, ctx.counted = z, log_sum, rows, t, counted
-        ctx.logits_dtype = logits.dtype
-        return ((log_sum[:, 0] - z[rows, t]) * counted).reshape(targets.shape)
+        ctx.logits_dtype, ctx.shape = logits.dtype, logits.shape
+        losses = (log_sum[:, 0] - z[rows, t]) * counted
+        return cross_entropy_kernels.reduced(ctx, losses, reduction, targets.shape)
 
     @staticmethod
     def backward(ctx, grad):
         xp = get_array_module(grad)
-        weight = grad.reshape(-1) * ctx.counted  # (rows,): each row's loss gradient, 0 where ignored
+        weight = grad.reshape(-1) / ctx.divisor * ctx.counted  # (rows,): each row's loss gradient or 0
         grad_z = xp.exp(ctx.z - ctx.log_sum) * weight[:, None]  # softmax(z), weighted
         grad_z[ctx.rows, ctx.t] -= weight  # minus the one-hot
-        return grad_z.reshape(*grad.shape, -1).astype(ctx.logits_dtype, copy=False), None
+        return grad_z.reshape(ctx.shape).astype(ctx.logits_dtype, copy=False), None
 
 
 def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
@@ -248,14 +251,7 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
             f"cross_entropy: targets must lie in [0, {n_classes}) or equal ignore_index={ignore_index}"
         )
     targets = backend.to_device(targets, logits.device)
-    losses = CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    with backend.device_scope(targets):
-        counted = logits.xp.maximum((targets != ignore_index).sum(dtype=losses.dtype), 1)
-    return losses.sum() / counted  # none counted: 0 / 1
+    return CrossEntropy.apply(logits, targets, ignore_index=ignore_index, reduction=reduction)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """A linear layer's bias gradient on a GPU, the sum of the output gradient's rows: column_sums
-(autograd/kernels/cuda/column_sums.cu, two passes read from the gradient's own type) against the
+(autograd/kernels/cuda/column_sums.cu, one launch that reads the gradient in its own type) against the
 reference's CuPy sum of a float32 copy, and PyTorch's grad.sum(0) where PyTorch is installed. GPT-1's
 shapes at batch 8 (4,096 rows; widths 768, 2,304 and 3,072), bfloat16 and float32; microseconds per
 sum, the median of --repeat, and the bytes read per microsecond.

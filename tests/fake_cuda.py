@@ -122,7 +122,8 @@ class FakeCupy(ArrayModule):
     def __init__(self):
         super().__init__("cupy")
         runtime = types.SimpleNamespace(getDeviceCount=lambda: DEVICES)
-        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime)
+        stream = types.SimpleNamespace(ptr=0)  # the one stream: launches run in turn
+        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime, get_current_stream=lambda: stream)
 
     def asarray(self, a, dtype=None):
         if isinstance(a, GpuArray) and a.device_id != Device.current:  # copied, as CuPy copies between GPUs
@@ -169,7 +170,7 @@ def install(monkeypatch):
     monkeypatch.setattr(FakeLinalg, "compute_type", FakeLinalg.COMPUTE_TYPE_DEFAULT)
     monkeypatch.setattr(GpuArray, "products", [])
     # the launchers' caches keep device arrays and modules: the stand-in's own, for this test only
-    for owner, name in ((adam, "chunks"), (adam, "table"), (gpu, "module")):
+    for owner, name in ((adam, "chunks"), (adam, "table"), (gpu, "module"), (gpu, "_counters")):
         cached = getattr(owner, name)
         monkeypatch.setattr(owner, name, functools.lru_cache(cached.cache_info().maxsize)(cached.__wrapped__))
     monkeypatch.setattr(gpu, "kernel", recording_kernel(launches))

@@ -286,7 +286,7 @@ def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):
 
 def multi_head_backward_gpu(ctx, grad):
     """The gradients of q, k and v written straight into one array like qkv; the bias's, the sums of its
-    columns (linear.column_sums: two launches)."""
+    columns (linear.column_sums: one launch)."""
     xp = get_array_module(grad)
     batch, time, width = grad.shape
     grad_qkv = xp.empty((batch, time, 3 * width), ctx.dtype)

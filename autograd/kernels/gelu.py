@@ -5,7 +5,8 @@ bias, as rows of the width that suits them).
 
 The CPU's: cache-sized blocks of whole rows, on all cores, in place in the output; db from each
 block's column sums, added in block order. The GPU's (autograd/kernels/cuda/gelu.cu): one pass over
-the entries each way, db's chunks of rows added by column_sums.cu. Either way db repeats bit for bit.
+the entries each way, db's chunks of rows added in the same launch (partial_sums.cuh). Either way db
+repeats bit for bit.
 Both backwards compute the tanh again rather than keeping a second array that size: the forward keeps
 x alone."""
 
@@ -113,17 +114,14 @@ def forward_gpu(ctx, x, bias):
 
 
 def backward_gpu(ctx, grad):
-    """dx, and where db is wanted each chunk's column sums of dx beside it, in one launch; then
-    column_sums.cu adds the chunks' sums in order."""
+    """dx, and where db is wanted its column sums, in one launch."""
     need_x, need_bias = ctx.needs_input_grad
     xp, x = backend.get_array_module(grad), ctx.x
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
     rows, width = ctx.rows, ctx.width
     grid, grad_x = _grid(rows, width), xp.empty_like(x)
-    partial = xp.empty((grid[0], width), np.float32) if need_bias else np.uintp(0)
-    args = (x, ctx.bias, grad, grad_x, partial, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
+    sums = linear_kernels.partial_sums(xp, grid[0], width, trees=grid[1]) if need_bias else (np.uintp(0),) * 3
+    args = (x, ctx.bias, grad, grad_x, *sums, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
     gpu.kernel("gelu", "gelu_backward", x.dtype)(grid, (gpu.THREADS,), args)
-    grad_bias = (
-        linear_kernels.sum_of_chunks(partial).astype(ctx.bias_dtype, copy=False) if need_bias else None
-    )
+    grad_bias = sums[2].astype(ctx.bias_dtype, copy=False) if need_bias else None
     return grad_x if need_x else None, grad_bias

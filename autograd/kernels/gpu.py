@@ -28,13 +28,14 @@ OPTIONS = ("-std=c++17",)
 THREADS = 256  # threads per block of the elementwise kernels
 SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
 CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()  # CuPy's own
+HEADERS = ("common.cuh", "partial_sums.cuh")  # in front of every source
 
 
 @functools.cache  # the files do not change while the process runs; a launch on the emulator asks each time
 def source(name):
-    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: common.cuh, then the source, each after
+    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: the HEADERS, then the source, each after
     a #line with its absolute path, so that compilers' messages and gdb name each file and its own lines."""
-    files = (SOURCES / "common.cuh", SOURCES / f"{name}.cu")
+    files = (*(SOURCES / header for header in HEADERS), SOURCES / f"{name}.cu")
     return "".join(f"#line 1 {json.dumps(str(file.absolute()))}\n{file.read_text()}\n" for file in files)
 
 
@@ -116,6 +117,21 @@ def float32_or_null(xp, array):
     """A weight or bias as the kernels read it, float32 (a bfloat16 one widened, as the references'
     float32 math reads it), or a null pointer where there is none."""
     return np.uintp(0) if array is None else xp.ascontiguousarray(array, dtype=np.float32)
+
+
+def counters(xp, n):
+    """n uint32 counters at 0 on the current device, for a kernel whose blocks count their arrivals
+    (partial_sums.cuh): the last block to arrive sets its counter back to 0, so the same counters
+    serve each launch of a stream after another. Kept per device, stream and n."""
+    if emulated_gpu.current():
+        return _counters(xp, emulated_gpu.NAME, 0, n)
+    cuda = backend.cupy.cuda
+    return _counters(xp, cuda.Device().id, cuda.get_current_stream().ptr, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _counters(xp, device, stream, n):
+    return xp.zeros(n, np.uint32)
 
 
 def blocks(n):

@@ -148,21 +148,17 @@ def forward_gpu(ctx, x, weight, bias, eps):
 
 
 def backward_gpu(ctx, grad):
-    """dx a row at a time, each chunk of rows summing its dw and db as it goes; then the chunks' sums."""
+    """dx a row at a time, each chunk of rows summing its dw and db as it goes, and the chunks' sums."""
     need_x, need_w, need_b = ctx.needs_input_grad
     xp, x = backend.get_array_module(grad), ctx.x
     rows, width = x.size // x.shape[-1], x.shape[-1]
     chunks = -(-rows // ROWS_PER_CHUNK)
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
-    grad_x, partial = xp.empty_like(x), xp.empty((chunks, 2, width), np.float32)
+    grad_x, (*scratch, sums) = xp.empty_like(x), linear_kernels.partial_sums(xp, chunks, 2 * width)
     kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
-    args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, partial)
+    args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, *scratch, sums)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))
-    sums = (
-        linear_kernels.sum_of_chunks(partial).astype(ctx.param_dtype, copy=False)
-        if need_w or need_b
-        else None
-    )
+    sums = sums.reshape(2, width).astype(ctx.param_dtype, copy=False)
     return grad_x if need_x else None, sums[0] if need_w else None, sums[1] if need_b else None
 
 
@@ -200,7 +196,7 @@ def residual_forward_gpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, gener
 def residual_backward_gpu(ctx, grads):
     """dout = the sum of the last two gradients of the output's uses (any before them added first),
     dx = dh and dy = dropout(dh) a row at a time, each chunk of rows summing its dw, db and dbias as it
-    goes; then the chunks' sums."""
+    goes, and the chunks' sums."""
     need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
     xp, x = backend.get_array_module(grads[0]), ctx.x
     rows, width = x.size // x.shape[-1], x.shape[-1]
@@ -208,11 +204,12 @@ def residual_backward_gpu(ctx, grads):
     first, second = (grads[0], None) if len(grads) == 1 else (functools.reduce(xp.add, grads[:-1]), grads[-1])
     first = xp.ascontiguousarray(first, dtype=x.dtype)
     second = np.uintp(0) if second is None else xp.ascontiguousarray(second, dtype=x.dtype)
-    grad_x, grad_y, partial = xp.empty_like(x), xp.empty_like(x), xp.empty((chunks, 3, width), np.float32)
+    grad_x, grad_y = xp.empty_like(x), xp.empty_like(x)
+    *scratch, sums = linear_kernels.partial_sums(xp, chunks, 3 * width)
     kernel, grid, block = _row_kernel("residual_layer_norm", "backward", chunks, width, x.dtype)
-    args = (x, ctx.y, ctx.bias, first, second, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, partial)
+    args = (x, ctx.y, ctx.bias, first, second, ctx.weight, ctx.mean, ctx.rstd, grad_x, grad_y, *scratch, sums)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)) + ctx.mask)
-    sums = linear_kernels.sum_of_chunks(partial) if need_w or need_b or need_bias else [None] * 3
+    sums = sums.reshape(3, width)
     return (
         grad_x if need_x else None,
         grad_y if need_y else None,

@@ -44,32 +44,35 @@ def backward_gpu(ctx, grad):
 
 
 def column_sums(x):
-    """The sums of the columns of a (rows, width) GPU array, float32, in two passes: each block of
-    the first adds ROWS_PER_CHUNK rows, the second adds the chunks' sums in order. No atomics: a run
-    repeats bit for bit."""
+    """The sums of the columns of a (rows, width) GPU array, float32, in one launch: each block adds
+    ROWS_PER_CHUNK rows, and the blocks that finish last add the chunks' sums in a tree fixed by the
+    shape (partial_sums.cuh). No atomic additions: a run repeats bit for bit."""
     xp = backend.get_array_module(x)
     x = xp.ascontiguousarray(x)
     (rows, width), chunks = x.shape, max(1, -(-x.shape[0] // ROWS_PER_CHUNK))
-    partial = xp.empty((chunks, width), np.float32)
     if not width:
         return xp.empty(width, np.float32)
-    args = (x, partial, np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK))
-    gpu.kernel("column_sums", "column_partials", x.dtype)(
-        (chunks, -(-width // gpu.THREADS)), (gpu.THREADS,), args
-    )
-    return sum_of_chunks(partial)
-
-
-def sum_of_chunks(partial):
-    """The sum over its first axis of partial (chunks, ...), a GPU array of float32 sums of chunks of
-    rows, the chunks added in order (column_sums.cu's second pass): column_sums' second pass, and that
-    of the kernels that sum their chunks as they write a gradient (GELU's, layer norm's)."""
-    xp = backend.get_array_module(partial)
-    chunks, size = partial.shape[0], partial[0].size
-    sums = xp.empty(partial.shape[1:], np.float32)
-    args = (partial, sums, np.int32(chunks), np.int32(size))
-    gpu.kernel("column_sums", "column_sums", np.float32)((gpu.blocks(size),), (gpu.THREADS,), args)
+    column_blocks = min(-(-width // gpu.THREADS), 65535)
+    scratch, counters, sums = partial_sums(xp, chunks, width, trees=column_blocks)
+    args = (x, scratch, counters, sums, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
+    gpu.kernel("column_sums", "column_sums", x.dtype)((chunks, column_blocks), (gpu.THREADS,), args)
     return sums
+
+
+FAN_IN = 8  # partial_sums.cuh's: the rows each addition of its tree takes
+
+
+def partial_sums(xp, items, width, trees=1):
+    """What a kernel ending in partial_sums.cuh's finish_sums takes beside its inputs: the float32 scratch
+    for `items` rows of `width` partial sums and the rows of the tree's levels above them, the zeroed
+    counters of `trees` such trees (one per block of columns), and the float32 sums (width,)."""
+    rows, counters, level = items, 0, items
+    while level > 1 or not counters:
+        level = -(-level // FAN_IN)
+        counters += level
+        rows += level if level > 1 else 0
+    scratch, sums = xp.empty((rows, width), np.float32), xp.empty(width, np.float32)
+    return scratch, gpu.counters(xp, trees * counters), sums
 
 
 def _is_transposed(a):

@@ -47,7 +47,8 @@ def test_a_step_of_a_model_on_gpu_1_runs_there_and_gives_the_cpus_numbers(monkey
 def test_every_kernel_of_a_step_on_gpu_1_launches_with_gpu_1_current(monkeypatch):
     launches = fake_cuda.install(monkeypatch)
     training_step("cuda:1", reference=False)
-    assert len(launches) > 40 and {launch.device for launch in launches} == {1}
+    sources = {"embedding", "layer_norm", "gelu", "attention", "column_sums", "cross_entropy", "adam"}
+    assert {launch.source for launch in launches} >= sources and {launch.device for launch in launches} == {1}
     assert fake_cuda.Device.current == 0  # and each op gave the current device back
 
 

@@ -649,8 +649,9 @@ def test_cross_entropy(on_emulator, dtype, n_classes):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 def test_embedding(on_emulator, dtype, policy):
-    ids = np.array([[1, 3, 3, 0, 10], [3, 5, 1, 1, 3]])
-    (table,) = normal(2, (11, 40))
+    """Ids over two tiles of the backward's positions, two blocks of its rows, two passes of its columns."""
+    ids = np.random.default_rng(4).integers(0, 11, (2, 150)) % np.array([3, 11])[:, None]
+    (table,) = normal(2, (11, 1030))
     ids_on_device = on_device(ids, on_emulator)
 
     def embed(weight):
@@ -794,7 +795,7 @@ from autograd.kernels import emulated
 
 table, rows = np.ones((3, 4), np.float32), np.arange(3, dtype=np.int64)
 embedding = emulated.kernel("embedding", "embedding_forward_f32", np.float32)
-embedding((2,), (32,), (table, rows, np.empty_like(table), np.int64(3), np.int64(4)))
+embedding((2,), (32,), (table, rows, np.empty_like(table), np.int64(3), np.int64(3), np.int64(4)))
 x = np.linspace(-3, 3, 1000, dtype=np.float32)
 args = (x, np.uintp(0), np.empty_like(x), np.int64(1), np.int64(x.size), np.int32(32))  # one row, no bias
 emulated.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args)

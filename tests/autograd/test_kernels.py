@@ -89,28 +89,34 @@ def test_linear(device, dtype, case):
 
 
 def column_sums_in_their_order(x, rows_per_chunk):
-    """The column sums of a (rows, width) array as column_sums.cu adds them, in float32: each chunk's
-    rows one after another, then the chunks' sums one after another."""
+    """The column sums of a (rows, width) array as column_sums.cu and partial_sums.cuh add them, in
+    float32: each chunk's rows one after another, then FAN_IN of the chunks' sums at a time, one after
+    another, and so on up a tree of such groups to one."""
     x = x.astype(np.float32)
-    partials = []
-    for first in range(0, max(len(x), 1), rows_per_chunk):
-        partial = np.zeros(x.shape[1], np.float32)
-        for row in x[first : first + rows_per_chunk]:
-            partial += row
-        partials.append(partial)
-    sums = np.zeros(x.shape[1], np.float32)
-    for partial in partials:
-        sums += partial
-    return sums
+
+    def in_order(rows):
+        total = np.zeros(x.shape[1], np.float32)
+        for row in rows:
+            total += row
+        return total
+
+    firsts = range(0, max(len(x), 1), rows_per_chunk)
+    level = [in_order(x[first : first + rows_per_chunk]) for first in firsts]
+    fan_in = linear_kernels.FAN_IN
+    while True:
+        level = [in_order(level[first : first + fan_in]) for first in range(0, len(level), fan_in)]
+        if len(level) == 1:
+            return level[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
-@given(st.integers(0, 100), st.integers(1, 300), SEEDS)
-def test_column_sums_add_the_rows_of_each_chunk_in_order_then_the_chunks(
+@given(st.one_of(st.integers(0, 100), st.integers(2000, 2400)), st.integers(1, 300), SEEDS)
+def test_column_sums_add_the_rows_of_each_chunk_in_order_then_the_chunks_in_a_tree(
     gpu_device, dtype, rows, width, seed
 ):
     """A linear layer's bias gradient on a GPU: the same bits as the order written down, for row counts
-    on both sides of a chunk's edge and widths on both sides of a block's, repeatably."""
+    on both sides of a chunk's edge, chunks enough for three levels of the tree, widths on both sides
+    of a block's, repeatably (each launch leaves its counters at 0 for the next)."""
     x = np.random.default_rng(seed).standard_normal((rows, width)).astype(dtype)
     on_device = backend.to_device(x, gpu_device)
     with backend.device_scope(on_device):

@@ -16,7 +16,13 @@ from hypothesis.extra import numpy as hnp
 import autograd as ag
 from autograd import functional as F
 from tests.autograd.test_functional import SEEDS, on_device
-from tests.autograd.test_kernels import TOLERANCE, WITH_BF16, compares_fast_path_of, forward_and_backward
+from tests.autograd.test_kernels import (
+    TOLERANCE,
+    WITH_BF16,
+    compares_fast_path_of,
+    forward_and_backward,
+    upstream,
+)
 
 GPT1_VOCAB, GPT1_WIDTH = 40478, 768
 BLOCK_EDGES = [1, 31, 32, 33, 255, 256, 257, 1023]  # around a warp and a block of 256 threads
@@ -190,6 +196,51 @@ def test_embedding(device, dtype, policy, case):
     slack = summation_slack(ids, upstream, len(table), dtype)
     assert grad.dtype == dtype
     assert_close("gradient of the table", grad, grad_reference, dtype, slack)
+
+
+def embedding_case(shape, n_rows, dim, seed):
+    """ids of `shape` that pick mostly a few of n_rows rows (long runs of one row, many rows unpicked),
+    and a table (n_rows, dim)."""
+    rng = np.random.default_rng(seed)
+    ids = np.where(rng.random(shape) < 0.7, rng.integers(0, 3, shape), rng.integers(0, n_rows, shape))
+    return ids, rng.standard_normal((n_rows, dim))
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape, n_rows, dim", [((2, 300), 20, 1100), ((700,), 9, GPT1_WIDTH), ((5,), 3, 40)])
+def test_embedding_gradient_adds_each_rows_positions_in_their_order(gpu_device, policy, shape, n_rows, dim):
+    """On a GPU the table's gradient is, bit for bit, each row's gradients added in float32 one after
+    another in the order of their positions (np.add.at's order), across the backward's tiles of 256
+    positions, its blocks of 8 rows and its passes of 1,024 columns: no order left to the hardware."""
+    ids, table = embedding_case(shape, n_rows, dim, seed=len(shape) + dim)
+
+    def embed(weight):
+        with ag.use_precision(policy):
+            return F.embedding(on_device(ids, gpu_device), weight)
+
+    out, grad = forward_and_backward(embed, [table], gpu_device, np.float32, reference=False)
+    sums = np.zeros_like(table, np.float32)
+    gradients = upstream(out.shape).astype(out.dtype).astype(np.float32).reshape(-1, dim)
+    np.add.at(sums, ids.reshape(-1), gradients)
+    np.testing.assert_array_equal(grad, sums)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])
+def test_embedding_reads_ids_outside_the_table_wrapped_around(gpu_device, dtype):
+    """Ids already on a GPU are not checked (the host would wait): one outside [0, rows) picks the row
+    CuPy's indexing reads, wrapped around, in the forward and in the gradient alike, bit for bit."""
+    n_rows = 10
+    ids = np.array([[-1, -10, 10, 123], [-77, 7, 3, -1]])
+    table = np.random.default_rng(3).standard_normal((n_rows, 33))
+
+    def embed(ids):
+        return forward_and_backward(
+            lambda w: F.embedding(on_device(ids, gpu_device), w), [table], gpu_device, dtype, reference=False
+        )
+
+    outside, wrapped = embed(ids), embed(ids % n_rows)
+    for a, b in zip(outside, wrapped):
+        np.testing.assert_array_equal(a, b)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // Cross-entropy fused with log-softmax, one row of logits z (C classes) at its target t per block:
 //   forward   m = max z,  s = log sum_j exp(z_j - m),  loss = s - (z_t - m)   (0 where t == ignore_index)
 //   backward  dz_j = (exp((z_j - m) - s) - [j == t]) * dloss                  (0 rows where ignored)
+// reduced to the losses' sum, or their mean over the rows counted (the sum over max(count, 1)); its gradient
+// reaches each counted row as dloss = dtotal / that divisor.
 // The log-sum-exp m + s goes from the forward to the backward as its two float32 parts, as the reference
 // computes with them (m + s rounded to one float would lose up to half an ulp of a large m in every
 // probability): two floats per row, no array the size of the logits. The sums are float32 whatever the
@@ -60,16 +62,38 @@ __device__ void cross_entropy_forward(const T* logits, const long long* targets,
     }
 }
 
+// Launch: one block (of 32 k threads) striding over the rows: the losses' sum and the count of the rows counted,
+// each by block_reduce; thread 0 writes the total, sum / divisor, and the divisor (max(count, 1) for a mean,
+// else 1) for the backward. The count is exact as a float up to 2^24 rows.
+extern "C" __global__ void cross_entropy_reduce_f32(const float* losses, const long long* targets, float* total,
+                                                    float* divisor, long long rows, long long ignore_index,
+                                                    int mean) {
+    __shared__ float shared[33];
+    float sum = 0.0f, count = 0.0f;
+    for (long long row = threadIdx.x; row < rows; row += blockDim.x) {
+        sum += losses[row];
+        count += targets[row] != ignore_index ? 1.0f : 0.0f;
+    }
+    sum = block_reduce<false>(sum, shared);
+    count = block_reduce<false>(count, shared);
+    if (threadIdx.x == 0) {
+        float by = mean ? fmaxf(count, 1.0f) : 1.0f;
+        *total = sum / by;
+        *divisor = by;
+    }
+}
+
 // Launch: one block per row (grid = rows), the block's threads striding over the row's C classes, each
-// writing dz_j = exp((z_j - m) - s) * w, less w at the target, with w = dloss[row] (0 where ignored).
+// writing dz_j = exp((z_j - m) - s) * w, less w at the target, with w = dloss[row] (0 where ignored), or
+// w = dtotal / divisor for a reduced loss (divisor not null, grad one number).
 template <typename T>
 __device__ void cross_entropy_backward(const T* logits, const long long* targets, const float* maxima,
-                                       const float* log_sums, const float* grad, T* out, long long n_classes,
-                                       long long ignore_index) {
+                                       const float* log_sums, const float* grad, const float* divisor, T* out,
+                                       long long n_classes, long long ignore_index) {
     long long row = blockIdx.x;
     long long t = targets[row];
     bool counted = t != ignore_index;
-    float weight = counted ? grad[row] : 0.0f;
+    float weight = !counted ? 0.0f : divisor ? grad[0] / *divisor : grad[row];
     long long target = counted ? wrapped(t, n_classes) : -1;
     float row_max = maxima[row], log_sum = log_sums[row];
     for (long long j = threadIdx.x; j < n_classes; j += blockDim.x) {
@@ -86,8 +110,9 @@ __device__ void cross_entropy_backward(const T* logits, const long long* targets
     }                                                                                                        \
     extern "C" __global__ void cross_entropy_backward_##suffix(                                              \
         const T* logits, const long long* targets, const float* maxima, const float* log_sums,               \
-        const float* grad, T* out, long long n_classes, long long ignore_index) {                            \
-        cross_entropy_backward<T>(logits, targets, maxima, log_sums, grad, out, n_classes, ignore_index);    \
+        const float* grad, const float* divisor, T* out, long long n_classes, long long ignore_index) {      \
+        cross_entropy_backward<T>(logits, targets, maxima, log_sums, grad, divisor, out, n_classes,          \
+                                  ignore_index);                                                             \
     }
 CROSS_ENTROPY(f32, float)
 CROSS_ENTROPY(bf16, bf16)

@@ -11,14 +11,15 @@
 // The math is float32 whatever the storage type; outputs are rounded to it once. The forward keeps mean and
 // rstd (float32, one of each per row); the backward computes h and n again from its inputs with them,
 // rather than keeping a float32 copy of n as the reference does.
-// The backward kernels emit the column sums' first pass themselves: each warp (or block) takes a chunk of
-// rows_per_chunk rows in order and writes its sums of dout n, dout (and dy) into partial[chunk, sum, j];
-// column_sums.cu's column_sums then adds the chunks in order.
-// Every sum runs in an order fixed by the shapes alone (no atomics): a run repeats bit for bit.
+// The backward kernels sum the columns as they go: each warp (or block) takes a chunk of rows_per_chunk rows in
+// order and writes its sums of dout n, dout (and dy) into the scratch's row of its chunk [sum, j]; the blocks
+// that finish last add the chunks' rows in a tree (partial_sums.cuh).
+// Every sum runs in an order fixed by the shapes alone (no atomic additions): a run repeats bit for bit.
 
 constexpr int WARP = 32;
 constexpr int WARP_PER_THREAD = 32;   // entries of a row a lane holds in registers: rows up to 1024 wide
 constexpr int BLOCK_THREADS = 1024;   // the most threads a block per row has
+constexpr int WARPS_THREADS = FAN_IN * WARP;  // the most a backward block of a warp per chunk has
 constexpr int BLOCK_PER_THREAD = 16;  // entries a thread holds: rows up to 16384 wide (wider ones: the reference)
 
 // The sum of v over the 32 lanes of a warp, in every lane (a butterfly: the same bits in each lane).
@@ -181,7 +182,7 @@ __device__ void forward_warps(const Source& source, const float* w, const float*
 }
 
 // dh of one chunk of rows, rows_per_chunk from chunk * rows_per_chunk, in order, by the threads of `group`,
-// and their column sums into partial[chunk] (sums of them: 2, or 3 with a dy).
+// and their column sums into row `chunk` of partial (sums of them: 2, or 3 with a dy).
 template <typename T, int PER_THREAD, typename Group, typename Source>
 __device__ void backward_chunk(const Group& group, const Source& source, long long chunk, const T* dout,
                                const T* dout2, const float* w, const float* mean, const float* rstd, float* partial,
@@ -197,16 +198,21 @@ __device__ void backward_chunk(const Group& group, const Source& source, long lo
     write_partials<PER_THREAD>(group, partial + chunk * sums * width, width, sums == 3, column_sums);
 }
 
-// The backward, a warp per chunk of rows. Launch: blocks of 32 k threads; the grid's warp c takes chunk c.
+// The backward, a warp per chunk of rows. Launch: blocks of 32 k threads, k dividing FAN_IN (a block's chunks lie
+// in one group of the tree); the grid's warp c takes chunk c.
 template <typename T, typename Source>
 __device__ void backward_warps(const Source& source, const T* dout, const T* dout2, const float* w,
-                               const float* mean, const float* rstd, float* partial, int sums, long long rows,
+                               const float* mean, const float* rstd, PartialSums to, int sums, long long rows,
                                int width, int rows_per_chunk) {
-    long long chunk = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / WARP;
-    if (chunk * rows_per_chunk >= rows) return;  // the whole warp leaves: its shuffles never miss a lane
-    Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
-    backward_chunk<T, WARP_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, partial, sums, rows, width,
-                                       rows_per_chunk);
+    long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk, warps = blockDim.x / WARP;
+    long long first = blockIdx.x * warps, chunk = first + threadIdx.x / WARP;
+    if (chunk < chunks) {  // a whole warp or none: its shuffles never miss a lane
+        Warp group{static_cast<int>(threadIdx.x % WARP), WARP};
+        backward_chunk<T, WARP_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, to.scratch, sums, rows,
+                                           width, rows_per_chunk);
+    }
+    unsigned int written = static_cast<unsigned int>(chunks - first < warps ? chunks - first : warps);
+    finish_sums(to, chunks, sums * width, first, written, threadIdx.x, blockDim.x);
 }
 
 // The forward, a block per row, and the backward, a block per chunk of rows. Launch: blocks of
@@ -224,14 +230,20 @@ __device__ void forward_blocks(const Source& source, const float* w, const float
 
 template <typename T, typename Source>
 __device__ void backward_blocks(const Source& source, const T* dout, const T* dout2, const float* w,
-                                const float* mean, const float* rstd, float* partial, int sums, long long rows,
+                                const float* mean, const float* rstd, PartialSums to, int sums, long long rows,
                                 int width, int rows_per_chunk) {
     Block group{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
-    for (long long chunk = blockIdx.x; chunk * rows_per_chunk < rows; chunk += gridDim.x) {
-        backward_chunk<T, BLOCK_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, partial, sums, rows,
+    long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    for (long long chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+        backward_chunk<T, BLOCK_PER_THREAD>(group, source, chunk, dout, dout2, w, mean, rstd, to.scratch, sums, rows,
                                             width, rows_per_chunk);
+        finish_sums(to, chunks, sums * width, chunk, 1, threadIdx.x, blockDim.x);
     }
 }
+
+// The backward kernels' column sums: partial_sums.cuh's scratch, counters and sums.
+#define SUMS_PARAMETERS float *scratch, unsigned int *counters, float *totals
+#define SUMS PartialSums{scratch, counters, totals}
 
 #define LAYER_NORM(suffix, T)                                                                                    \
     extern "C" __global__ void layer_norm_forward_warps_##suffix(                                                \
@@ -239,10 +251,10 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
         float eps) {                                                                                             \
         forward_warps<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                  \
     }                                                                                                            \
-    extern "C" __global__ void layer_norm_backward_warps_##suffix(                                               \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
+    extern "C" __global__ void __launch_bounds__(WARPS_THREADS) layer_norm_backward_warps_##suffix(              \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, SUMS_PARAMETERS, \
         long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_warps<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, partial, 2, rows, width,         \
+        backward_warps<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, SUMS, 2, rows, width,            \
                           rows_per_chunk);                                                                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_forward_blocks_##suffix(              \
@@ -251,9 +263,9 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
         forward_blocks<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_backward_blocks_##suffix(             \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, float* partial,  \
+        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, SUMS_PARAMETERS, \
         long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_blocks<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, partial, 2, rows, width,        \
+        backward_blocks<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, SUMS, 2, rows, width,           \
                            rows_per_chunk);                                                                      \
     }
 LAYER_NORM(f32, float)
@@ -274,11 +286,11 @@ LAYER_NORM(bf16, bf16)
         float* rstd, long long rows, int width, float eps, MASK_PARAMETERS) {                                    \
         forward_warps<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);    \
     }                                                                                                            \
-    extern "C" __global__ void residual_layer_norm_backward_warps_##suffix(                                      \
+    extern "C" __global__ void __launch_bounds__(WARPS_THREADS) residual_layer_norm_backward_warps_##suffix(     \
         const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
-        const float* mean, const float* rstd, T* dx, T* dy, float* partial, long long rows, int width,           \
+        const float* mean, const float* rstd, T* dx, T* dy, SUMS_PARAMETERS, long long rows, int width,          \
         int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
-        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, partial, 3, rows, width,  \
+        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, SUMS, 3, rows, width,     \
                           rows_per_chunk);                                                                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_forward_blocks_##suffix(     \
@@ -288,9 +300,9 @@ LAYER_NORM(bf16, bf16)
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_backward_blocks_##suffix(    \
         const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
-        const float* mean, const float* rstd, T* dx, T* dy, float* partial, long long rows, int width,           \
+        const float* mean, const float* rstd, T* dx, T* dy, SUMS_PARAMETERS, long long rows, int width,          \
         int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
-        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, partial, 3, rows, width, \
+        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, SUMS, 3, rows, width,    \
                            rows_per_chunk);                                                                      \
     }
 RESIDUAL_LAYER_NORM(f32, float)

@@ -85,6 +85,10 @@ inline void __syncthreads() { emu_syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { emu_warp_meet(EMU_SYNCWARP, mask, 0, 0, warpSize); }
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T>
+T __ldcg(const T* address) {  // a load that goes around L1: one memory here
+    return *address;
+}
 
 template <typename T>
 T emu_shuffle(int kind, unsigned mask, T value, int arg, int width) {
