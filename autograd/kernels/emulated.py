@@ -20,6 +20,8 @@ or at random is an EmulatorError here, naming the kernel:
     orders "written", "reversed" and "shuffled" all warps go through their shuffles in step; "warps" and
     "reversed warps" run one warp at a time (the written or reversed order, each warp alone up to its next
     barrier), so that a warp may write shared memory again before another has read it: a missing barrier.
+    The blocks run one at a time, in the grid's order, reversed ("reversed", "reversed warps") or shuffled:
+    blocks that count on each other's order (a counter of arrivals) show too.
 
 Each source is built once into a shared library, kept in ~/.cache/autograd/emulator (or
 $XDG_CACHE_HOME/autograd/emulator) under a hash of the source, the emulator, the flags and the

@@ -182,6 +182,9 @@ extern "C" __global__ void atomics(int* counter, int* before, int* largest) {
     before[t] = atomicAdd(counter, 1);
     atomicMax(largest, t);
 }
+extern "C" __global__ void arrivals(int* counter, int* blocks) {  // the blocks in the order they ran
+    if (threadIdx.x == 0) blocks[atomicAdd(counter, 1)] = blockIdx.x + gridDim.x * blockIdx.y;
+}
 """
 
 
@@ -330,6 +333,21 @@ def test_atomics_update_one_at_a_time(tiny, order):
     assert counter[0] == 128 and largest[0] == 127
     np.testing.assert_array_equal(np.sort(before), np.arange(128))
     assert (before == np.arange(128)).all() == (order in ("written", "warps"))
+
+
+def test_the_blocks_run_in_the_grids_order_reversed_or_shuffled(tiny):
+    """A GPU runs a launch's blocks in any order: the emulator's orders run them as the grid lists them
+    (x fastest), reversed, or shuffled, so that blocks that count on each other's order show."""
+    ran = {}
+    for order in ALL_ORDERS:
+        counter, blocks = np.zeros(1, np.int32), np.full(12, -1, np.int32)
+        with emulated.thread_orders(order, seed=5):
+            tiny.kernel("arrivals")((4, 3), (64,), (counter, blocks))
+        ran[order] = list(blocks)
+    assert ran["written"] == ran["warps"] == list(range(12))
+    assert ran["reversed"] == ran["reversed warps"] == list(range(11, -1, -1))
+    assert sorted(ran["shuffled"]) == list(range(12))
+    assert ran["shuffled"] not in (ran["written"], ran["reversed"])
 
 
 MISSING = {  # kernel: its arguments after x, and what the error says

@@ -14,7 +14,7 @@
 //     __syncthreads() or at another shuffle can never arrive: an error;
 //   - else, when every thread that has not ended waits at __syncthreads(), they all go on, in a new order
 //     (the next phase); a thread that ended while others wait there is an error;
-//   - else every thread has ended, and the next block starts.
+//   - else every thread has ended, and the next block starts (run_blocks: in the launch's order too).
 // So all warps go through their shuffles in step. The orders WARPS and REVERSED_WARPS run one warp at a time
 // instead: in each phase, the first warp of the order alone (its lanes and its shuffles) until every lane of
 // it waits at __syncthreads() or has ended, then the next warp. A warp that reads shared memory after a
@@ -299,15 +299,22 @@ int run_block(unsigned long long block) {
     }
 }
 
+// The blocks one after another, in the launch's order too: as the grid lists them (x fastest), reversed, or
+// shuffled. A GPU runs them at once and in any order: a kernel whose blocks count on each other's order shows.
 int run_blocks() {
     const dim3& g = *at.grid_dim;
-    unsigned long long block = 0;
-    for (unsigned z = 0; z < g.z; ++z)
-        for (unsigned y = 0; y < g.y; ++y)
-            for (unsigned x = 0; x < g.x; ++x, ++block) {
-                *at.block_idx = {x, y, z};
-                if (run_block(block)) return 1;
-            }
+    std::vector<unsigned long long> blocks(static_cast<size_t>(g.x) * g.y * g.z);
+    std::iota(blocks.begin(), blocks.end(), 0ull);
+    if (launch->order == REVERSED || launch->order == REVERSED_WARPS) std::reverse(blocks.begin(), blocks.end());
+    if (launch->order == SHUFFLED) {
+        unsigned long long state = launch->seed ^ 0x5851F42D4C957F2Dull;
+        for (size_t i = blocks.size() - 1; i > 0; --i) std::swap(blocks[i], blocks[splitmix64(state) % (i + 1)]);
+    }
+    for (unsigned long long block : blocks) {
+        *at.block_idx = {static_cast<unsigned>(block % g.x), static_cast<unsigned>(block / g.x % g.y),
+                         static_cast<unsigned>(block / (static_cast<unsigned long long>(g.x) * g.y))};
+        if (run_block(block)) return 1;
+    }
     return 0;
 }
 
