@@ -28,7 +28,7 @@ OPTIONS = ("-std=c++17",)
 THREADS = 256  # threads per block of the elementwise kernels
 SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
 CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()  # CuPy's own
-HEADERS = ("common.cuh", "partial_sums.cuh")  # in front of every source
+HEADERS = ("common.cuh", "partial_sums.cuh", "mma.cuh")  # in front of every source
 
 
 @functools.cache  # the files do not change while the process runs; a launch on the emulator asks each time

@@ -45,6 +45,42 @@ def test_every_cuda_source_compiles_without_a_warning(nvrtc, name, arch):
     assert nvrtc.getProgramLog(program).strip() == ""
 
 
+MMA_USER = r"""
+extern "C" __global__ void mma_user(const float* x, float* out) {
+    unsigned int a[4], b[2], t[4], u[2];
+    for (int i = 0; i < 4; ++i) {
+        a[i] = pack_bf16x2(x[2 * i], x[2 * i + 1]);
+        t[i] = tf32_of(x[i]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        b[i] = pack_bf16x2(x[i], x[i + 4]);
+        u[i] = tf32_of(x[i + 4]);
+    }
+    float c[4] = {x[0], x[1], x[2], x[3]}, d[4], e[4];
+    mma_bf16_m16n8k16(d, a, b, c);
+    mma_tf32_m16n8k8(e, t, u, d);
+    for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = e[i];
+}
+"""
+
+
+@pytest.mark.usefixtures("nvrtc")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
+    """mma.cuh's inline PTX, used by a kernel, goes through ptxas to a binary (PTX alone never meets
+    ptxas: a malformed asm string would show first on a GPU), and the PTX holds the instructions."""
+    text = gpu.source("column_sums") + MMA_USER  # every source has the headers in front
+    assert gpu.compile_source("mma_user", arch, text)
+    ptx = gpu.compile_source("mma_user", "compute_" + arch[3:], text).decode()
+    for instruction in (
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+        "cvt.rn.bf16x2.f32",
+        "cvt.rna.tf32.f32",
+    ):
+        assert instruction in ptx, instruction
+
+
 DRIVER = r"""
 #include <cstdio>
 int main() {

@@ -42,7 +42,7 @@ namespace {
 
 constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber; pages are only committed where touched
 const char* const WARP_CALLS[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
-                                  "__syncwarp"};
+                                  "__syncwarp", "mma.sync m16n8k16 bf16", "mma.sync m16n8k8 tf32"};
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
 enum Order { WRITTEN, REVERSED, SHUFFLED, WARPS, REVERSED_WARPS };  // EmuLaunch's order (emulated.ORDERS)
@@ -59,6 +59,7 @@ struct Fiber {
     int kind, arg, width;
     unsigned mask;
     unsigned long long value;  // its value at a shuffle, then the value it receives
+    EmuMma* mma;               // its registers at an mma
 };
 
 size_t page_size;
@@ -175,6 +176,70 @@ int source_lane(const Fiber* f, int m) {
     }
 }
 
+// ----- mma.sync: D = A B + C for a warp, each lane holding the fragments the PTX ISA gives it ("Matrix
+// Fragments for mma.m16n8k16 / mma.m16n8k8 with floating point type"), with g = lane / 4 and t = lane % 4:
+//   bf16, m16n8k16 (a and b registers hold two bf16 each, the lower index in the low 16 bits):
+//     a0 = A[g][2t, 2t+1]  a1 = A[g+8][2t, 2t+1]  a2 = A[g][2t+8, 2t+9]  a3 = A[g+8][2t+8, 2t+9]
+//     b0 = B[2t, 2t+1][g]  b1 = B[2t+8, 2t+9][g]
+//   tf32, m16n8k8 (one number a register; its low 13 bits are not read):
+//     a0 = A[g][t]  a1 = A[g+8][t]  a2 = A[g][t+4]  a3 = A[g+8][t+4]   b0 = B[t][g]  b1 = B[t+4][g]
+//   C and D, 16 x 8 float32:  c0 = C[g][2t]  c1 = C[g][2t+1]  c2 = C[g+8][2t]  c3 = C[g+8][2t+1]
+// The sum's order inside the hardware is not documented; here each D[i][j] is the products A[i][k] B[k][j]
+// (exact in float64) added in float64 in the order of k, then C[i][j], rounded once to float32: the
+// contract autograd/kernels/attention.py's NumPy twin follows bit for bit.
+
+float bf16_value(unsigned int bits16) {
+    unsigned int bits = (bits16 & 0xFFFFu) << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+float tf32_value(unsigned int bits) {
+    bits &= 0xFFFFE000u;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+// The meeting of the 32 lanes of warp `first / 32` at an mma of `kind`: every lane's d.
+void meet_at_mma(int first, int kind) {
+    int depth = kind == EMU_MMA_BF16 ? 16 : 8;
+    double a[16][16], b[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+        const EmuMma* r = fibers[first + lane]->mma;
+        int g = lane / 4, t = lane % 4;
+        if (kind == EMU_MMA_BF16) {
+            for (int h = 0; h < 2; ++h) {  // the register's low half, then its high half
+                int shift = 16 * h;
+                a[g][2 * t + h] = bf16_value(r->a[0] >> shift);
+                a[g + 8][2 * t + h] = bf16_value(r->a[1] >> shift);
+                a[g][2 * t + 8 + h] = bf16_value(r->a[2] >> shift);
+                a[g + 8][2 * t + 8 + h] = bf16_value(r->a[3] >> shift);
+                b[2 * t + h][g] = bf16_value(r->b[0] >> shift);
+                b[2 * t + 8 + h][g] = bf16_value(r->b[1] >> shift);
+            }
+        } else {
+            a[g][t] = tf32_value(r->a[0]);
+            a[g + 8][t] = tf32_value(r->a[1]);
+            a[g][t + 4] = tf32_value(r->a[2]);
+            a[g + 8][t + 4] = tf32_value(r->a[3]);
+            b[t][g] = tf32_value(r->b[0]);
+            b[t + 4][g] = tf32_value(r->b[1]);
+        }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        EmuMma* r = fibers[first + lane]->mma;
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; ++i) {
+            int row = g + 8 * (i / 2), column = 2 * t + i % 2;
+            double sum = 0.0;
+            for (int k = 0; k < depth; ++k) sum += a[row][k] * b[k][column];
+            r->d[i] = static_cast<float>(sum + r->c[i]);
+        }
+    }
+}
+
 // Completes every meeting of warps first_warp to last_warp whose lanes are all there: the number of lanes let
 // go, or -1 on an error. Called when no lane of those warps can run, so a lane of a mask that is not at the
 // meeting never will be.
@@ -203,6 +268,7 @@ int meet_warps(int first_warp, int last_warp) {
                                      "%d at its shuffle #%u (%s, mask 0x%08x)", l, a->meetings + 1, call, a->mask,
                                   m, b->meetings + 1, WARP_CALLS[b->kind], b->mask);
             }
+            if (a->kind == EMU_MMA_BF16 || a->kind == EMU_MMA_TF32) meet_at_mma(first, a->kind);  // all 32 here
             unsigned long long received[32];
             for (int m = 0; m < 32; ++m) {
                 if (!(a->mask >> m & 1u)) continue;
@@ -394,6 +460,11 @@ extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned lo
     f->width = width;
     block_current(AT_WARP);
     return current->value;
+}
+
+extern "C" void emu_mma(int kind, EmuMma* lane) {
+    current->mma = lane;
+    emu_warp_meet(kind, 0xFFFFFFFFu, 0, 0, 32);
 }
 
 extern "C" int emu_run(EmuLaunch* l, EmuCoordinates coordinates, void (*b)(void*), void* context) {

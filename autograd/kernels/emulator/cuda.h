@@ -77,9 +77,17 @@ constexpr int warpSize = 32;
 
 // ----- barriers and warp meetings (cuda.cpp): each switches to the block's scheduler until it may go on
 
-enum EmuWarpKind { EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_SYNCWARP };
+enum EmuWarpKind { EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_SYNCWARP, EMU_MMA_BF16, EMU_MMA_TF32 };
 extern "C" void emu_syncthreads(void);
 extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned long long bits, int arg, int width);
+
+// A lane's registers at mma.sync (EMU_MMA_BF16: m16n8k16.row.col.f32.bf16.bf16.f32; EMU_MMA_TF32:
+// m16n8k8.row.col.f32.tf32.tf32.f32): its fragments of A, B and C, and d, which the meeting writes.
+struct EmuMma {
+    unsigned int a[4], b[2];
+    float c[4], d[4];
+};
+extern "C" void emu_mma(int kind, EmuMma* lane);
 
 inline void __syncthreads() { emu_syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { emu_warp_meet(EMU_SYNCWARP, mask, 0, 0, warpSize); }
