@@ -23,7 +23,9 @@ result. Removing cross_entropy.cu's last barrier in block_reduce is one (the nex
 barrier already orders the read of shared[32] before any write to it), adding l2 w where l2 is 0
 another. So is one the emulator cannot show: the barrier before attention's forward product P V
 guards reads of what lanes of the reader's own warp wrote, before the row sum's shuffle; without
-it a GPU is left with a hazard inside a warp (__syncwarp would do), which no thread order here shows.
+it a GPU is left with a hazard inside a warp (__syncwarp would do), which no thread order here shows. So
+are partial_sums.cuh's two __threadfence() and its __ldcg: the emulator runs one block at a time, with
+one memory and no caches.
 
 The unmutated tests run first in both settings; if they fail, nothing is measured. The figures:
 a table, a summary line (killed dependably / total), and with --json, a file of them all.
@@ -55,6 +57,7 @@ KERNEL_TESTS = {
     "attention.cu": ["test_kernels_attention.py", "test_kernels.py", "test_random.py"],
     "column_sums.cu": ["test_kernels.py"],
     "partial_sums.cuh": ["test_kernels.py", "test_kernels_norm_gelu.py", "test_residual_layer_norm.py"],
+    "mma.cuh": ["test_emulator_mma.py"],
     "common.cuh": ["test_cuda_sources.py", "test_random.py"],
     "cross_entropy.cu": ["test_kernels_loss_embedding.py", "test_kernels.py"],
     "dropout.cu": ["test_random.py", "test_kernels.py"],
@@ -71,6 +74,7 @@ EVERY_TEST = [
     "test_residual_layer_norm.py",
     "test_random.py",
     "test_emulator.py",
+    "test_emulator_mma.py",
     "test_cuda_sources.py",
 ]
 SELECTION = "not cpu and not test_a_mutated_kernel_fails_its_check"
@@ -124,11 +128,11 @@ MUTATIONS = [
              "partial sums: a group's rows added last first"),
     Mutation("ps-last", "partial_sums.cuh", "last = atomicAdd(counter, count) + count == total;",
              "last = atomicAdd(counter, count) == total;", "partial sums: no block ever the last to arrive"),
-    Mutation("ps-reset", "partial_sums.cuh", "        if (last) *counter = 0;\n", "",
+    Mutation("ps-reset", "partial_sums.cuh", "            *counter = 0;\n", "",
              "partial sums: a counter left at its total for the next launch"),
     Mutation("ps-last-barrier", "partial_sums.cuh",
-             "        if (last) *counter = 0;\n    }\n    __syncthreads();\n",
-             "        if (last) *counter = 0;\n    }\n",
+             "            *counter = 0;\n        }\n    }\n    __syncthreads();\n",
+             "            *counter = 0;\n        }\n    }\n",
              "partial sums: the block reads who is last before thread 0 has written it"),
     Mutation("ps-members", "partial_sums.cuh",
              "long long members = n - group * FAN_IN < FAN_IN ? n - group * FAN_IN : FAN_IN;",
@@ -139,6 +143,17 @@ MUTATIONS = [
              "partial sums: a group's rows read from the wrong place"),
     Mutation("ps-level-counters", "partial_sums.cuh", "        to.counters += groups;\n", "",
              "partial sums: a level counts on the level below's counters"),
+    # ----- mma.cuh: what the emulated device runs of it (its inline PTX needs a GPU)
+    Mutation("mma-pack-halves", "mma.cuh",
+             "return static_cast<unsigned int>(halves[0]) | static_cast<unsigned int>(halves[1]) << 16;",
+             "return static_cast<unsigned int>(halves[1]) | static_cast<unsigned int>(halves[0]) << 16;",
+             "pack_bf16x2: the pair's halves swapped"),
+    Mutation("mma-tf32-ties", "mma.cuh", "return (bits + 0x1000u) & 0xFFFFE000u;",
+             "return (bits + 0x0FFFu) & 0xFFFFE000u;", "tf32_of: ties rounded toward zero"),
+    Mutation("mma-bf16-as-tf32", "mma.cuh", "emu_mma(EMU_MMA_BF16, &lane);", "emu_mma(EMU_MMA_TF32, &lane);",
+             "the bf16 mma run as a tf32 one"),
+    Mutation("mma-ldmatrix-trans", "mma.cuh", "Transposed ? EMU_LDMATRIX_TRANS : EMU_LDMATRIX",
+             "Transposed ? EMU_LDMATRIX : EMU_LDMATRIX_TRANS", "ldmatrix: .trans and the plain load swapped"),
     # ----- column_sums.cu
     Mutation("cs-chunk-end", "column_sums.cu", "row < last; ++row", "row <= last; ++row",
              "column sums: each chunk adds the first row of the next"),

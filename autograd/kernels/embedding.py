@@ -2,7 +2,10 @@
 the output's type in one pass; the table's gradient summed without atomics, so that it repeats
 bit for bit: each block of the backward takes a few table rows, goes through the positions in
 order and adds the gradients of those that picked its rows, one after another. One launch each
-way, reading the ids as they are: no sort, no copy of them."""
+way, reading the ids as they are: no sort, no copy of them (an int64 array of ids is kept as the
+reference keeps it: changed in place before the backward, it changes the gradient). Every block
+reads all the ids: (rows / 8) x positions reads, which a GPU's L2 serves (166 MB at GPT-1's batch
+of 8 x 512), growing with the batch where a sort would grow as n log n."""
 
 import numpy as np
 

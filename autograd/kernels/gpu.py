@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json  # a path as a C string literal: JSON escapes it the same way
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -122,15 +123,17 @@ def float32_or_null(xp, array):
 def counters(xp, n):
     """n uint32 counters at 0 on the current device, for a kernel whose blocks count their arrivals
     (partial_sums.cuh): the last block to arrive sets its counter back to 0, so the same counters
-    serve each launch of a stream after another. Kept per device, stream and n."""
+    serve each launch of a stream after another. Kept per device, stream, host thread (CuPy's
+    per-thread default streams share one handle) and n."""
+    thread = threading.get_ident()
     if emulated_gpu.current():
-        return _counters(xp, emulated_gpu.NAME, 0, n)
+        return _counters(xp, emulated_gpu.NAME, 0, thread, n)
     cuda = backend.cupy.cuda
-    return _counters(xp, cuda.Device().id, cuda.get_current_stream().ptr, n)
+    return _counters(xp, cuda.Device().id, cuda.get_current_stream().ptr, thread, n)
 
 
 @functools.lru_cache(maxsize=64)
-def _counters(xp, device, stream, n):
+def _counters(xp, device, stream, thread, n):
     return xp.zeros(n, np.uint32)
 
 

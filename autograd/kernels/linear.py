@@ -1,7 +1,7 @@
 """Linear's fast paths. The CPU's: the matrix products cut into one run of rows per core
 (parallel.matmul), the bias added while each run is still in cache. The GPU's: the reference's
-products (cuBLAS), and the bias gradient summed from the output gradient's own storage type by the
-two passes of autograd/kernels/cuda/column_sums.cu, with no float32 copy of it."""
+products (cuBLAS), and the bias gradient summed from the output gradient's own storage type in one
+launch of autograd/kernels/cuda/column_sums.cu, with no float32 copy of it."""
 
 import numpy as np
 
@@ -67,10 +67,12 @@ def partial_sums(xp, items, width, trees=1):
     for `items` rows of `width` partial sums and the rows of the tree's levels above them, the zeroed
     counters of `trees` such trees (one per block of columns), and the float32 sums (width,)."""
     rows, counters, level = items, 0, items
-    while level > 1 or not counters:
+    while True:  # up the tree, to the level of one group
         level = -(-level // FAN_IN)
         counters += level
-        rows += level if level > 1 else 0
+        if level <= 1:
+            break
+        rows += level
     scratch, sums = xp.empty((rows, width), np.float32), xp.empty(width, np.float32)
     return scratch, gpu.counters(xp, trees * counters), sums
 

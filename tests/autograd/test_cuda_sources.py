@@ -56,8 +56,14 @@ extern "C" __global__ void mma_user(const float* x, float* out) {
         b[i] = pack_bf16x2(x[i], x[i + 4]);
         u[i] = tf32_of(x[i + 4]);
     }
+    alignas(16) __shared__ unsigned short rows[32][8];
+    for (int i = 0; i < 8; ++i) rows[threadIdx.x % 32][i] = static_cast<unsigned short>(a[i % 4]);
+    __syncthreads();
+    unsigned int m[4], n[4];
+    ldmatrix_x4<false>(m, rows[threadIdx.x % 32]);
+    ldmatrix_x4<true>(n, rows[threadIdx.x % 32]);
     float c[4] = {x[0], x[1], x[2], x[3]}, d[4], e[4];
-    mma_bf16_m16n8k16(d, a, b, c);
+    mma_bf16_m16n8k16(d, m, n, c);
     mma_tf32_m16n8k8(e, t, u, d);
     for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = e[i];
 }
@@ -67,8 +73,9 @@ extern "C" __global__ void mma_user(const float* x, float* out) {
 @pytest.mark.usefixtures("nvrtc")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
-    """mma.cuh's inline PTX, used by a kernel, goes through ptxas to a binary (PTX alone never meets
-    ptxas: a malformed asm string would show first on a GPU), and the PTX holds the instructions."""
+    """mma.cuh's inline PTX (mma, cvt, ldmatrix), used by a kernel, goes through ptxas to a binary
+    (PTX alone never meets ptxas: a malformed asm string would show first on a GPU), and the PTX holds
+    the instructions."""
     text = gpu.source("column_sums") + MMA_USER  # every source has the headers in front
     assert gpu.compile_source("mma_user", arch, text)
     ptx = gpu.compile_source("mma_user", "compute_" + arch[3:], text).decode()
@@ -77,6 +84,8 @@ def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
         "cvt.rn.bf16x2.f32",
         "cvt.rna.tf32.f32",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
     ):
         assert instruction in ptx, instruction
 

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import autograd as ag
+from autograd import backend
 from autograd import functional as F
 from autograd.kernels import emulated, gpu
+from autograd.kernels import linear as linear_kernels
 from autograd.kernels.emulated import EmulatorError
 from tests import fake_cuda
 from tests.autograd.test_functional import fresh_stream, on_device
-from tests.autograd.test_kernels import assert_fast_equals_reference
+from tests.autograd.test_kernels import assert_fast_equals_reference, column_sums_in_their_order
 from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
 from tests.autograd.test_kernels_adam import train
 from tests.autograd.test_kernels_loss_embedding import assert_close, both_paths, summation_slack
@@ -629,6 +631,25 @@ def test_layer_norm(on_emulator, dtype, width, affine):
 def test_gelu(on_emulator, dtype):
     (x,) = normal(0, (7, 300))
     assert_fast_equals_reference(F.gelu, [x * 3], on_emulator, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_with_a_bias(on_emulator, dtype):
+    """10 chunks of rows (a tree of two levels for the bias's gradient) in 3 blocks of columns, each with
+    its own tree: a block that finished a group of another column block's tree would show."""
+    x, bias = normal(3, (289, 600), (600,))
+    assert_fast_equals_reference(lambda x, b: F.gelu(x, bias=b), [x * 3, bias], on_emulator, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sums(on_emulator, dtype):
+    """75 chunks of rows (three levels of the tree) in 2 blocks of columns, the blocks in every order:
+    the bits of the order written down in test_kernels."""
+    x = normal(4, (2400, 300))[0].astype(dtype)
+    with ag.use_precision("fp32"):
+        sums = linear_kernels.column_sums(backend.to_device(x, on_emulator))
+    expected = column_sums_in_their_order(x, linear_kernels.ROWS_PER_CHUNK)
+    np.testing.assert_array_equal(backend.to_host(sums), expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -38,6 +38,26 @@ extern "C" __global__ void mma_diverging(const unsigned int* a, const unsigned i
     mma_bf16_m16n8k16(rd, ra, rb, rc);
     d[4 * lane] = rd[0];
 }
+// Four 8 x 8 matrices of a shared tile of 32 rows (copied from `tile`), lane l giving row order[l]'s address
+// plus `offset` numbers.
+extern "C" __global__ void load_matrices(const unsigned short* tile, const int* order, unsigned int* out,
+                                         int transposed, int offset) {
+    alignas(16) __shared__ unsigned short rows[32][8];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) rows[i / 8][i % 8] = tile[i];
+    __syncthreads();
+    unsigned int d[4];
+    const unsigned short* row = &rows[order[threadIdx.x]][0] + offset;
+    if (transposed)
+        ldmatrix_x4<true>(d, row);
+    else
+        ldmatrix_x4<false>(d, row);
+    for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = d[i];
+}
+extern "C" __global__ void load_from_global(const unsigned short* tile, unsigned int* out) {
+    unsigned int d[4];
+    ldmatrix_x4<false>(d, tile + 8 * threadIdx.x);
+    out[threadIdx.x] = d[0];
+}
 extern "C" __global__ void packed(const float* x, unsigned int* out, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = pack_bf16x2(x[2 * i], x[2 * i + 1]);
 }
@@ -238,3 +258,36 @@ def test_tf32_of_rounds_to_nearest_with_ties_away_from_zero(library):
     magnitude, sign = words & np.uint32(0x7FFFFFFF), words & np.uint32(0x80000000)
     expected = ((magnitude + np.uint32(0x1000)) & np.uint32(0xFFFFE000)) | sign
     np.testing.assert_array_equal(out, expected)
+
+
+# ----- ldmatrix
+
+
+def ldmatrix_model(rows, transposed):
+    """The (32, 4) registers of ldmatrix.x4 whose lanes 8i..8i+7 gave rows 0..7 of matrix i (rows: 32 x 8
+    16-bit numbers, in the lanes' order): lane l gets row l // 4, columns 2 (l % 4), 2 (l % 4) + 1 of each
+    matrix; transposed, column l // 4, rows 2 (l % 4), 2 (l % 4) + 1. The lower index in the low half."""
+    g, t = lanes()
+    matrices = rows.reshape(4, 8, 8).astype(np.uint32)
+    if transposed:
+        matrices = matrices.transpose(0, 2, 1)
+    return np.stack([m[g, 2 * t] | m[g, 2 * t + 1] << 16 for m in matrices], axis=1)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_ldmatrix_hands_each_lane_its_fragments_of_the_rows_the_lanes_point_at(library, transposed):
+    rng = np.random.default_rng(7)
+    tile = rng.integers(0, 2**16, (32, 8), dtype=np.uint16)
+    order = rng.permutation(32).astype(np.int32)  # lane l gives row order[l] of the tile
+    out = np.zeros((32, 4), np.uint32)
+    library.kernel("load_matrices")((1,), (32,), (tile, order, out, np.int32(transposed), np.int32(0)))
+    np.testing.assert_array_equal(out, ldmatrix_model(tile[order], transposed))
+
+
+def test_ldmatrix_refuses_a_row_that_is_not_16_byte_aligned_or_not_in_shared_memory(library):
+    tile, order = np.zeros((32, 8), np.uint16), np.arange(32, dtype=np.int32)
+    out = np.zeros((32, 4), np.uint32)
+    with pytest.raises(EmulatorError, match=r"load_matrices: .*lane 0 gives the row address .*, not 16"):
+        library.kernel("load_matrices")((1,), (32,), (tile, order, out, np.int32(0), np.int32(1)))
+    with pytest.raises(EmulatorError, match=r"load_from_global: .*outside the block's shared memory"):
+        library.kernel("load_from_global")((1,), (32,), (np.zeros(256, np.uint16), np.zeros(32, np.uint32)))

@@ -2,7 +2,8 @@
 // column-major, c and d (16 x 8) float32, every lane holding its fragments as the PTX ISA lays them out (written
 // out in autograd/kernels/emulator/cuda.cpp:meet_at_mma). On a GPU, inline PTX; on the emulated device, a meeting
 // of the warp's 32 lanes that computes D under the contract written there. Every lane of the warp must get there
-// together, as at a shuffle. autograd/kernels/gpu.py puts this file in front of each source, after common.cuh.
+// together, as at a shuffle; so at ldmatrix, which loads fragments from shared memory. autograd/kernels/gpu.py
+// puts this file in front of each source, after common.cuh.
 
 // m16n8k16 on bfloat16: a[4] and b[2] hold two bfloat16 each, the lower index in the low 16 bits (pack_bf16x2).
 __device__ __forceinline__ void mma_bf16_m16n8k16(float d[4], const unsigned int a[4], const unsigned int b[2],
@@ -61,5 +62,28 @@ __device__ __forceinline__ unsigned int tf32_of(float x) {
     unsigned int bits = float_to_bits(x);
     if ((bits & 0x7F800000u) == 0x7F800000u) return bits;  // an infinity kept (and a NaN, here)
     return (bits + 0x1000u) & 0xFFFFE000u;  // half of the 13 bits dropped added to the magnitude
+#endif
+}
+
+// Four 8 x 8 matrices of 16-bit numbers from shared memory into every lane's fragments, ldmatrix.x4: lanes 8i to
+// 8i + 7 give the addresses of matrix i's rows (16 bytes each, 16-byte aligned), and lane l gets in d[i] row l / 4,
+// columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i; Transposed (.trans), column l / 4, rows 2 (l % 4) and
+// 2 (l % 4) + 1: B's fragments from a row-major tile.
+template <bool Transposed>
+__device__ __forceinline__ void ldmatrix_x4(unsigned int d[4], const void* row) {
+#ifdef __CUDA_ARCH__
+    unsigned int address = static_cast<unsigned int>(__cvta_generic_to_shared(row));
+    if (Transposed)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(address)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(address)
+                     : "memory");
+#else
+    emu_ldmatrix(Transposed ? EMU_LDMATRIX_TRANS : EMU_LDMATRIX, row, d);
 #endif
 }

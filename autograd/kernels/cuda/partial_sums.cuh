@@ -11,14 +11,18 @@ constexpr int FAN_IN = 8;  // the rows one addition of a finisher takes: the tre
 
 // True, in every thread of the block, where the block brings counter to `total` by adding `count` (the last to
 // arrive); that block sets it back to 0, for the next launch. Every thread of the block calls it. Each thread's
-// earlier writes are seen by the whole device before the counter moves (__threadfence).
+// earlier writes are seen by the whole device before the counter moves, and the last block reads the others'
+// after it has seen the counter (a __threadfence on each side).
 __device__ bool last_to_arrive(unsigned int* counter, unsigned int count, unsigned int total) {
     __shared__ bool last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         last = atomicAdd(counter, count) + count == total;
-        if (last) *counter = 0;
+        if (last) {
+            __threadfence();
+            *counter = 0;
+        }
     }
     __syncthreads();
     return last;

@@ -42,7 +42,8 @@ namespace {
 
 constexpr size_t STACK_BYTES = 256 * 1024;  // per fiber; pages are only committed where touched
 const char* const WARP_CALLS[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
-                                  "__syncwarp", "mma.sync m16n8k16 bf16", "mma.sync m16n8k8 tf32"};
+                                  "__syncwarp", "mma.sync m16n8k16 bf16", "mma.sync m16n8k8 tf32",
+                                  "ldmatrix.x4", "ldmatrix.x4.trans"};
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
 enum Order { WRITTEN, REVERSED, SHUFFLED, WARPS, REVERSED_WARPS };  // EmuLaunch's order (emulated.ORDERS)
@@ -59,7 +60,7 @@ struct Fiber {
     int kind, arg, width;
     unsigned mask;
     unsigned long long value;  // its value at a shuffle, then the value it receives
-    EmuMma* mma;               // its registers at an mma
+    void* registers;           // at an mma, its EmuMma; at an ldmatrix, the four registers it receives
 };
 
 size_t page_size;
@@ -207,7 +208,7 @@ void meet_at_mma(int first, int kind) {
     int depth = kind == EMU_MMA_BF16 ? 16 : 8;
     double a[16][16], b[16][8];
     for (int lane = 0; lane < 32; ++lane) {
-        const EmuMma* r = fibers[first + lane]->mma;
+        const EmuMma* r = static_cast<EmuMma*>(fibers[first + lane]->registers);
         int g = lane / 4, t = lane % 4;
         if (kind == EMU_MMA_BF16) {
             for (int h = 0; h < 2; ++h) {  // the register's low half, then its high half
@@ -229,7 +230,7 @@ void meet_at_mma(int first, int kind) {
         }
     }
     for (int lane = 0; lane < 32; ++lane) {
-        EmuMma* r = fibers[first + lane]->mma;
+        EmuMma* r = static_cast<EmuMma*>(fibers[first + lane]->registers);
         int g = lane / 4, t = lane % 4;
         for (int i = 0; i < 4; ++i) {
             int row = g + 8 * (i / 2), column = 2 * t + i % 2;
@@ -238,6 +239,37 @@ void meet_at_mma(int first, int kind) {
             r->d[i] = static_cast<float>(sum + r->c[i]);
         }
     }
+}
+
+// ----- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8 x 8 matrices of 16-bit numbers from shared
+// memory, lanes 8i to 8i + 7 giving the addresses of matrix i's rows 0 to 7 (16 bytes each, 16-byte aligned).
+// Lane l receives in register i, as the PTX ISA lays it out, row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
+// matrix i (the lower column in the low half); with .trans, column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1.
+
+// The meeting of warp `first / 32` at an ldmatrix: every lane's registers, or -1 on an error.
+int meet_at_ldmatrix(int first, bool transposed) {
+    const unsigned short* rows[32];
+    for (int lane = 0; lane < 32; ++lane) {
+        Fiber* f = fibers[first + lane];
+        char* row = reinterpret_cast<char*>(f->value);
+        if (f->value % 16)
+            return -error(f, "ldmatrix: lane %d gives the row address %p, not 16-byte aligned", lane, row);
+        if (row < shared_start || row + 16 > shared_start + shared_bytes)
+            return -error(f, "ldmatrix: lane %d gives the row address %p, outside the block's shared memory", lane,
+                          row);
+        rows[lane] = reinterpret_cast<const unsigned short*>(row);
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        unsigned int* d = static_cast<unsigned int*>(fibers[first + lane]->registers);
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; ++i) {
+            const unsigned short* const* matrix = rows + 8 * i;
+            unsigned int low = transposed ? matrix[2 * t][g] : matrix[g][2 * t];
+            unsigned int high = transposed ? matrix[2 * t + 1][g] : matrix[g][2 * t + 1];
+            d[i] = low | high << 16;
+        }
+    }
+    return 0;
 }
 
 // Completes every meeting of warps first_warp to last_warp whose lanes are all there: the number of lanes let
@@ -269,6 +301,9 @@ int meet_warps(int first_warp, int last_warp) {
                                   m, b->meetings + 1, WARP_CALLS[b->kind], b->mask);
             }
             if (a->kind == EMU_MMA_BF16 || a->kind == EMU_MMA_TF32) meet_at_mma(first, a->kind);  // all 32 here
+            if ((a->kind == EMU_LDMATRIX || a->kind == EMU_LDMATRIX_TRANS) &&
+                meet_at_ldmatrix(first, a->kind == EMU_LDMATRIX_TRANS))
+                return -1;
             unsigned long long received[32];
             for (int m = 0; m < 32; ++m) {
                 if (!(a->mask >> m & 1u)) continue;
@@ -463,8 +498,13 @@ extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned lo
 }
 
 extern "C" void emu_mma(int kind, EmuMma* lane) {
-    current->mma = lane;
+    current->registers = lane;
     emu_warp_meet(kind, 0xFFFFFFFFu, 0, 0, 32);
+}
+
+extern "C" void emu_ldmatrix(int kind, const void* row, unsigned int d[4]) {
+    current->registers = d;
+    emu_warp_meet(kind, 0xFFFFFFFFu, reinterpret_cast<uintptr_t>(row), 0, 32);
 }
 
 extern "C" int emu_run(EmuLaunch* l, EmuCoordinates coordinates, void (*b)(void*), void* context) {

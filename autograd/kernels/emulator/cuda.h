@@ -77,7 +77,10 @@ constexpr int warpSize = 32;
 
 // ----- barriers and warp meetings (cuda.cpp): each switches to the block's scheduler until it may go on
 
-enum EmuWarpKind { EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_SYNCWARP, EMU_MMA_BF16, EMU_MMA_TF32 };
+enum EmuWarpKind {
+    EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_SYNCWARP,
+    EMU_MMA_BF16, EMU_MMA_TF32, EMU_LDMATRIX, EMU_LDMATRIX_TRANS
+};
 extern "C" void emu_syncthreads(void);
 extern "C" unsigned long long emu_warp_meet(int kind, unsigned mask, unsigned long long bits, int arg, int width);
 
@@ -88,6 +91,8 @@ struct EmuMma {
     float c[4], d[4];
 };
 extern "C" void emu_mma(int kind, EmuMma* lane);
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: `row` the lane's row address, d its four registers.
+extern "C" void emu_ldmatrix(int kind, const void* row, unsigned int d[4]);
 
 inline void __syncthreads() { emu_syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { emu_warp_meet(EMU_SYNCWARP, mask, 0, 0, warpSize); }
