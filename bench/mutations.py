@@ -150,7 +150,7 @@ MUTATIONS = [
              "pack_bf16x2: the pair's halves swapped"),
     Mutation("mma-tf32-ties", "mma.cuh", "return (bits + 0x1000u) & 0xFFFFE000u;",
              "return (bits + 0x0FFFu) & 0xFFFFE000u;", "tf32_of: ties rounded toward zero"),
-    Mutation("mma-bf16-as-tf32", "mma.cuh", "emu_mma(EMU_MMA_BF16, &lane);", "emu_mma(EMU_MMA_TF32, &lane);",
+    Mutation("mma-bf16-as-tf32", "mma.cuh", "emulated_mma(EMU_MMA_BF16,", "emulated_mma(EMU_MMA_TF32,",
              "the bf16 mma run as a tf32 one"),
     Mutation("mma-ldmatrix-trans", "mma.cuh", "Transposed ? EMU_LDMATRIX_TRANS : EMU_LDMATRIX",
              "Transposed ? EMU_LDMATRIX : EMU_LDMATRIX_TRANS", "ldmatrix: .trans and the plain load swapped"),
