@@ -34,7 +34,7 @@ def nvrtc():
     return pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
 
 
-@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90", "sm_80", "sm_90"])  # PTX, and binaries: ptxas
 @pytest.mark.parametrize("name", SOURCES)
 def test_every_cuda_source_compiles_without_a_warning(nvrtc, name, arch):
     program = nvrtc.createProgram(gpu.source(name), f"{name}.cu", [], [])
