@@ -157,8 +157,8 @@ MUTATIONS = [
     # ----- column_sums.cu
     Mutation("cs-chunk-end", "column_sums.cu", "row < last; ++row", "row <= last; ++row",
              "column sums: each chunk adds the first row of the next"),
-    Mutation("cs-column-guard", "column_sums.cu", "j < width; j += step) {\n        float sum = 0.0f;",
-             "j <= width; j += step) {\n        float sum = 0.0f;",
+    Mutation("cs-column-guard", "column_sums.cu", "j < width; j += column_step()) {",
+             "j <= width; j += column_step()) {",
              "column sums: one thread past the last column writes a partial"),
     Mutation("cs-first-chunk", "column_sums.cu", "(blockIdx.x) * rows_per_chunk;",
              "(blockIdx.x) * rows_per_chunk + (blockIdx.x > 0);",

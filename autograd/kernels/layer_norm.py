@@ -154,7 +154,8 @@ def backward_gpu(ctx, grad):
     rows, width = x.size // x.shape[-1], x.shape[-1]
     chunks = -(-rows // ROWS_PER_CHUNK)
     grad = xp.ascontiguousarray(grad, dtype=x.dtype)
-    grad_x, (*scratch, sums) = xp.empty_like(x), linear_kernels.partial_sums(xp, chunks, 2 * width)
+    grad_x = xp.empty_like(x)
+    *scratch, sums = linear_kernels.partial_sums(xp, chunks, 2 * width)
     kernel, grid, block = _row_kernel("layer_norm", "backward", chunks, width, x.dtype)
     args = (x, grad, ctx.weight, ctx.mean, ctx.rstd, grad_x, *scratch, sums)
     kernel(grid, block, args + (np.int64(rows), np.int32(width), np.int32(ROWS_PER_CHUNK)))

@@ -4,15 +4,13 @@
 // then partial_sums.cuh's finish_sums adds the chunks' partial sums in a tree fixed by the shapes.
 
 // Launch: grid (chunks, column blocks), one column a thread, its chunk's rows in order; the columns in steps of
-// the grid's (gridDim.y blocks of blockDim.x threads). scratch, counters, sums: as linear.py's partial_sums makes them.
+// the grid's (partial_sums.cuh's column_step). scratch, counters, sums: as linear.py's partial_sums makes them.
 template <typename T>
 __device__ void column_sums(const T* x, float* scratch, unsigned int* counters, float* sums, long long rows,
                             long long width, int rows_per_chunk) {
     long long first = static_cast<long long>(blockIdx.x) * rows_per_chunk;
     long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-    long long column = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x;
-    long long step = static_cast<long long>(gridDim.y) * blockDim.x;
-    for (long long j = column; j < width; j += step) {
+    for (long long j = first_column(); j < width; j += column_step()) {
         float sum = 0.0f;
         for (long long row = first; row < last; ++row) sum += to_float(x[row * width + j]);
         scratch[blockIdx.x * width + j] = sum;

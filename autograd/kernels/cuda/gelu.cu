@@ -27,8 +27,7 @@ __device__ void gelu_forward(const T* x, const float* bias, T* out, long long ro
                              int rows_per_chunk) {
     long long first = static_cast<long long>(blockIdx.x) * rows_per_chunk;
     long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-    for (long long j = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
-         j += static_cast<long long>(gridDim.y) * blockDim.x) {
+    for (long long j = first_column(); j < width; j += column_step()) {
         float b = bias ? bias[j] : 0.0f;
         for (long long i = first * width + j; i < last * width; i += width) {
             float v = to_float(x[i]) + b;
@@ -43,9 +42,7 @@ __device__ void gelu_backward(const T* x, const float* bias, const T* grad, T* o
                               unsigned int* counters, float* db, long long rows, long long width, int rows_per_chunk) {
     long long first = static_cast<long long>(blockIdx.x) * rows_per_chunk;
     long long last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-    long long column = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x;
-    long long step = static_cast<long long>(gridDim.y) * blockDim.x;
-    for (long long j = column; j < width; j += step) {
+    for (long long j = first_column(); j < width; j += column_step()) {
         float b = bias ? bias[j] : 0.0f, sum = 0.0f;
         for (long long i = first * width + j; i < last * width; i += width) {
             float dx = to_float(grad[i]) * gelu_slope(to_float(x[i]) + b);

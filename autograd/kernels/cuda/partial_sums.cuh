@@ -77,11 +77,15 @@ __device__ void finish_sums(PartialSums to, long long n, long long width, long l
     }
 }
 
-// finish_sums for a grid (chunks, column blocks) whose block (c, b) has written chunk c's sums of its columns,
-// b * blockDim.x + threadIdx.x in steps of gridDim.y * blockDim.x: a tree for each column block, its counters
-// after the previous one's.
+// A grid (chunks, column blocks): a thread takes the columns first_column(), then in steps of column_step().
+__device__ __forceinline__ long long first_column() {
+    return static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ long long column_step() { return static_cast<long long>(gridDim.y) * blockDim.x; }
+
+// finish_sums for a grid (chunks, column blocks) whose block (c, b) has written chunk c's sums of its columns: a
+// tree for each column block, its counters after the previous one's.
 __device__ void finish_column_blocks(PartialSums to, long long width) {
     to.counters += blockIdx.y * tree_counters(gridDim.x);
-    long long first = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x;
-    finish_sums(to, gridDim.x, width, blockIdx.x, 1, first, static_cast<long long>(gridDim.y) * blockDim.x);
+    finish_sums(to, gridDim.x, width, blockIdx.x, 1, first_column(), column_step());
 }
