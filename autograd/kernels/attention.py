@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import buffers, masks, parallel
 from ..backend import get_array_module
+from ..precision import bfloat16
 from ..ops import unbroadcast
 from . import gpu
 from . import linear as linear_kernels
@@ -139,10 +140,14 @@ def multi_head_backward_cpu(ctx, grad):
 # ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
 
 WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in the first that holds it
-# rows a block takes per tile (attention.cu's Tiles): queries in the forward, keys in the backward over
-# keys, queries in the backward over queries. The kernels stride over their tiles: any grid gives the
-# same numbers.
-TILE_ROWS = {64: (64, 32, 32), 128: (32, 16, 16)}
+# rows a block takes per tile, by type and head width: queries in the forward, keys in the backward over
+# keys, queries in the backward over queries (attention.cu's Tiles on CUDA cores for float32; on tensor
+# cores for bfloat16, 16 rows for each of 4 warps). The kernels stride over their tiles: any grid gives
+# the same numbers.
+TILE_ROWS = {
+    np.dtype(np.float32): {64: (64, 32, 32), 128: (32, 16, 16)},
+    bfloat16: {64: (64, 64, 64), 128: (64, 64, 64)},
+}
 TILE_THREADS = 128
 MAX_GRID_Y = 65535
 NO_BIAS = (np.uintp(0),) * 3  # null pointers: nothing added to q, k and v
@@ -163,7 +168,7 @@ def _layout(a, n_head):
 
 def _launch(ctx, kernel, tile, n_rows, arrays):
     """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y)."""
-    rows = TILE_ROWS[ctx.width][tile]
+    rows = TILE_ROWS[np.dtype(ctx.dtype)][ctx.width][tile]
     grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
     gpu.kernel("attention", f"{kernel}_d{ctx.width}", ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
 

@@ -428,9 +428,7 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
             ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_q);                                                \
     }
 ATTENTION_KERNELS(64, f32, float)
-ATTENTION_KERNELS(64, bf16, bf16)
 ATTENTION_KERNELS(128, f32, float)
-ATTENTION_KERNELS(128, bf16, bf16)
 
 #define ATTENTION_ROW_DOT(suffix, T)                                                                              \
     extern "C" __global__ void attention_row_dot_##suffix(const float* out, const T* grad, float* dot,           \
@@ -440,3 +438,402 @@ ATTENTION_KERNELS(128, bf16, bf16)
     }
 ATTENTION_ROW_DOT(f32, float)
 ATTENTION_ROW_DOT(bf16, bf16)
+
+// ----- On tensor cores, for bfloat16: FlashAttention-2 (Dao 2023) on mma.sync m16n8k16 (mma.cuh)
+//
+// The same three tile kernels and the same numbers, with q, k, v, dy rounded to bfloat16 in shared memory (after
+// the bias, added in float32) and the products made by the tensor cores. Each of a block's 4 warps takes 16 rows
+// of the block's 64 (queries in the forward and in dq, keys in dk and dv) and holds its tiles of S, dP, y, dq,
+// dk, dv as mma's C fragments: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
+// of each 8-column tile, so a row's statistics are reduced over a quad of lanes. P (and dS, and the dropped-out
+// W) never leave registers: rounded to bfloat16, the C fragments of two 8-column tiles are the A fragment of the
+// next product over those 16 columns (pack_fragments). The numbers, which the tests' NumPy twin follows bit for
+// bit on the emulated device:
+//   - a product adds 16 columns at a time to its float32 accumulator (mma.cuh's contract), in order;
+//   - the scores are in base 2, S2 = (q k^T) (scale log2 e), so that P = 2^(S2 - max) (exp2_of); L2 = max + log2(l);
+//   - the forward's running max and sum move once per tile of keys; each lane sums its own columns of a row in
+//     order (l), the quad adds its four sums at the end: (l0 + l1) + (l2 + l3);
+//   - P, W and dS are rounded to bfloat16 before their second product (as FlashAttention and cuDNN do).
+// Key tiles above the causal diagonal are skipped, and the forward masks only the tiles that cross it.
+
+constexpr int MMA_ROWS = 64;  // a block's rows: 16 for each of its 4 warps
+constexpr float LOG2_E = 1.4426950408889634f;
+
+// The inner tiles, within 48 KB of shared memory: keys per step of the forward and of dq, queries per step of
+// dk and dv.
+template <int D>
+struct MmaTiles;
+template <>
+struct MmaTiles<64> {
+    static constexpr int forward_keys = 64, backward = 64;
+};
+template <>
+struct MmaTiles<128> {
+    static constexpr int forward_keys = 32, backward = 16;
+};
+
+// 2^x and log2(x): the GPU's approximations (ex2.approx, lg2.approx: within a few units in the last place); on the
+// emulated device the exact values rounded once to float32, which the NumPy twin computes too.
+TG_DEVICE float exp2_of(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return static_cast<float>(exp2(static_cast<double>(x)));
+#endif
+}
+TG_DEVICE float log2_of(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return static_cast<float>(log2(static_cast<double>(x)));
+#endif
+}
+
+// The maximum and the sum over a quad (the 4 lanes that hold a row), in a fixed order.
+TG_DEVICE float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+}
+TG_DEVICE float quad_sum(float x) {
+    x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+    return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+}
+
+// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) into tile[R][D + 8] as bfloat16, plus
+// the head's bias (null: none) added in float32 before the rounding; zero past n_rows and past the width. A row
+// of D + 8 numbers is a multiple of 16 bytes, and the 8 rows an ldmatrix reads fall in different banks.
+template <int R, int D, typename T>
+TG_DEVICE void load_bf16_rows(bf16* tile, const T* head, const float* bias, long long row, int r0, int n_rows,
+                              int width) {
+    for (int i = threadIdx.x; i < R * D; i += TILE_THREADS) {
+        int r = i / D, c = i % D;
+        store(tile, r * (D + 8) + c,
+              (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) + bias_at(bias, c) : 0.0f);
+    }
+}
+
+// mma's A fragment of the 16 x 16 block at rows 0 .. 15, columns k0 .. k0 + 15 of a row-major tile (ld numbers a
+// row): ldmatrix's matrices (0, k0), (8, k0), (0, k0 + 8), (8, k0 + 8).
+TG_DEVICE void load_a(unsigned int a[4], const bf16* tile, int ld, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4<false>(a, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + k0 + 8 * (lane / 16));
+}
+// B's fragments for the columns n0 .. n0 + 15 (two 8-column tiles: b[0..1], b[2..3]) and rows k0 .. k0 + 15, where
+// B(k, n) = tile[n][k]: a tile of keys as K^T.
+TG_DEVICE void load_b_of_rows(unsigned int b[4], const bf16* tile, int ld, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4<false>(b, tile + (n0 + lane % 8 + 8 * (lane / 16)) * ld + k0 + 8 * (lane / 8 % 2));
+}
+// The same where B(k, n) = tile[k][n]: a tile of values as V, through ldmatrix's transposing loads.
+TG_DEVICE void load_b_of_columns(unsigned int b[4], const bf16* tile, int ld, int k0, int n0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4<true>(b, tile + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * ld + n0 + 8 * (lane / 16));
+}
+
+// c += X Y^T for the 16 rows of x and the N rows of y, over their K columns (K, N multiples of 16): S = Q K^T.
+template <int N, int K>
+TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const bf16* x, const bf16* y, int ld) {
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        unsigned int a[4];
+        load_a(a, x, ld, k0);
+#pragma unroll
+        for (int n = 0; n < N / 8; n += 2) {
+            unsigned int b[4];
+            load_b_of_rows(b, y, ld, 8 * n, k0);
+            mma_bf16_m16n8k16(c[n], a, b, c[n]);
+            mma_bf16_m16n8k16(c[n + 1], a, b + 2, c[n + 1]);
+        }
+    }
+}
+
+// c += P Y for P (16 x K) held as A fragments and the K rows of y, over its N columns: y += W V.
+template <int K, int N>
+TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[K / 16][4], const bf16* y, int ld) {
+    for (int j = 0; j < K / 16; ++j) {
+#pragma unroll
+        for (int n = 0; n < N / 8; n += 2) {
+            unsigned int b[4];
+            load_b_of_columns(b, y, ld, 16 * j, 8 * n);
+            mma_bf16_m16n8k16(c[n], p[j], b, c[n]);
+            mma_bf16_m16n8k16(c[n + 1], p[j], b + 2, c[n + 1]);
+        }
+    }
+}
+
+// A 16 x K block held as C fragments, rounded to bfloat16, as the A fragments of its K / 16 column chunks: the C
+// tiles 2j and 2j + 1 are chunk j's columns 0 .. 7 and 8 .. 15.
+template <int K>
+TG_DEVICE void pack_fragments(unsigned int (&a)[K / 16][4], const float (&c)[K / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < K / 16; ++j) {
+        a[j][0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);          // row g, columns 2t, 2t + 1
+        a[j][1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);          // row g + 8
+        a[j][2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);  // row g, columns 8 + 2t, 9 + 2t
+        a[j][3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);  // row g + 8
+    }
+}
+
+// Whether query t keeps key s under dropout, drawn on its own (the backward over keys meets each pair once).
+TG_DEVICE bool keeps_at(const Attention& a, int bh, int t, int s) {
+    if (a.mask.threshold == 0) return true;
+    const MaskRow row = mask_row(a, bh, t);
+    return dropout_keeps(a.mask, row.example, row.start + s);
+}
+
+// The column of entry i of a lane's 8-column C tile n (0 .. 7 within the tile: 2t and 2t + 1), and its row (g, g + 8).
+TG_DEVICE int fragment_column(int n, int i) { return 8 * n + 2 * (threadIdx.x % 4) + i % 2; }
+TG_DEVICE int fragment_row(int i) { return threadIdx.x % 32 / 4 + 8 * (i / 2); }
+
+// Forward: y and L2 for one head per blockIdx.x and 64 queries at a time (the longest causal rows first), BC keys
+// a step. Per row: the running max m (base 2), this lane's part of the sum l, and y's accumulator, which shrink by
+// 2^(m_old - m_new) when m grows. y = acc * keep_scale / l, L2 = m + log2(l): the normaliser is the undropped sum.
+template <int D, int BC>
+__device__ void attention_forward_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                                      float* out_float, float* lse) {
+    constexpr int LD = D + 8;
+    alignas(16) __shared__ bf16 sq[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+    const int warp = threadIdx.x / 32, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    out += a.head_start(a.o, bh);
+    out_float += a.head_start(a.o, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
+    const float scale = a.scale * LOG2_E;  // e^x = 2^(x log2 e)
+    const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
+    for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
+        const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
+        const int rows[2] = {first_row + fragment_row(0), first_row + fragment_row(2)};
+        __syncthreads();  // the last tile's products are done with sq
+        load_bf16_rows<MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+        float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f}, acc[D / 8][4] = {};
+        const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
+        MaskWalk walk[2];
+        const int keys_end = a.keys_end(q0 + MMA_ROWS);
+        for (int k0 = 0; k0 < keys_end; k0 += BC) {
+            __syncthreads();  // the last step's products are done with sk, sv (and sq is written)
+            load_bf16_rows<BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_bf16_rows<BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            __syncthreads();
+            float s[BC / 8][4] = {};
+            multiply_by_rows<BC, D>(s, sq + 16 * warp * LD, sk, LD);
+            // a row past T sees every key (t + S - T >= S), so that no row is all -inf
+            const bool all_seen = a.sees(first_row, k0 + BC - 1);  // by every row of the warp: no mask
+            float tile_max[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+            for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const bool seen = all_seen || a.sees(rows[i / 2], k0 + fragment_column(n, i));
+                    s[n][i] = seen ? s[n][i] * scale : minus_infinity();
+                    tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+                }
+            float shrink[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
+                shrink[h] = exp2_of(m[h] - m_new);
+                m[h] = m_new;
+                l[h] *= shrink[h];
+            }
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[n][i] *= shrink[i / 2];
+#pragma unroll
+            for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float p = exp2_of(s[n][i] - m[i / 2]);
+                    l[i / 2] += p;
+                    s[n][i] = (p > 0.0f && walk[i / 2].keeps(a, mask[i / 2], k0 + fragment_column(n, i))) ? p : 0.0f;
+                }
+            unsigned int w[BC / 16][4];
+            pack_fragments<BC>(w, s);
+            multiply_fragments<BC, D>(acc, w, sv, LD);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] = quad_sum(l[h]);
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = rows[i / 2], c = fragment_column(n, i);
+                if (t >= a.n_queries || c >= a.e) continue;
+                const float y = acc[n][i] * (a.keep_scale / l[i / 2]);
+                store(out, t * a.o.row + c, y);
+                out_float[t * a.o.row + c] = y;
+            }
+        for (int h = 0; h < 2; ++h)
+            if (threadIdx.x % 4 == 0 && rows[h] < a.n_queries)
+                lse[static_cast<long long>(bh) * a.n_queries + rows[h]] = m[h] + log2_of(l[h]);
+    }
+}
+
+// Backward over keys: dk and dv for one head per blockIdx.x and 64 keys at a time, summed over the tiles of BR
+// queries that see them. The warp's transposed tiles S2^T = K Q^T scale log2 e and dW^T = V dy^T give
+// P^T = 2^(S2^T - L2), W^T (dropped out) and dS^T = P^T (dP^T - D), the A fragments of dv += W^T dy and
+// dk += dS^T q (times scale at the end).
+template <int D, int BR>
+__device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v,
+                                            const bf16* grad, const float* lse, const float* dot, bf16* grad_k,
+                                            bf16* grad_v) {
+    constexpr int LD = D + 8;
+    alignas(16) __shared__ bf16 sk[MMA_ROWS * LD], sv[MMA_ROWS * LD], sq[BR * LD], sg[BR * LD];
+    __shared__ float sl[BR], sdot[BR];
+    const int warp = threadIdx.x / 32, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    grad += a.head_start(a.o, bh);
+    grad_k += a.head_start(a.k, bh);
+    grad_v += a.head_start(a.v, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
+    lse += static_cast<long long>(bh) * a.n_queries;
+    dot += static_cast<long long>(bh) * a.n_queries;
+    const float scale = a.scale * LOG2_E;
+    const int n_tiles = (a.n_keys + MMA_ROWS - 1) / MMA_ROWS;
+    for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
+        const int k0 = tile * MMA_ROWS, first_key = k0 + 16 * warp;
+        const int keys[2] = {first_key + fragment_row(0), first_key + fragment_row(2)};
+        __syncthreads();  // the last tile's products are done with every buffer
+        load_bf16_rows<MMA_ROWS, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+        load_bf16_rows<MMA_ROWS, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+        float gk[D / 8][4] = {}, gv[D / 8][4] = {};
+        // the first query that sees key k0: k0 - (S - T) under the causal mask
+        const int first = a.causal ? max(0, k0 - (a.n_keys - a.n_queries)) : 0;
+        for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
+            __syncthreads();  // the last step's products are done with sq, sg, sl, sdot
+            load_bf16_rows<BR, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+            load_bf16_rows<BR, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
+            for (int i = threadIdx.x; i < BR; i += TILE_THREADS) {
+                sl[i] = q0 + i < a.n_queries ? lse[q0 + i] : 0.0f;
+                sdot[i] = q0 + i < a.n_queries ? dot[q0 + i] : 0.0f;
+            }
+            __syncthreads();
+            float st[BR / 8][4] = {}, gwt[BR / 8][4] = {};
+            multiply_by_rows<BR, D>(st, sk + 16 * warp * LD, sq, LD);
+            multiply_by_rows<BR, D>(gwt, sv + 16 * warp * LD, sg, LD);
+#pragma unroll
+            for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int c = fragment_column(n, i), t = q0 + c, key = keys[i / 2];
+                    const float p = (t < a.n_queries && a.sees(t, key)) ? exp2_of(st[n][i] * scale - sl[c]) : 0.0f;
+                    const bool kept = p > 0.0f && keeps_at(a, bh, t, key);
+                    const float grad_p = kept ? gwt[n][i] * a.keep_scale : 0.0f;
+                    st[n][i] = kept ? p * a.keep_scale : 0.0f;  // W^T
+                    gwt[n][i] = p * (grad_p - sdot[c]);          // dS^T
+                }
+            unsigned int w[BR / 16][4], ds[BR / 16][4];
+            pack_fragments<BR>(w, st);
+            pack_fragments<BR>(ds, gwt);
+            multiply_fragments<BR, D>(gv, w, sg, LD);
+            multiply_fragments<BR, D>(gk, ds, sq, LD);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int key = keys[i / 2], c = fragment_column(n, i);
+                if (key >= a.n_keys) continue;
+                if (c < a.d) store(grad_k, key * a.k.row + c, gk[n][i] * a.scale);
+                if (c < a.e) store(grad_v, key * a.v.row + c, gv[n][i]);
+            }
+    }
+}
+
+// Backward over queries: dq for one head per blockIdx.x and 64 queries at a time (the longest causal rows first),
+// summed over the tiles of BC keys they see: S2 = Q K^T scale log2 e and dW = dy V^T give dS = P (dP - D), the A
+// fragments of dq += dS k (times scale at the end).
+template <int D, int BC>
+__device__ void attention_backward_queries_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v,
+                                               const bf16* grad, const float* lse, const float* dot, bf16* grad_q) {
+    constexpr int LD = D + 8;
+    alignas(16) __shared__ bf16 sq[MMA_ROWS * LD], sg[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+    const int warp = threadIdx.x / 32, bh = blockIdx.x;
+    q += a.head_start(a.q, bh);
+    k += a.head_start(a.k, bh);
+    v += a.head_start(a.v, bh);
+    grad += a.head_start(a.o, bh);
+    grad_q += a.head_start(a.q, bh);
+    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
+                *v_bias = a.head_bias(a.v_bias, bh, a.e);
+    lse += static_cast<long long>(bh) * a.n_queries;
+    dot += static_cast<long long>(bh) * a.n_queries;
+    const float scale = a.scale * LOG2_E;
+    const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
+    for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
+        const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
+        const int rows[2] = {first_row + fragment_row(0), first_row + fragment_row(2)};
+        __syncthreads();  // the last tile's products are done with sq, sg
+        load_bf16_rows<MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+        load_bf16_rows<MMA_ROWS, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
+        float row_lse[2], row_dot[2], gq[D / 8][4] = {};
+        const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
+        MaskWalk walk[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            row_lse[h] = rows[h] < a.n_queries ? lse[rows[h]] : 0.0f;
+            row_dot[h] = rows[h] < a.n_queries ? dot[rows[h]] : 0.0f;
+        }
+        const int keys_end = a.keys_end(q0 + MMA_ROWS);
+        for (int k0 = 0; k0 < keys_end; k0 += BC) {
+            __syncthreads();  // the last step's product is done with sk, sv (and sq, sg are written)
+            load_bf16_rows<BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_bf16_rows<BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            __syncthreads();
+            float s[BC / 8][4] = {}, gw[BC / 8][4] = {};
+            multiply_by_rows<BC, D>(s, sq + 16 * warp * LD, sk, LD);
+            multiply_by_rows<BC, D>(gw, sg + 16 * warp * LD, sv, LD);
+#pragma unroll
+            for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = rows[i / 2], key = k0 + fragment_column(n, i);
+                    const float p =
+                        (t < a.n_queries && a.sees(t, key)) ? exp2_of(s[n][i] * scale - row_lse[i / 2]) : 0.0f;
+                    const bool kept = p > 0.0f && walk[i / 2].keeps(a, mask[i / 2], key);
+                    const float grad_p = kept ? gw[n][i] * a.keep_scale : 0.0f;
+                    s[n][i] = p * (grad_p - row_dot[i / 2]);  // dS
+                }
+            unsigned int ds[BC / 16][4];
+            pack_fragments<BC>(ds, s);
+            multiply_fragments<BC, D>(gq, ds, sk, LD);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = rows[i / 2], c = fragment_column(n, i);
+                if (t < a.n_queries && c < a.d) store(grad_q, t * a.q.row + c, gq[n][i] * a.scale);
+            }
+    }
+}
+
+// The bfloat16 kernels, under the names and parameters of the float32 ones: the launcher takes either.
+#define ATTENTION_MMA_KERNELS(D)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_d##D##_bf16(                     \
+        const bf16* q, const bf16* k, const bf16* v, bf16* out, float* out_float, float* lse, ATTENTION_PARAMS) { \
+        attention_forward_mma<D, MmaTiles<D>::forward_keys>(ATTENTION_OF_PARAMS, q, k, v, out, out_float, lse);   \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_d##D##_bf16(               \
+        const bf16* q, const bf16* k, const bf16* v, const bf16* grad, const float* lse, const float* dot,        \
+        bf16* grad_k, bf16* grad_v, ATTENTION_PARAMS) {                                                           \
+        attention_backward_keys_mma<D, MmaTiles<D>::backward>(ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot,       \
+                                                              grad_k, grad_v);                                    \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_d##D##_bf16(            \
+        const bf16* q, const bf16* k, const bf16* v, const bf16* grad, const float* lse, const float* dot,        \
+        bf16* grad_q, ATTENTION_PARAMS) {                                                                         \
+        attention_backward_queries_mma<D, MmaTiles<D>::backward>(ATTENTION_OF_PARAMS, q, k, v, grad, lse,     \
+                                                                     dot, grad_q);                                \
+    }
+ATTENTION_MMA_KERNELS(64)
+ATTENTION_MMA_KERNELS(128)
