@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import buffers, masks, parallel
 from ..backend import get_array_module
-from ..precision import bfloat16
 from ..ops import unbroadcast
+from ..precision import bfloat16
 from . import gpu
 from . import linear as linear_kernels
 

@@ -90,6 +90,23 @@ def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
         assert instruction in ptx, instruction
 
 
+@pytest.mark.usefixtures("nvrtc")
+def test_attentions_bfloat16_kernels_multiply_on_tensor_cores_and_its_float32_ones_do_not():
+    """Each kernel of attention.cu in the PTX: the bfloat16 tile kernels hold mma.sync m16n8k16 and
+    ldmatrix (plain and transposing); the float32 ones and the row dot products hold neither."""
+    ptx = gpu.compile_source("attention", "compute_90").decode()
+    kernels = {part.split("(")[0].strip(): part for part in ptx.split(".entry ")[1:]}
+    assert len(kernels) == 14
+    for name, body in kernels.items():
+        tensor_cores = name.endswith("_bf16") and "row_dot" not in name
+        for instruction in (
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+        ):
+            assert (instruction in body) == tensor_cores, (name, instruction)
+
+
 DRIVER = r"""
 #include <cstdio>
 int main() {

@@ -66,6 +66,8 @@ struct Attention {
     TG_DEVICE int keys_end(int query_end) const {
         return causal ? min(n_keys, query_end + n_keys - n_queries) : n_keys;
     }
+    // The first query that sees key s: s - (S - T) under the causal mask.
+    TG_DEVICE int first_query(int s) const { return causal ? max(0, s - (n_keys - n_queries)) : 0; }
 };
 
 // The dropout mask of the weights is masks.keep_mask's draw for the scores' shape, whose first axis is the
@@ -101,15 +103,14 @@ struct MaskWalk {
 // bias[c], or 0 where there is no bias (null).
 TG_DEVICE float bias_at(const float* bias, int c) { return bias == nullptr ? 0.0f : bias[c]; }
 
-// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) as float32 into tile[R][LD], plus
-// the head's bias (null: none) in each column; zero past n_rows and past the width.
-template <int R, int W, int LD, typename T>
-TG_DEVICE void load_rows(float* tile, const T* head, const float* bias, long long row, int r0, int n_rows,
-                         int width) {
+// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) into tile[R][LD] (float32, or bfloat16
+// rounded from float32), plus the head's bias (null: none) in each column; zero past n_rows and past the width.
+template <int R, int W, int LD, typename T, typename Tile>
+TG_DEVICE void load_rows(Tile* tile, const T* head, const float* bias, long long row, int r0, int n_rows, int width) {
     for (int i = threadIdx.x; i < R * W; i += TILE_THREADS) {
         int r = i / W, c = i % W;
-        tile[r * LD + c] =
-            (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) + bias_at(bias, c) : 0.0f;
+        store(tile, r * LD + c,
+              (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) + bias_at(bias, c) : 0.0f);
     }
 }
 
@@ -277,8 +278,7 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
         load_rows<BC, D, D + 1>(&sk[0][0], k, k_bias, a.k.row, k0, a.n_keys, a.d);
         load_rows<BC, D, D + 1>(&sv[0][0], v, v_bias, a.v.row, k0, a.n_keys, a.e);
         float gk[RM][EN] = {}, gv[RM][EN] = {};
-        // the first query that sees key k0: k0 - (S - T) under the causal mask
-        const int first = a.causal ? max(0, k0 - (a.n_keys - a.n_queries)) : 0;
+        const int first = a.first_query(k0);
         for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
             __syncthreads();  // the last step's products are done with sq, sg, sw, sds
             load_rows<BR, D, D + 1>(&sq[0][0], q, q_bias, a.q.row, q0, a.n_queries, a.d);
@@ -477,7 +477,7 @@ struct MmaTiles<128> {
 TG_DEVICE float exp2_of(float x) {
 #ifdef __CUDA_ARCH__
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 #else
     return static_cast<float>(exp2(static_cast<double>(x)));
@@ -486,7 +486,7 @@ TG_DEVICE float exp2_of(float x) {
 TG_DEVICE float log2_of(float x) {
 #ifdef __CUDA_ARCH__
     float y;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 #else
     return static_cast<float>(log2(static_cast<double>(x)));
@@ -503,17 +503,12 @@ TG_DEVICE float quad_sum(float x) {
     return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
 
-// Rows r0 .. r0 + R - 1 of one head (`row` elements apart, `width` columns) into tile[R][D + 8] as bfloat16, plus
-// the head's bias (null: none) added in float32 before the rounding; zero past n_rows and past the width. A row
-// of D + 8 numbers is a multiple of 16 bytes, and the 8 rows an ldmatrix reads fall in different banks.
+// load_rows into a bfloat16 tile of rows of D + 8: a multiple of 16 bytes, so that the 8 rows an ldmatrix reads fall
+// in different banks.
 template <int R, int D, typename T>
 TG_DEVICE void load_bf16_rows(bf16* tile, const T* head, const float* bias, long long row, int r0, int n_rows,
                               int width) {
-    for (int i = threadIdx.x; i < R * D; i += TILE_THREADS) {
-        int r = i / D, c = i % D;
-        store(tile, r * (D + 8) + c,
-              (r0 + r < n_rows && c < width) ? to_float(head[(r0 + r) * row + c]) + bias_at(bias, c) : 0.0f);
-    }
+    load_rows<R, D, D + 8>(tile, head, bias, row, r0, n_rows, width);
 }
 
 // mma's A fragment of the 16 x 16 block at rows 0 .. 15, columns k0 .. k0 + 15 of a row-major tile (ld numbers a
@@ -553,6 +548,7 @@ TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const bf16* x, const bf16*
 // c += P Y for P (16 x K) held as A fragments and the K rows of y, over its N columns: y += W V.
 template <int K, int N>
 TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[K / 16][4], const bf16* y, int ld) {
+#pragma unroll
     for (int j = 0; j < K / 16; ++j) {
 #pragma unroll
         for (int n = 0; n < N / 8; n += 2) {
@@ -669,6 +665,7 @@ __device__ void attention_forward_mma(const Attention& a, const bf16* q, const b
                 store(out, t * a.o.row + c, y);
                 out_float[t * a.o.row + c] = y;
             }
+#pragma unroll
         for (int h = 0; h < 2; ++h)
             if (threadIdx.x % 4 == 0 && rows[h] < a.n_queries)
                 lse[static_cast<long long>(bh) * a.n_queries + rows[h]] = m[h] + log2_of(l[h]);
@@ -706,8 +703,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, c
         load_bf16_rows<MMA_ROWS, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
         load_bf16_rows<MMA_ROWS, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
         float gk[D / 8][4] = {}, gv[D / 8][4] = {};
-        // the first query that sees key k0: k0 - (S - T) under the causal mask
-        const int first = a.causal ? max(0, k0 - (a.n_keys - a.n_queries)) : 0;
+        const int first = a.first_query(k0);
         for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
             __syncthreads();  // the last step's products are done with sq, sg, sl, sdot
             load_bf16_rows<BR, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
