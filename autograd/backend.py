@@ -68,6 +68,15 @@ def set_tf32(on):
     return before
 
 
+def tf32_products(xp):
+    """True where the float32 matrix products of xp's device (cupy, or the emulated device's module)
+    read their inputs as TF32 now: in a tf32 block, or where CUPY_TF32=1 asked for it."""
+    if xp is np:
+        return False
+    linalg = emulated_gpu.Linalg if xp is emulated_gpu.xp else _linalg()
+    return linalg.get_compute_type(np.float32) == linalg.COMPUTE_TYPE_TF32
+
+
 def _linalg():
     """CuPy's matrix-product routines, which hold the compute type of its float32 products."""
     from cupy._core import _routines_linalg

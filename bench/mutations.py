@@ -413,6 +413,15 @@ MUTATIONS = [
              "            __syncthreads();\n            float s[BC / 8][4] = {}, gw[BC / 8][4] = {};",
              "            float s[BC / 8][4] = {}, gw[BC / 8][4] = {};",
              "attention's dq on tensor cores: the barrier after a K/V tile's loads removed"),
+    Mutation("att-tf32-pack-halves", "attention.cu", "a[j][r] = tf32_of(odd ? left[1] : left[0]);",
+             "a[j][r] = tf32_of(odd ? left[0] : left[1]);",
+             "attention in tf32: P's columns t and t + 1 swapped as a quad's lanes hand them over"),
+    Mutation("att-tf32-b-columns", "attention.cu", "b[i] = tf32_of(tile[(k0 + t + 4 * (i % 2)) * ld + n0 + g + 8 * (i / 2)]);",
+             "b[i] = tf32_of(tile[(k0 + t + 4 * (i / 2)) * ld + n0 + g + 8 * (i % 2)]);",
+             "attention in tf32: V's fragments with the two halves of k and of n swapped"),
+    Mutation("att-tf32-unrounded", "attention.cu", "a[i] = tf32_of(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);",
+             "a[i] = float_to_bits(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);",
+             "attention in tf32: A's operands handed over unrounded (the tensor cores drop their low bits)"),
 ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .. import buffers, masks, parallel
+from .. import backend, buffers, masks, parallel
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from ..precision import bfloat16
@@ -140,13 +140,15 @@ def multi_head_backward_cpu(ctx, grad):
 # ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
 
 WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in the first that holds it
-# rows a block takes per tile, by type and head width: queries in the forward, keys in the backward over
-# keys, queries in the backward over queries (attention.cu's Tiles on CUDA cores for float32; on tensor
-# cores for bfloat16, 16 rows for each of 4 warps). The kernels stride over their tiles: any grid gives
-# the same numbers.
+# The kernels of each kind by head width, and the rows a block takes per tile: queries in the forward,
+# keys in the backward over keys, queries in the backward over queries. "fp32": float32 on CUDA cores
+# (attention.cu's Tiles); on tensor cores, 16 rows for each of 4 warps, "bf16" for bfloat16 and "tf32"
+# for float32 where the device's float32 products are TF32's (heads up to 64 wide). The kernels stride
+# over their tiles: any grid gives the same numbers.
 TILE_ROWS = {
-    np.dtype(np.float32): {64: (64, 32, 32), 128: (32, 16, 16)},
-    bfloat16: {64: (64, 64, 64), 128: (64, 64, 64)},
+    "fp32": {64: (64, 32, 32), 128: (32, 16, 16)},
+    "tf32": {64: (64, 64, 64)},
+    "bf16": {64: (64, 64, 64), 128: (64, 64, 64)},
 }
 TILE_THREADS = 128
 MAX_GRID_Y = 65535
@@ -166,11 +168,19 @@ def _layout(a, n_head):
     return np.int64(batch), np.int64(a.shape[2] // n_head), np.int64(row)
 
 
+def _kind(xp, dtype, width):
+    """Which kernels of TILE_ROWS run heads of `width` in arrays of `dtype`."""
+    if dtype == bfloat16:
+        return "bf16"
+    return "tf32" if width in TILE_ROWS["tf32"] and backend.tf32_products(xp) else "fp32"
+
+
 def _launch(ctx, kernel, tile, n_rows, arrays):
     """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y)."""
-    rows = TILE_ROWS[np.dtype(ctx.dtype)][ctx.width][tile]
+    rows = TILE_ROWS[ctx.kind][ctx.width][tile]
     grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
-    gpu.kernel("attention", f"{kernel}_d{ctx.width}", ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
+    name = f"{kernel}_tf32_d{ctx.width}" if ctx.kind == "tf32" else f"{kernel}_d{ctx.width}"
+    gpu.kernel("attention", name, ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
 
 
 def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_example, biases=NO_BIAS):
@@ -187,6 +197,7 @@ def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_
     out = xp.empty((batch, n_queries, n_head * e), q.dtype)
     seed, step, site, first, threshold = generator.next_key(dropout_p) if dropout_p > 0 else (0, 0, 0, 0, 0)
     ctx.dtype, ctx.width, ctx.n_head, ctx.n_heads = q.dtype, _kernel_width(d, e), n_head, batch * n_head
+    ctx.kind = _kind(xp, q.dtype, ctx.width)
     ctx.args = (
         *biases,
         *_layout(q, n_head),

@@ -91,20 +91,32 @@ def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
 
 
 @pytest.mark.usefixtures("nvrtc")
-def test_attentions_bfloat16_kernels_multiply_on_tensor_cores_and_its_float32_ones_do_not():
+def test_attentions_kernels_multiply_on_the_tensor_cores_of_their_kind():
     """Each kernel of attention.cu in the PTX: the bfloat16 tile kernels hold mma.sync m16n8k16 and
-    ldmatrix (plain and transposing); the float32 ones and the row dot products hold neither."""
+    ldmatrix (plain and transposing); the tf32 ones, mma.sync m16n8k8 on operands rounded by cvt.rna;
+    the float32 ones on CUDA cores and the row dot products, none of them."""
     ptx = gpu.compile_source("attention", "compute_90").decode()
     kernels = {part.split("(")[0].strip(): part for part in ptx.split(".entry ")[1:]}
-    assert len(kernels) == 14
-    for name, body in kernels.items():
-        tensor_cores = name.endswith("_bf16") and "row_dot" not in name
-        for instruction in (
+    assert len(kernels) == 17
+    instructions = {
+        "bf16": [
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
             "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
-        ):
-            assert (instruction in body) == tensor_cores, (name, instruction)
+        ],
+        "tf32": ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"],
+    }
+    for name, body in kernels.items():
+        kind = (
+            "tf32"
+            if "_tf32_" in name
+            else "bf16"
+            if name.endswith("_bf16") and "row_dot" not in name
+            else None
+        )
+        for of_kind, listed in instructions.items():
+            for instruction in listed:
+                assert (instruction in body) == (kind == of_kind), (name, instruction)
 
 
 DRIVER = r"""

@@ -60,8 +60,9 @@ def forward_and_backward(fn, inputs, device, dtype, reference):
 
 def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
     fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
-    # a fast path that sums in float32 itself (attention's kernels) is held to a reference whose
-    # float32 products are float32's too, whatever the process's TF32 setting (CUPY_TF32=1)
+    # a fast path with products of its own (attention's kernels: float32's on CUDA cores, or TF32's on
+    # tensor cores where the process asked for TF32, CUPY_TF32=1) is held to a reference whose float32
+    # products are float32's, and to TF32's error where it took TF32
     with tf32.off(device) if reference_without_tf32 else contextlib.nullcontext():
         reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
     for name, a, b in zip(
@@ -75,8 +76,10 @@ def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf
         # ones: a NaN or an infinity passes only where the other side has the same
         # (assert_allclose), and widens no tolerance.
         scale = max([1.0, terms] + [float(np.abs(x[np.isfinite(x)]).max(initial=0)) for x in [b, *inputs]])
-        rtol, atol = tolerance["rtol"], tolerance["atol"] * scale
-        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
+        allowed = dict(rtol=tolerance["rtol"], atol=tolerance["atol"] * scale)
+        if np.dtype(dtype) == np.float32:
+            allowed = tf32.tolerance(device, **allowed, scale=scale)
+        np.testing.assert_allclose(a, b, **allowed, err_msg=name)
 
 
 @compares_fast_path_of(F.Linear)

@@ -186,7 +186,7 @@ CAUSAL_KEY_EDGES = [
 def test_causal_attention_where_the_last_key_seen_starts_a_tile(device, n_queries, n_keys, width):
     """A key range one short (or one long) of what a causal row sees shows only where that key is
     the first of its tile: forward, and both backward kernels, which walk the keys and queries."""
-    tile = attention_kernels.TILE_ROWS[np.dtype(np.float32)][64 if width <= 64 else 128][1]
+    tile = attention_kernels.TILE_ROWS["fp32"][64 if width <= 64 else 128][1]
     assert (n_keys - n_queries) % tile == 1, "the case no longer meets a tile's edge: update it"
     inputs = normal(n_keys, (2, n_queries, width), (2, n_keys, width), (2, n_keys, width))
     assert_fast_equals_reference(

@@ -1,10 +1,14 @@
-"""Attention's bfloat16 kernels on tensor cores (autograd/kernels/cuda/attention.cu, FlashAttention-2 on
-mma.sync) against their NumPy twin: the kernels' arithmetic written out here in their order, which the
-emulated device must match bit for bit, forward and backward, causal or not, with dropout, for T and S
-that leave partial tiles and heads of any width up to 128; on a GPU within a few roundings. Also what the
-PTX holds, and the dropout mask seen through identity values."""
+"""Attention's kernels on tensor cores (autograd/kernels/cuda/attention.cu, FlashAttention-2 on mma.sync),
+for bfloat16 and for float32 read as tf32, against their NumPy twin: the kernels' arithmetic written out
+here in their order, which the emulated device must match bit for bit, forward and backward, causal or
+not, with dropout, for T and S that leave partial tiles and heads of any width the kernels take (up to
+128 in bfloat16, 64 in tf32); on a GPU within a few roundings. Also the dropout mask seen through
+identity values."""
 
+import contextlib
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -13,18 +17,35 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, masks
+from autograd import backend, emulated_gpu, masks
 from autograd import functional as F
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import upstream
 
 LOG2_E = np.float32(1.4426950408889634)
-KEYS_PER_STEP = {64: 64, 128: 32}  # the forward's key tile by kernel head width (attention.cu's MmaTiles)
 
 
 def bf16(x):
     """x rounded to bfloat16 (to nearest, ties to even), as float32."""
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+class Kind(NamedTuple):
+    """The tensor cores' kernels for one type: how an operand is rounded for a product, the columns an mma
+    adds at a time, the forward's keys per step by kernel head width (attention.cu's MmaTiles), how the
+    results are stored, and the block in which they run."""
+
+    dtype: object
+    operand: Callable
+    chunk: int
+    keys_per_step: dict
+    stored: Callable
+    context: Callable
+
+
+BF16 = Kind(ag.bfloat16, bf16, 16, {64: 64, 128: 32}, bf16, contextlib.nullcontext)
+TF32 = Kind(np.float32, emulated_gpu.tf32, 8, {64: 32}, np.asarray, lambda: ag.use_precision("tf32"))
+KINDS = {"bf16": BF16, "tf32": TF32}
 
 
 def exp2(x):
@@ -36,12 +57,14 @@ def log2(x):
     return np.log2(x.astype(np.float64)).astype(np.float32)
 
 
-def accumulate(acc, x, y):
-    """acc + x y as a warp's mma.sync adds it: 16 columns of x (rows of y) at a time, each chunk's products
-    added in float64 in the order of k, then acc, rounded once to float32 (mma.cuh's contract)."""
-    for k0 in range(0, x.shape[-1], 16):
+def accumulate(kind, acc, x, y):
+    """acc + x y as a warp's mma.sync adds it, x and y rounded to the kind's operands: kind.chunk columns of
+    x (rows of y) at a time, each chunk's products added in float64 in the order of k, then acc, rounded
+    once to float32 (mma.cuh's contract)."""
+    x, y = kind.operand(x), kind.operand(y)
+    for k0 in range(0, x.shape[-1], kind.chunk):
         total = np.zeros(acc.shape)
-        for k in range(k0, min(k0 + 16, x.shape[-1])):
+        for k in range(k0, min(k0 + kind.chunk, x.shape[-1])):
             total += x[..., k, None].astype(np.float64) * y[..., k, None, :].astype(np.float64)
         acc = (total + acc).astype(np.float32)
     return acc
@@ -56,11 +79,10 @@ def seen(n_queries, n_keys, causal):
     )
 
 
-def twin_forward(q, k, v, causal, keep, keep_scale, keys_per_step):
-    """y (float32, before its rounding to bfloat16) and L2, the base-2 log-sum-exp of each row, for
-    q (n, T, d), k (n, S, d), v (n, S, e) holding bfloat16 numbers and dropout's keep (n, T, S) (None:
-    none): the forward kernel's online softmax over steps of keys_per_step keys, each lane of a quad summing
-    its own columns."""
+def twin_forward(kind, q, k, v, causal, keep, keep_scale, keys_per_step):
+    """y (float32, before it is stored) and L2, the base-2 log-sum-exp of each row, for q (n, T, d),
+    k (n, S, d), v (n, S, e) and dropout's keep (n, T, S) (None: none): the forward kernel's online softmax
+    over steps of keys_per_step keys, each lane of a quad summing its own columns."""
     n, n_queries, n_keys = q.shape[0], q.shape[1], k.shape[1]
     scale = np.float32(1 / math.sqrt(q.shape[-1])) * LOG2_E
     visible = seen(n_queries, n_keys, causal)
@@ -70,7 +92,7 @@ def twin_forward(q, k, v, causal, keep, keep_scale, keys_per_step):
     for k0 in range(0, n_keys, keys_per_step):
         keys = slice(k0, k0 + keys_per_step)
         s = accumulate(
-            np.zeros((n, n_queries, k[:, keys].shape[1]), np.float32), q, k[:, keys].swapaxes(1, 2)
+            kind, np.zeros((n, n_queries, k[:, keys].shape[1]), np.float32), q, k[:, keys].swapaxes(1, 2)
         )
         s = np.where(visible[:, keys], s * scale, np.float32(-np.inf))
         m_new = np.maximum(m, s.max(axis=-1))
@@ -82,7 +104,7 @@ def twin_forward(q, k, v, causal, keep, keep_scale, keys_per_step):
         for column in range(p.shape[-1]):
             lane_sums[..., column % 8 // 2] += p[..., column]
         w = p if keep is None else np.where(keep[:, :, keys], p, np.float32(0))
-        acc = accumulate(acc, bf16(w), v[:, keys])
+        acc = accumulate(kind, acc, w, v[:, keys])
     total = (lane_sums[..., 0] + lane_sums[..., 1]) + (lane_sums[..., 2] + lane_sums[..., 3])
     return acc * (np.float32(keep_scale) / total)[..., None], m + log2(total)
 
@@ -98,39 +120,38 @@ def twin_row_dot(y, dy):
     return lanes[..., 0]
 
 
-def twin_backward(q, k, v, dy, y, lse2, causal, keep, keep_scale):
-    """dq, dk, dv (float32, before their rounding) from the forward's y and L2: P recomputed from them, dW and
-    dS in float32, then W and dS rounded to bfloat16 for their products, which add 16 queries (dk, dv) or
-    keys (dq) at a time in order."""
+def twin_backward(kind, q, k, v, dy, y, lse2, causal, keep, keep_scale):
+    """dq, dk, dv (float32, before they are stored) from the forward's y and L2: P recomputed from them, dW
+    and dS in float32, then W and dS rounded for their products, which add queries (dk, dv) or keys (dq) a
+    chunk at a time in order."""
     scale = np.float32(1 / math.sqrt(q.shape[-1]))
     dot = twin_row_dot(y, dy)
-    s = accumulate(np.zeros((q.shape[0], q.shape[1], k.shape[1]), np.float32), q, k.swapaxes(1, 2))
+    s = accumulate(kind, np.zeros((q.shape[0], q.shape[1], k.shape[1]), np.float32), q, k.swapaxes(1, 2))
     exponent = np.where(seen(q.shape[1], k.shape[1], causal), s * (scale * LOG2_E) - lse2[..., None], -np.inf)
     p = exp2(exponent.astype(np.float32))
-    grad_w = accumulate(np.zeros_like(s), dy, v.swapaxes(1, 2))
+    grad_w = accumulate(kind, np.zeros_like(s), dy, v.swapaxes(1, 2))
     kept = p > 0 if keep is None else (p > 0) & keep
     grad_p = np.where(kept, grad_w * np.float32(keep_scale), np.float32(0))
     w = np.where(kept, p * np.float32(keep_scale), np.float32(0))
     grad_s = p * (grad_p - dot[..., None])
-    grad_v = accumulate(np.zeros(v.shape, np.float32), bf16(w).swapaxes(1, 2), dy)
-    grad_k = accumulate(np.zeros(k.shape, np.float32), bf16(grad_s).swapaxes(1, 2), q) * scale
-    grad_q = accumulate(np.zeros(q.shape, np.float32), bf16(grad_s), k) * scale
+    grad_v = accumulate(kind, np.zeros(v.shape, np.float32), w.swapaxes(1, 2), dy)
+    grad_k = accumulate(kind, np.zeros(k.shape, np.float32), grad_s.swapaxes(1, 2), q) * scale
+    grad_q = accumulate(kind, np.zeros(q.shape, np.float32), grad_s, k) * scale
     return grad_q, grad_k, grad_v
 
 
-def twin(q, k, v, dy, causal, keep, dropout_p):
-    """y, dq, dk, dv in float32 (the kernels round each to bfloat16 as they store it)."""
+def twin(kind, q, k, v, dy, causal, keep, dropout_p):
+    """y, dq, dk, dv in float32, as the kernels store them."""
     width = 64 if max(q.shape[-1], v.shape[-1]) <= 64 else 128
     keep_scale = masks.keep_scale(dropout_p)
-    y, lse2 = twin_forward(q, k, v, causal, keep, keep_scale, KEYS_PER_STEP[width])
-    return (y, *twin_backward(q, k, v, dy, y, lse2, causal, keep, keep_scale))
+    y, lse2 = twin_forward(kind, q, k, v, causal, keep, keep_scale, kind.keys_per_step[width])
+    return [kind.stored(a) for a in (y, *twin_backward(kind, q, k, v, dy, y, lse2, causal, keep, keep_scale))]
 
 
 def assert_kernel_is_twin(device, kernel_results, twin_results):
     """Bit for bit on the emulated device; on a GPU (approximate exp2, fused multiply-adds, its own order of a
     chunk's sum) within two bfloat16 roundings of the largest entry's size."""
-    for name, a, b in zip(["y", "dq", "dk", "dv"], kernel_results, twin_results):
-        expected = bf16(b)
+    for name, a, expected in zip(["y", "dq", "dk", "dv"], kernel_results, twin_results):
         if device == "cuda-emulated":
             np.testing.assert_array_equal(a.astype(np.float32), expected, err_msg=name)
         else:
@@ -140,25 +161,33 @@ def assert_kernel_is_twin(device, kernel_results, twin_results):
             )
 
 
+WIDEST = {"bf16": 128, "tf32": 64}  # the heads each kind's kernels take (the CUDA cores' run wider ones)
+
+
+def random_inputs(kind, seed, *shapes):
+    """Standard normal arrays of the shapes as the kind's arrays hold them (bfloat16, or float32)."""
+    rng = np.random.default_rng(seed)
+    return [kind.stored(rng.standard_normal(shape).astype(np.float32)) for shape in shapes]
+
+
 @st.composite
-def attention_case(draw):
-    """Heads, T, S (>= T when causal), d, e, causal: partial tiles of 16, 32 and 64 rows, both kernel
-    widths."""
+def attention_case(draw, widest):
+    """Heads, T, S (>= T when causal), d, e, causal: partial tiles of 16, 32 and 64 rows, heads up to
+    `widest` (both widths of the bfloat16 kernels)."""
     causal = draw(st.booleans())
     n_queries = draw(st.integers(1, 130))
     n_keys = draw(st.integers(n_queries, 130) if causal else st.integers(1, 130))
-    d, e = (draw(st.one_of(st.sampled_from([8, 64, 128]), st.integers(1, 128))) for _ in range(2))
+    d, e = (draw(st.one_of(st.sampled_from([8, 64, widest]), st.integers(1, widest))) for _ in range(2))
     return draw(st.integers(1, 3)), n_queries, n_keys, d, e, causal
 
 
-def assert_attention_is_its_twin(device, heads, n_queries, n_keys, d, e, causal, dropout_p, seed):
-    """scaled_dot_product_attention of random bfloat16 q, k, v: y, dq, dk, dv against the twin's."""
-    rng = np.random.default_rng(seed)
+def assert_attention_is_its_twin(device, kind, heads, n_queries, n_keys, d, e, causal, dropout_p, seed):
+    """scaled_dot_product_attention of random q, k, v: y, dq, dk, dv against the twin's."""
     shapes = [(heads, n_queries, d), (heads, n_keys, d), (heads, n_keys, e)]
-    q, k, v = (bf16(rng.standard_normal(shape)) for shape in shapes)
-    dy = bf16(upstream((heads, n_queries, e)))
-    with ag.use_reference(False):
-        tensors = [ag.tensor(a, requires_grad=True, dtype=ag.bfloat16, device=device) for a in (q, k, v)]
+    q, k, v = random_inputs(kind, seed, *shapes)
+    dy = kind.stored(upstream((heads, n_queries, e)).astype(np.float32))
+    with ag.use_reference(False), kind.context():
+        tensors = [ag.tensor(a, requires_grad=True, dtype=kind.dtype, device=device) for a in (q, k, v)]
         out = F.scaled_dot_product_attention(
             *tensors, causal=causal, dropout_p=dropout_p, generator=fresh_stream(seed)
         )
@@ -166,42 +195,50 @@ def assert_attention_is_its_twin(device, heads, n_queries, n_keys, d, e, causal,
     shape = (heads, n_queries, n_keys)
     keep = masks.keep_mask(fresh_stream(seed), shape, dropout_p, np) if dropout_p else None
     kernel_results = [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
-    assert_kernel_is_twin(device, kernel_results, twin(q, k, v, dy, causal, keep, dropout_p))
+    assert_kernel_is_twin(device, kernel_results, twin(kind, q, k, v, dy, causal, keep, dropout_p))
 
 
-@given(attention_case(), st.sampled_from([0.0, 0.3]), SEEDS)
-def test_scaled_dot_product_attention_is_its_twin(gpu_device, case, dropout_p, seed):
-    assert_attention_is_its_twin(gpu_device, *case, dropout_p, seed)
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data(), dropout_p=st.sampled_from([0.0, 0.3]), seed=SEEDS)
+def test_scaled_dot_product_attention_is_its_twin(gpu_device, kind, data, dropout_p, seed):
+    case = data.draw(attention_case(WIDEST[kind]))
+    assert_attention_is_its_twin(gpu_device, KINDS[kind], *case, dropout_p, seed)
 
 
 # (T, S, head width), causal: S - T one more than a multiple of a tile, so that the last key a tile of
 # queries sees is the first of a tile of keys, and the first query that sees a tile of keys the last of a
-# tile of queries (tiles of 64 queries and 64 keys at width 64; at width 128, 32 keys in the forward, 16
-# queries and keys a step in the backward)
+# tile of queries (in bfloat16, tiles of 64 queries and 64 keys at width 64; at width 128, and in tf32,
+# 32 keys a step in the forward, 16 queries and keys a step in the backward). tf32 runs them at width 64.
 CAUSAL_TILE_EDGES = [(64, 129, 64), (5, 70, 8), (1, 66, 3), (40, 73, 128), (16, 49, 128), (70, 135, 100)]
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n_queries, n_keys, width", CAUSAL_TILE_EDGES)
-def test_causal_attention_at_the_edges_of_tiles_is_its_twin(gpu_device, n_queries, n_keys, width):
-    assert_attention_is_its_twin(gpu_device, 2, n_queries, n_keys, width, width, True, 0.0, 0)
+def test_causal_attention_at_the_edges_of_tiles_is_its_twin(gpu_device, kind, n_queries, n_keys, width):
+    width = min(width, WIDEST[kind])
+    assert_attention_is_its_twin(gpu_device, KINDS[kind], 2, n_queries, n_keys, width, width, True, 0.0, 0)
 
 
-@given(st.integers(1, 2), st.integers(1, 130), st.integers(1, 3), st.integers(1, 128), st.booleans(), SEEDS)
+@pytest.mark.parametrize("kind", KINDS)
+@given(
+    batch=st.integers(1, 2),
+    time=st.integers(1, 130),
+    n_head=st.integers(1, 3),
+    data=st.data(),
+    dropout=st.booleans(),
+    seed=SEEDS,
+)
 def test_multi_head_attention_with_its_bias_is_its_twin(
-    gpu_device, batch, time, n_head, width, dropout, seed
+    gpu_device, kind, batch, time, n_head, data, dropout, seed
 ):
-    """q, k and v read out of packed bfloat16 qkv, the float32 bias added before their rounding to
-    bfloat16."""
-    rng = np.random.default_rng(seed)
-    qkv, bias = (
-        bf16(rng.standard_normal((batch, time, 3 * n_head * width))),
-        rng.standard_normal(3 * n_head * width),
-    )
-    bias = bias.astype(np.float32)
+    """q, k and v read out of packed qkv, the float32 bias added (before the rounding to bfloat16)."""
+    width = data.draw(st.integers(1, WIDEST[kind]), label="width")
+    kind = KINDS[kind]
+    qkv, bias = random_inputs(kind, seed, (batch, time, 3 * n_head * width), 3 * n_head * width)
     dropout_p = 0.3 if dropout else 0.0
-    dy = bf16(upstream((batch, time, n_head * width)))
-    with ag.use_reference(False):
-        x = ag.tensor(qkv, requires_grad=True, dtype=ag.bfloat16, device=gpu_device)
+    dy = kind.stored(upstream((batch, time, n_head * width)).astype(np.float32))
+    with ag.use_reference(False), kind.context():
+        x = ag.tensor(qkv, requires_grad=True, dtype=kind.dtype, device=gpu_device)
         b = ag.tensor(bias, dtype=np.float32, device=gpu_device)
         out = F.multi_head_attention(x, n_head, dropout_p=dropout_p, generator=fresh_stream(seed), bias=b)
         out.backward(dy)
@@ -209,26 +246,28 @@ def test_multi_head_attention_with_its_bias_is_its_twin(
     def heads(a):  # (batch, time, n_head * width) -> (batch * n_head, time, width)
         return a.reshape(batch, time, n_head, width).swapaxes(1, 2).reshape(batch * n_head, time, width)
 
-    q, k, v = (heads(bf16(part)) for part in np.split(qkv + bias, 3, axis=-1))
+    q, k, v = (heads(kind.stored(part)) for part in np.split(qkv + bias, 3, axis=-1))
     shape = (batch, n_head, time, time)  # the reference's draw: the batch is the example axis
     keep = (
         masks.keep_mask(fresh_stream(seed), shape, dropout_p, np).reshape(-1, time, time) if dropout else None
     )
-    y, *grads = twin(q, k, v, heads(dy), True, keep, dropout_p)
+    y, *grads = twin(kind, q, k, v, heads(dy), True, keep, dropout_p)
     grad_qkv = backend.to_host(x.grad).reshape(batch, time, 3, n_head, width).transpose(2, 0, 3, 1, 4)
     kernel_results = [heads(out.numpy()), *grad_qkv.reshape(3, batch * n_head, time, width)]
     assert_kernel_is_twin(gpu_device, kernel_results, [y, *grads])
 
 
-def test_the_kernels_drop_the_references_entries(gpu_device):
-    """With v the identity, y is the weights after dropout, rounded to bfloat16: zero exactly where the
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_kernels_drop_the_references_entries(gpu_device, kind):
+    """With v the identity, y is the weights after dropout (rounded to bfloat16): zero exactly where the
     reference's are (the mask of autograd/random.py, drawn in the kernel per pair of keys of a lane)."""
-    q, k = (bf16(np.random.default_rng(5).standard_normal(shape)) for shape in [(3, 37, 16), (3, 45, 16)])
+    kind = KINDS[kind]
+    q, k = random_inputs(kind, 5, (3, 37, 16), (3, 45, 16))
     v = np.broadcast_to(np.eye(45, dtype=np.float32), (3, 45, 45))
     weights = {}
     for reference in (False, True):
-        with ag.use_reference(reference):
-            q_, k_, v_ = (ag.tensor(a, dtype=ag.bfloat16, device=gpu_device) for a in (q, k, v))
+        with ag.use_reference(reference), kind.context():
+            q_, k_, v_ = (ag.tensor(a, dtype=kind.dtype, device=gpu_device) for a in (q, k, v))
             out = F.scaled_dot_product_attention(
                 q_, k_, v_, causal=True, dropout_p=0.3, generator=fresh_stream(4)
             )

@@ -439,36 +439,44 @@ ATTENTION_KERNELS(128, f32, float)
 ATTENTION_ROW_DOT(f32, float)
 ATTENTION_ROW_DOT(bf16, bf16)
 
-// ----- On tensor cores, for bfloat16: FlashAttention-2 (Dao 2023) on mma.sync m16n8k16 (mma.cuh)
+// ----- On tensor cores: FlashAttention-2 (Dao 2023) on mma.sync (mma.cuh), m16n8k16 for bfloat16, m16n8k8 for
+// float32 read as tf32
 //
-// The same three tile kernels and the same numbers, with q, k, v, dy rounded to bfloat16 in shared memory (after
-// the bias, added in float32) and the products made by the tensor cores. Each of a block's 4 warps takes 16 rows
+// The same three tile kernels and the same numbers, with the products made by the tensor cores: q, k, v, dy rounded
+// to bfloat16 in shared memory (after the bias, added in float32), or kept in float32 there and rounded to tf32 as
+// a fragment is loaded. Each of a block's 4 warps takes 16 rows
 // of the block's 64 (queries in the forward and in dq, keys in dk and dv) and holds its tiles of S, dP, y, dq,
 // dk, dv as mma's C fragments: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
 // of each 8-column tile, so a row's statistics are reduced over a quad of lanes. P (and dS, and the dropped-out
 // W) never leave registers: rounded to bfloat16, the C fragments of two 8-column tiles are the A fragment of the
-// next product over those 16 columns (pack_fragments). The numbers, which the tests' NumPy twin follows bit for
-// bit on the emulated device:
-//   - a product adds 16 columns at a time to its float32 accumulator (mma.cuh's contract), in order;
+// next product over those 16 columns; rounded to tf32, one tile's are, once the quad's lanes swap them by shuffles
+// (Operands::pack). The numbers, which the tests' NumPy twin follows bit for bit on the emulated device:
+//   - a product adds K = 16 (bfloat16) or 8 (tf32) columns at a time to its float32 accumulator (mma.cuh's
+//     contract), in order;
 //   - the scores are in base 2, S2 = (q k^T) (scale log2 e), so that P = 2^(S2 - max) (exp2_of); L2 = max + log2(l);
 //   - the forward's running max and sum move once per tile of keys; each lane sums its own columns of a row in
 //     order (l), the quad adds its four sums at the end: (l0 + l1) + (l2 + l3);
-//   - P, W and dS are rounded to bfloat16 before their second product (as FlashAttention and cuDNN do).
+//   - P, W and dS are rounded to the operands' type before their second product (as FlashAttention and cuDNN do).
 // Key tiles above the causal diagonal are skipped, and the forward masks only the tiles that cross it.
 
 constexpr int MMA_ROWS = 64;  // a block's rows: 16 for each of its 4 warps
 constexpr float LOG2_E = 1.4426950408889634f;
 
-// The inner tiles, within 48 KB of shared memory: keys per step of the forward and of dq, queries per step of
-// dk and dv.
-template <int D>
+// The inner tiles, within 48 KB of shared memory, by the tiles' element type and the head width: keys per step of
+// the forward and of dq, queries per step of dk and dv. (No tf32 kernels for heads of 128: their float32 tiles
+// would need more.)
+template <typename Element, int D>
 struct MmaTiles;
 template <>
-struct MmaTiles<64> {
+struct MmaTiles<bf16, 64> {
     static constexpr int forward_keys = 64, backward = 64;
 };
 template <>
-struct MmaTiles<128> {
+struct MmaTiles<bf16, 128> {
+    static constexpr int forward_keys = 32, backward = 16;
+};
+template <>
+struct MmaTiles<float, 64> {
     static constexpr int forward_keys = 32, backward = 16;
 };
 
@@ -503,73 +511,125 @@ TG_DEVICE float quad_sum(float x) {
     return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
 
-// load_rows into a bfloat16 tile of rows of D + 8: a multiple of 16 bytes, so that the 8 rows an ldmatrix reads fall
-// in different banks.
-template <int R, int D, typename T>
-TG_DEVICE void load_bf16_rows(bf16* tile, const T* head, const float* bias, long long row, int r0, int n_rows,
-                              int width) {
-    load_rows<R, D, D + 8>(tile, head, bias, row, r0, n_rows, width);
+// The operands of the tensor cores, as the kernels load and multiply them: tiles of Element in shared memory, rows
+// padded by PAD numbers (16 bytes: so that the 8 rows an ldmatrix or a quad's loads read fall in different banks),
+// and K columns of A (rows of B) per mma. load_a: A's fragment of the 16 x K block at columns k0 of the warp's 16
+// rows of a row-major tile (ld numbers a row). load_b_of_rows: B's fragments for the columns n0 .. n0 + 15 (two
+// 8-column tiles: b[0..1], b[2..3]) and rows k0 .. k0 + K - 1, where B(k, n) = tile[n][k] (a tile of keys as
+// K^T); load_b_of_columns, where B(k, n) = tile[k][n] (a tile of values as V). pack: a 16 x K block held as C
+// fragments (K / 8 tiles of 8 columns), rounded, as the A fragment of the next product.
+struct Bf16Operands {
+    typedef bf16 Element;
+    static constexpr int K = 16, PAD = 8;
+
+    // ldmatrix's four matrices: A's (0, k0), (8, k0), (0, k0 + 8), (8, k0 + 8)
+    static TG_DEVICE void load_a(unsigned int a[4], const bf16* tile, int ld, int k0) {
+        const int lane = threadIdx.x % 32;
+        ldmatrix_x4<false>(a, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + k0 + 8 * (lane / 16));
+    }
+    static TG_DEVICE void load_b_of_rows(unsigned int b[4], const bf16* tile, int ld, int n0, int k0) {
+        const int lane = threadIdx.x % 32;
+        ldmatrix_x4<false>(b, tile + (n0 + lane % 8 + 8 * (lane / 16)) * ld + k0 + 8 * (lane / 8 % 2));
+    }
+    static TG_DEVICE void load_b_of_columns(unsigned int b[4], const bf16* tile, int ld, int k0, int n0) {
+        const int lane = threadIdx.x % 32;
+        ldmatrix_x4<true>(b, tile + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * ld + n0 + 8 * (lane / 16));
+    }
+    static TG_DEVICE void mma(float d[4], const unsigned int a[4], const unsigned int b[2]) {
+        mma_bf16_m16n8k16(d, a, b, d);
+    }
+    // the C tiles 2j and 2j + 1 are chunk j's columns 0 .. 7 and 8 .. 15
+    template <int N>
+    static TG_DEVICE void pack(unsigned int (&a)[N / K][4], const float (&c)[N / 8][4]) {
+#pragma unroll
+        for (int j = 0; j < N / K; ++j) {
+            a[j][0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);          // row g, columns 2t, 2t + 1
+            a[j][1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);          // row g + 8
+            a[j][2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);  // row g, columns 8 + 2t, 9 + 2t
+            a[j][3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);  // row g + 8
+        }
+    }
+};
+
+struct Tf32Operands {
+    typedef float Element;
+    static constexpr int K = 8, PAD = 4;
+
+    // lane (g, t) holds A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g), B(t + 4, g)
+    static TG_DEVICE void load_a(unsigned int a[4], const float* tile, int ld, int k0) {
+        const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = tf32_of(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);
+    }
+    static TG_DEVICE void load_b_of_rows(unsigned int b[4], const float* tile, int ld, int n0, int k0) {
+        const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = tf32_of(tile[(n0 + g + 8 * (i / 2)) * ld + k0 + t + 4 * (i % 2)]);
+    }
+    static TG_DEVICE void load_b_of_columns(unsigned int b[4], const float* tile, int ld, int k0, int n0) {
+        const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = tf32_of(tile[(k0 + t + 4 * (i % 2)) * ld + n0 + g + 8 * (i / 2)]);
+    }
+    static TG_DEVICE void mma(float d[4], const unsigned int a[4], const unsigned int b[2]) {
+        mma_tf32_m16n8k8(d, a, b, d);
+    }
+    // C tile j is chunk j: column t of a row is lane (g, t / 2)'s entry t % 2, column t + 4 lane (g, t / 2 + 2)'s
+    template <int N>
+    static TG_DEVICE void pack(unsigned int (&a)[N / K][4], const float (&c)[N / 8][4]) {
+        const int lane = threadIdx.x % 32, holder = lane / 4 * 4 + lane % 4 / 2;
+        const bool odd = lane % 2;
+#pragma unroll
+        for (int j = 0; j < N / K; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {  // row g, then row g + 8
+                const float left[2] = {__shfl_sync(0xFFFFFFFFu, c[j][2 * r], holder),
+                                       __shfl_sync(0xFFFFFFFFu, c[j][2 * r + 1], holder)};
+                const float right[2] = {__shfl_sync(0xFFFFFFFFu, c[j][2 * r], holder + 2),
+                                        __shfl_sync(0xFFFFFFFFu, c[j][2 * r + 1], holder + 2)};
+                a[j][r] = tf32_of(odd ? left[1] : left[0]);
+                a[j][2 + r] = tf32_of(odd ? right[1] : right[0]);
+            }
+    }
+};
+
+// load_rows into a tile of the operands' type, rows of D + PAD.
+template <typename Operands, int R, int D, typename T>
+TG_DEVICE void load_mma_rows(typename Operands::Element* tile, const T* head, const float* bias, long long row,
+                             int r0, int n_rows, int width) {
+    load_rows<R, D, D + Operands::PAD>(tile, head, bias, row, r0, n_rows, width);
 }
 
-// mma's A fragment of the 16 x 16 block at rows 0 .. 15, columns k0 .. k0 + 15 of a row-major tile (ld numbers a
-// row): ldmatrix's matrices (0, k0), (8, k0), (0, k0 + 8), (8, k0 + 8).
-TG_DEVICE void load_a(unsigned int a[4], const bf16* tile, int ld, int k0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4<false>(a, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + k0 + 8 * (lane / 16));
-}
-// B's fragments for the columns n0 .. n0 + 15 (two 8-column tiles: b[0..1], b[2..3]) and rows k0 .. k0 + 15, where
-// B(k, n) = tile[n][k]: a tile of keys as K^T.
-TG_DEVICE void load_b_of_rows(unsigned int b[4], const bf16* tile, int ld, int n0, int k0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4<false>(b, tile + (n0 + lane % 8 + 8 * (lane / 16)) * ld + k0 + 8 * (lane / 8 % 2));
-}
-// The same where B(k, n) = tile[k][n]: a tile of values as V, through ldmatrix's transposing loads.
-TG_DEVICE void load_b_of_columns(unsigned int b[4], const bf16* tile, int ld, int k0, int n0) {
-    const int lane = threadIdx.x % 32;
-    ldmatrix_x4<true>(b, tile + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * ld + n0 + 8 * (lane / 16));
-}
-
-// c += X Y^T for the 16 rows of x and the N rows of y, over their K columns (K, N multiples of 16): S = Q K^T.
-template <int N, int K>
-TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const bf16* x, const bf16* y, int ld) {
-    for (int k0 = 0; k0 < K; k0 += 16) {
+// c += X Y^T for the 16 rows of x and the N rows of y, over their KN columns: S = Q K^T.
+template <typename Operands, int N, int KN>
+TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const typename Operands::Element* x,
+                                const typename Operands::Element* y, int ld) {
+    for (int k0 = 0; k0 < KN; k0 += Operands::K) {
         unsigned int a[4];
-        load_a(a, x, ld, k0);
+        Operands::load_a(a, x, ld, k0);
 #pragma unroll
         for (int n = 0; n < N / 8; n += 2) {
             unsigned int b[4];
-            load_b_of_rows(b, y, ld, 8 * n, k0);
-            mma_bf16_m16n8k16(c[n], a, b, c[n]);
-            mma_bf16_m16n8k16(c[n + 1], a, b + 2, c[n + 1]);
+            Operands::load_b_of_rows(b, y, ld, 8 * n, k0);
+            Operands::mma(c[n], a, b);
+            Operands::mma(c[n + 1], a, b + 2);
         }
     }
 }
 
-// c += P Y for P (16 x K) held as A fragments and the K rows of y, over its N columns: y += W V.
-template <int K, int N>
-TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[K / 16][4], const bf16* y, int ld) {
+// c += P Y for P (16 x KN) held as A fragments and the KN rows of y, over its N columns: y += W V.
+template <typename Operands, int KN, int N>
+TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[KN / Operands::K][4],
+                                  const typename Operands::Element* y, int ld) {
 #pragma unroll
-    for (int j = 0; j < K / 16; ++j) {
+    for (int j = 0; j < KN / Operands::K; ++j) {
 #pragma unroll
         for (int n = 0; n < N / 8; n += 2) {
             unsigned int b[4];
-            load_b_of_columns(b, y, ld, 16 * j, 8 * n);
-            mma_bf16_m16n8k16(c[n], p[j], b, c[n]);
-            mma_bf16_m16n8k16(c[n + 1], p[j], b + 2, c[n + 1]);
+            Operands::load_b_of_columns(b, y, ld, Operands::K * j, 8 * n);
+            Operands::mma(c[n], p[j], b);
+            Operands::mma(c[n + 1], p[j], b + 2);
         }
-    }
-}
-
-// A 16 x K block held as C fragments, rounded to bfloat16, as the A fragments of its K / 16 column chunks: the C
-// tiles 2j and 2j + 1 are chunk j's columns 0 .. 7 and 8 .. 15.
-template <int K>
-TG_DEVICE void pack_fragments(unsigned int (&a)[K / 16][4], const float (&c)[K / 8][4]) {
-#pragma unroll
-    for (int j = 0; j < K / 16; ++j) {
-        a[j][0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);          // row g, columns 2t, 2t + 1
-        a[j][1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);          // row g + 8
-        a[j][2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);  // row g, columns 8 + 2t, 9 + 2t
-        a[j][3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);  // row g + 8
     }
 }
 
@@ -587,11 +647,12 @@ TG_DEVICE int fragment_row(int i) { return threadIdx.x % 32 / 4 + 8 * (i / 2); }
 // Forward: y and L2 for one head per blockIdx.x and 64 queries at a time (the longest causal rows first), BC keys
 // a step. Per row: the running max m (base 2), this lane's part of the sum l, and y's accumulator, which shrink by
 // 2^(m_old - m_new) when m grows. y = acc * keep_scale / l, L2 = m + log2(l): the normaliser is the undropped sum.
-template <int D, int BC>
-__device__ void attention_forward_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                                      float* out_float, float* lse) {
-    constexpr int LD = D + 8;
-    alignas(16) __shared__ bf16 sq[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+template <typename Operands, typename T, int D, int BC>
+__device__ void attention_forward_mma(const Attention& a, const T* q, const T* k, const T* v, T* out, float* out_float,
+                                      float* lse) {
+    typedef typename Operands::Element E;
+    constexpr int LD = D + Operands::PAD;
+    alignas(16) __shared__ E sq[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
     k += a.head_start(a.k, bh);
@@ -606,18 +667,18 @@ __device__ void attention_forward_mma(const Attention& a, const bf16* q, const b
         const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
         const int rows[2] = {first_row + fragment_row(0), first_row + fragment_row(2)};
         __syncthreads();  // the last tile's products are done with sq
-        load_bf16_rows<MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+        load_mma_rows<Operands, MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
         float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f}, acc[D / 8][4] = {};
         const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
         MaskWalk walk[2];
         const int keys_end = a.keys_end(q0 + MMA_ROWS);
         for (int k0 = 0; k0 < keys_end; k0 += BC) {
             __syncthreads();  // the last step's products are done with sk, sv (and sq is written)
-            load_bf16_rows<BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
-            load_bf16_rows<BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            load_mma_rows<Operands, BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_mma_rows<Operands, BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
             __syncthreads();
             float s[BC / 8][4] = {};
-            multiply_by_rows<BC, D>(s, sq + 16 * warp * LD, sk, LD);
+            multiply_by_rows<Operands, BC, D>(s, sq + 16 * warp * LD, sk, LD);
             // a row past T sees every key (t + S - T >= S), so that no row is all -inf
             const bool all_seen = a.sees(first_row, k0 + BC - 1);  // by every row of the warp: no mask
             float tile_max[2] = {minus_infinity(), minus_infinity()};
@@ -649,9 +710,9 @@ __device__ void attention_forward_mma(const Attention& a, const bf16* q, const b
                     l[i / 2] += p;
                     s[n][i] = (p > 0.0f && walk[i / 2].keeps(a, mask[i / 2], k0 + fragment_column(n, i))) ? p : 0.0f;
                 }
-            unsigned int w[BC / 16][4];
-            pack_fragments<BC>(w, s);
-            multiply_fragments<BC, D>(acc, w, sv, LD);
+            unsigned int w[BC / Operands::K][4];
+            Operands::template pack<BC>(w, s);
+            multiply_fragments<Operands, BC, D>(acc, w, sv, LD);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l[h] = quad_sum(l[h]);
@@ -663,7 +724,7 @@ __device__ void attention_forward_mma(const Attention& a, const bf16* q, const b
                 if (t >= a.n_queries || c >= a.e) continue;
                 const float y = acc[n][i] * (a.keep_scale / l[i / 2]);
                 store(out, t * a.o.row + c, y);
-                out_float[t * a.o.row + c] = y;
+                store_float32(out, out_float, t * a.o.row + c, y);
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -676,12 +737,12 @@ __device__ void attention_forward_mma(const Attention& a, const bf16* q, const b
 // queries that see them. The warp's transposed tiles S2^T = K Q^T scale log2 e and dW^T = V dy^T give
 // P^T = 2^(S2^T - L2), W^T (dropped out) and dS^T = P^T (dP^T - D), the A fragments of dv += W^T dy and
 // dk += dS^T q (times scale at the end).
-template <int D, int BR>
-__device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v,
-                                            const bf16* grad, const float* lse, const float* dot, bf16* grad_k,
-                                            bf16* grad_v) {
-    constexpr int LD = D + 8;
-    alignas(16) __shared__ bf16 sk[MMA_ROWS * LD], sv[MMA_ROWS * LD], sq[BR * LD], sg[BR * LD];
+template <typename Operands, typename T, int D, int BR>
+__device__ void attention_backward_keys_mma(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
+                                            const float* lse, const float* dot, T* grad_k, T* grad_v) {
+    typedef typename Operands::Element E;
+    constexpr int LD = D + Operands::PAD;
+    alignas(16) __shared__ E sk[MMA_ROWS * LD], sv[MMA_ROWS * LD], sq[BR * LD], sg[BR * LD];
     __shared__ float sl[BR], sdot[BR];
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
@@ -700,22 +761,22 @@ __device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, c
         const int k0 = tile * MMA_ROWS, first_key = k0 + 16 * warp;
         const int keys[2] = {first_key + fragment_row(0), first_key + fragment_row(2)};
         __syncthreads();  // the last tile's products are done with every buffer
-        load_bf16_rows<MMA_ROWS, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
-        load_bf16_rows<MMA_ROWS, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+        load_mma_rows<Operands, MMA_ROWS, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+        load_mma_rows<Operands, MMA_ROWS, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
         float gk[D / 8][4] = {}, gv[D / 8][4] = {};
         const int first = a.first_query(k0);
         for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
             __syncthreads();  // the last step's products are done with sq, sg, sl, sdot
-            load_bf16_rows<BR, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
-            load_bf16_rows<BR, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
+            load_mma_rows<Operands, BR, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+            load_mma_rows<Operands, BR, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
             for (int i = threadIdx.x; i < BR; i += TILE_THREADS) {
                 sl[i] = q0 + i < a.n_queries ? lse[q0 + i] : 0.0f;
                 sdot[i] = q0 + i < a.n_queries ? dot[q0 + i] : 0.0f;
             }
             __syncthreads();
             float st[BR / 8][4] = {}, gwt[BR / 8][4] = {};
-            multiply_by_rows<BR, D>(st, sk + 16 * warp * LD, sq, LD);
-            multiply_by_rows<BR, D>(gwt, sv + 16 * warp * LD, sg, LD);
+            multiply_by_rows<Operands, BR, D>(st, sk + 16 * warp * LD, sq, LD);
+            multiply_by_rows<Operands, BR, D>(gwt, sv + 16 * warp * LD, sg, LD);
 #pragma unroll
             for (int n = 0; n < BR / 8; ++n)
 #pragma unroll
@@ -727,11 +788,11 @@ __device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, c
                     st[n][i] = kept ? p * a.keep_scale : 0.0f;  // W^T
                     gwt[n][i] = p * (grad_p - sdot[c]);          // dS^T
                 }
-            unsigned int w[BR / 16][4], ds[BR / 16][4];
-            pack_fragments<BR>(w, st);
-            pack_fragments<BR>(ds, gwt);
-            multiply_fragments<BR, D>(gv, w, sg, LD);
-            multiply_fragments<BR, D>(gk, ds, sq, LD);
+            unsigned int w[BR / Operands::K][4], ds[BR / Operands::K][4];
+            Operands::template pack<BR>(w, st);
+            Operands::template pack<BR>(ds, gwt);
+            multiply_fragments<Operands, BR, D>(gv, w, sg, LD);
+            multiply_fragments<Operands, BR, D>(gk, ds, sq, LD);
         }
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
@@ -748,11 +809,12 @@ __device__ void attention_backward_keys_mma(const Attention& a, const bf16* q, c
 // Backward over queries: dq for one head per blockIdx.x and 64 queries at a time (the longest causal rows first),
 // summed over the tiles of BC keys they see: S2 = Q K^T scale log2 e and dW = dy V^T give dS = P (dP - D), the A
 // fragments of dq += dS k (times scale at the end).
-template <int D, int BC>
-__device__ void attention_backward_queries_mma(const Attention& a, const bf16* q, const bf16* k, const bf16* v,
-                                               const bf16* grad, const float* lse, const float* dot, bf16* grad_q) {
-    constexpr int LD = D + 8;
-    alignas(16) __shared__ bf16 sq[MMA_ROWS * LD], sg[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+template <typename Operands, typename T, int D, int BC>
+__device__ void attention_backward_queries_mma(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
+                                               const float* lse, const float* dot, T* grad_q) {
+    typedef typename Operands::Element E;
+    constexpr int LD = D + Operands::PAD;
+    alignas(16) __shared__ E sq[MMA_ROWS * LD], sg[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
     k += a.head_start(a.k, bh);
@@ -769,8 +831,8 @@ __device__ void attention_backward_queries_mma(const Attention& a, const bf16* q
         const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
         const int rows[2] = {first_row + fragment_row(0), first_row + fragment_row(2)};
         __syncthreads();  // the last tile's products are done with sq, sg
-        load_bf16_rows<MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
-        load_bf16_rows<MMA_ROWS, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
+        load_mma_rows<Operands, MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
+        load_mma_rows<Operands, MMA_ROWS, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
         float row_lse[2], row_dot[2], gq[D / 8][4] = {};
         const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
         MaskWalk walk[2];
@@ -782,12 +844,12 @@ __device__ void attention_backward_queries_mma(const Attention& a, const bf16* q
         const int keys_end = a.keys_end(q0 + MMA_ROWS);
         for (int k0 = 0; k0 < keys_end; k0 += BC) {
             __syncthreads();  // the last step's product is done with sk, sv (and sq, sg are written)
-            load_bf16_rows<BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
-            load_bf16_rows<BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            load_mma_rows<Operands, BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
+            load_mma_rows<Operands, BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
             __syncthreads();
             float s[BC / 8][4] = {}, gw[BC / 8][4] = {};
-            multiply_by_rows<BC, D>(s, sq + 16 * warp * LD, sk, LD);
-            multiply_by_rows<BC, D>(gw, sg + 16 * warp * LD, sv, LD);
+            multiply_by_rows<Operands, BC, D>(s, sq + 16 * warp * LD, sk, LD);
+            multiply_by_rows<Operands, BC, D>(gw, sg + 16 * warp * LD, sv, LD);
 #pragma unroll
             for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
@@ -799,9 +861,9 @@ __device__ void attention_backward_queries_mma(const Attention& a, const bf16* q
                     const float grad_p = kept ? gw[n][i] * a.keep_scale : 0.0f;
                     s[n][i] = p * (grad_p - row_dot[i / 2]);  // dS
                 }
-            unsigned int ds[BC / 16][4];
-            pack_fragments<BC>(ds, s);
-            multiply_fragments<BC, D>(gq, ds, sk, LD);
+            unsigned int ds[BC / Operands::K][4];
+            Operands::template pack<BC>(ds, s);
+            multiply_fragments<Operands, BC, D>(gq, ds, sk, LD);
         }
 #pragma unroll
         for (int n = 0; n < D / 8; ++n)
@@ -813,23 +875,26 @@ __device__ void attention_backward_queries_mma(const Attention& a, const bf16* q
     }
 }
 
-// The bfloat16 kernels, under the names and parameters of the float32 ones: the launcher takes either.
-#define ATTENTION_MMA_KERNELS(D)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_d##D##_bf16(                     \
-        const bf16* q, const bf16* k, const bf16* v, bf16* out, float* out_float, float* lse, ATTENTION_PARAMS) { \
-        attention_forward_mma<D, MmaTiles<D>::forward_keys>(ATTENTION_OF_PARAMS, q, k, v, out, out_float, lse);   \
+// The tensor cores' kernels, under the parameters of the float32 ones: the bfloat16 kernels under their names too,
+// the tf32 ones (float32 arrays) as attention_*_tf32_d64_f32.
+#define ATTENTION_MMA_KERNELS(name, D, Operands, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_##name(                          \
+        const T* q, const T* k, const T* v, T* out, float* out_float, float* lse, ATTENTION_PARAMS) {             \
+        attention_forward_mma<Operands, T, D, MmaTiles<Operands::Element, D>::forward_keys>(                      \
+            ATTENTION_OF_PARAMS, q, k, v, out, out_float, lse);                                                   \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_d##D##_bf16(               \
-        const bf16* q, const bf16* k, const bf16* v, const bf16* grad, const float* lse, const float* dot,        \
-        bf16* grad_k, bf16* grad_v, ATTENTION_PARAMS) {                                                           \
-        attention_backward_keys_mma<D, MmaTiles<D>::backward>(ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot,       \
-                                                              grad_k, grad_v);                                    \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_##name(                    \
+        const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_k,         \
+        T* grad_v, ATTENTION_PARAMS) {                                                                            \
+        attention_backward_keys_mma<Operands, T, D, MmaTiles<Operands::Element, D>::backward>(                    \
+            ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_k, grad_v);                                        \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_d##D##_bf16(            \
-        const bf16* q, const bf16* k, const bf16* v, const bf16* grad, const float* lse, const float* dot,        \
-        bf16* grad_q, ATTENTION_PARAMS) {                                                                         \
-        attention_backward_queries_mma<D, MmaTiles<D>::backward>(ATTENTION_OF_PARAMS, q, k, v, grad, lse,     \
-                                                                     dot, grad_q);                                \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_##name(                 \
+        const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_q,         \
+        ATTENTION_PARAMS) {                                                                                       \
+        attention_backward_queries_mma<Operands, T, D, MmaTiles<Operands::Element, D>::backward>(                 \
+            ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_q);                                                \
     }
-ATTENTION_MMA_KERNELS(64)
-ATTENTION_MMA_KERNELS(128)
+ATTENTION_MMA_KERNELS(d64_bf16, 64, Bf16Operands, bf16)
+ATTENTION_MMA_KERNELS(d128_bf16, 128, Bf16Operands, bf16)
+ATTENTION_MMA_KERNELS(tf32_d64_f32, 64, Tf32Operands, float)
