@@ -12,13 +12,15 @@ planned for it on an H100 (PARTS) as its limit:
     sanitize   45 s  compute-sanitizer memcheck and racecheck over a small step of every kernel
                      variant, each in its own process                        bench/gpu_sanitize.py
     tests     120 s  pytest -m gpu, plain and with CUPY_TF32=1, side by side bench/gpu_tests.py
+    attention  30 s  attention's forward and backward against PyTorch SDPA, batch 8 and 32, bf16
+                     and tf32                                                bench/gpu_attention.py
     profile    65 s  one step of each precision, kernel by kernel, tinygpt beside PyTorch SDPA;
                      the engine's count of launches against the profiler's  bench/gpu_profile.py
     bench     165 s  tokens/s, peak memory, launches and MFU against transformers, SDPA eager and
                      SDPA under torch.compile, batch 8 and 32, bf16, tf32, fp32  bench/gpu_bench.py
-              460 s (on an H100 the bench's eager rows and torch.compile's bf16 batch-32 row fit)
+              490 s (on an H100 the bench's eager rows and torch.compile's bf16 batch-32 row fit)
 
-The command is held to DEADLINE_S (460 s, so that it ends inside 8 minutes): a part gets its
+The command is held to DEADLINE_S (490 s, so that it ends inside 8.5 minutes): a part gets its
 planned seconds or what is left before the deadline, less GRACE_S, whichever is less, and a part
 with less than MIN_PART_S left is skipped and recorded as such. A part plans its work to end in its
 time (--budget); one still running GRACE_S after it is stopped, with every process it started. A
@@ -26,7 +28,7 @@ part writes its record after each piece of its work, so a part that is stopped o
 what it measured, and the parts before it are not touched.
 
 Written under --out (default $OUT): <part>.json for each part, check.json (the plan and each part's
-outcome) and summary.md (every part's section): 7 files. On a GPU each JSON is also written to
+outcome) and summary.md (every part's section): 8 files. On a GPU each JSON is also written to
 bench/results/, under the device's name. The status is 0 when every part that ran is ok.
 """
 
@@ -53,10 +55,11 @@ PARTS = {  # seconds taken on a fresh H100 (bench/results/gpu-check-nvidia-h100-
     "modules": Part("gpu_modules.py", 65),  # 56 s; 8 s once NVRTC's cache is warm: the first part fills it
     "sanitize": Part("gpu_sanitize.py", 45),  # 32 s
     "tests": Part("gpu_tests.py", 120),  # 98 s: the tf32 run, beside the plain one's 82
+    "attention": Part("gpu_attention.py", 30),  # not yet run on a GPU: 8 rows of 21 short runs, both sides
     "profile": Part("gpu_profile.py", 65),  # 57 s
     "bench": Part("gpu_bench.py", 165),  # 122 s: the eager rows and torch.compile's bf16 batch-32 row
 }
-DEADLINE_S, GRACE_S, MIN_PART_S = 460, 5, 20
+DEADLINE_S, GRACE_S, MIN_PART_S = 490, 5, 20
 
 
 def parse_args(argv=None):
@@ -106,6 +109,8 @@ def command(name, args, seconds):
         found += ["--batch", str(args.batch[0]), "--precision", *args.precision]
     if name == "bench":
         found += ["--batch", *map(str, args.batch), "--precision", *args.precision]
+    if name == "attention":
+        found += ["--batch", *map(str, args.batch), "--seq", str(args.seq)]
     return found
 
 

@@ -1,7 +1,7 @@
-"""bench/gpu_bench.py and bench/gpu_profile.py on the CPU: a side that fails is FAILED in the table
-and the benchmark's status is 1, what the budget cannot hold is not run, and the profile's sums
-(busy time as the union of the kernels' intervals, time per category and per kernel) and its
-comparison with the engine's own count of launches."""
+"""bench/gpu_bench.py, bench/gpu_profile.py and bench/gpu_attention.py on the CPU: a side that fails is
+FAILED in the table and the benchmark's status is 1, what the budget cannot hold is not run, and the
+profile's sums (busy time as the union of the kernels' intervals, time per category and per kernel) and
+its comparison with the engine's own count of launches."""
 
 import json
 import sys
@@ -13,6 +13,7 @@ from autograd import gpu_costs
 from tinygpt import GPTConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+import gpu_attention  # noqa: E402
 import gpu_bench  # noqa: E402
 import gpu_profile  # noqa: E402
 import gpu_report  # noqa: E402
@@ -103,3 +104,30 @@ def test_on_the_cpu_the_profile_says_why_it_is_skipped(tmp_path):
     assert gpu_profile.main(["--device", "cpu", "--preset", "tiny", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "profile.json").read_text())
     assert record["markdown"] == "Skipped: the profile needs a GPU and PyTorch (torch.profiler)."
+
+
+def test_attention_times_each_row_on_both_sides_and_runs_what_the_budget_holds(tmp_path):
+    """On the emulated device, small: a row per precision and dropout with tinygpt's milliseconds, and
+    PyTorch's (on the CPU here) with their ratio where PyTorch is installed; a budget of 0 runs none."""
+    args = [
+        "--device",
+        "cuda-emulated",
+        "--batch",
+        "1",
+        "--seq",
+        "16",
+        "--repeat",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert gpu_attention.main(args) == 0
+    record = json.loads((tmp_path / "attention.json").read_text())
+    rows = [(row["precision"], row["dropout"]) for row in record["rows"]]
+    assert rows == [("bf16", 0.0), ("bf16", 0.1), ("tf32", 0.0), ("tf32", 0.1)]
+    assert all(row["tinygpt_ms"] > 0 for row in record["rows"])
+    assert all((row["torch_ms"] is None) == (torch_gpt.torch is None) for row in record["rows"])
+    assert "| bf16 | 1 | 0.1 |" in record["markdown"]
+    assert gpu_attention.main([*args, "--budget", "0"]) == 0
+    record = json.loads((tmp_path / "attention.json").read_text())
+    assert record["rows"] == [] and len(record["not_run"]) == 4

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from autograd import backend
 from autograd.kernels import emulated, gpu
 from autograd.kernels.emulated import EmulatorError
 
@@ -67,10 +68,42 @@ extern "C" __global__ void tf32(const float* x, unsigned int* out, int n) {
 """
 
 
+TEXT = "".join((gpu.SOURCES / header).read_text() for header in gpu.HEADERS) + KERNELS
+
+
+class OnTheGpu:
+    """KERNELS compiled by NVRTC for the GPU, launched as the emulated library's are: on host arrays,
+    which get back what the kernel wrote."""
+
+    def __init__(self):
+        self.module = backend.cupy.cuda.Module()
+        capability = backend.cupy.cuda.Device().compute_capability
+        self.module.load(gpu.compile_source("mma_test", f"sm_{capability}", TEXT))
+
+    def kernel(self, name):
+        function = self.module.get_function(name)
+
+        def launch(grid, block, args):
+            moved = [backend.cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+            function(grid, block, moved)
+            for a, on_gpu in zip(args, moved):
+                if isinstance(a, np.ndarray):
+                    a[...] = on_gpu.get()
+
+        return launch
+
+
 @pytest.fixture(scope="module")
 def library():
-    text = "".join((gpu.SOURCES / header).read_text() for header in gpu.HEADERS) + KERNELS
-    return emulated.build(text, "mma_test")
+    """KERNELS on the emulated device."""
+    return emulated.build(TEXT, "mma_test")
+
+
+@pytest.fixture(scope="module", params=["cuda-emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def each_device(request, library):
+    """KERNELS on the emulated device, and on a GPU: the tests of what the hardware fixes (which lane holds
+    what, exact sums, the packing helpers' bits) hold the emulator's model to the real instructions."""
+    return library if request.param == "cuda-emulated" else OnTheGpu()
 
 
 # ----- the PTX ISA's fragments, lane by lane: g = lane // 4, t = lane % 4
@@ -141,7 +174,7 @@ def tf32_problem(a, b, c):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "tf32"])
-def test_each_entry_of_a_and_b_reaches_its_row_and_column_of_d(library, kind):
+def test_each_entry_of_a_and_b_reaches_its_row_and_column_of_d(each_device, kind):
     """One problem per (i, k, j): A and B one-hot at (i, k) and (k, j), C zero; D must be one-hot at (i, j),
     in the lane and register the C/D fragments give (i, j). Every lane's ownership of every entry shows."""
     depth, problem = (16, bf16_problem) if kind == "bf16" else (8, tf32_problem)
@@ -151,7 +184,7 @@ def test_each_entry_of_a_and_b_reaches_its_row_and_column_of_d(library, kind):
         a, b = np.zeros((16, depth), np.float32), np.zeros((depth, 8), np.float32)
         a[i, k], b[k, j] = 2.0, 3.0
         problems.append(problem(a, b, np.zeros((16, 8), np.float32)))
-    d = run(library, f"mma_{kind}", problems)
+    d = run(each_device, f"mma_{kind}", problems)
     for (i, k, j), got in zip(cases, d):
         expected = np.zeros((16, 8), np.float32)
         expected[i, j] = 6.0
@@ -159,11 +192,11 @@ def test_each_entry_of_a_and_b_reaches_its_row_and_column_of_d(library, kind):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "tf32"])
-def test_c_reaches_d_unchanged_where_a_b_is_zero(library, kind):
+def test_c_reaches_d_unchanged_where_a_b_is_zero(each_device, kind):
     problem = bf16_problem if kind == "bf16" else tf32_problem
     depth = 16 if kind == "bf16" else 8
     c = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
-    (d,) = run(library, f"mma_{kind}", [problem(np.zeros((16, depth)), np.zeros((depth, 8)), c)])
+    (d,) = run(each_device, f"mma_{kind}", [problem(np.zeros((16, depth)), np.zeros((depth, 8)), c)])
     np.testing.assert_array_equal(d, c_fragments(c))
 
 
@@ -171,7 +204,7 @@ def test_c_reaches_d_unchanged_where_a_b_is_zero(library, kind):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "tf32"])
-def test_small_integers_give_a_b_plus_c_exactly(library, kind):
+def test_small_integers_give_a_b_plus_c_exactly(each_device, kind):
     """Entries and sums small enough to be exact in every type: D = A B + C whatever the order of the sum."""
     rng = np.random.default_rng(2)
     depth, problem = (16, bf16_problem) if kind == "bf16" else (8, tf32_problem)
@@ -181,7 +214,7 @@ def test_small_integers_give_a_b_plus_c_exactly(library, kind):
         c = rng.integers(-64, 65, (16, 8)).astype(np.float32)
         problems.append(problem(a, b, c))
         expected.append(c_fragments((a @ b + c).astype(np.float32)))
-    np.testing.assert_array_equal(run(library, f"mma_{kind}", problems), np.stack(expected))
+    np.testing.assert_array_equal(run(each_device, f"mma_{kind}", problems), np.stack(expected))
 
 
 def test_bf16_random_numbers_follow_the_contract_bit_for_bit(library):
@@ -234,25 +267,25 @@ def test_an_mma_in_a_warp_of_fewer_than_32_threads_is_an_error(library):
 # ----- packing
 
 
-def test_pack_bf16x2_puts_its_first_argument_in_the_low_half_rounded_to_nearest_even(library):
+def test_pack_bf16x2_puts_its_first_argument_in_the_low_half_rounded_to_nearest_even(each_device):
     rng = np.random.default_rng(5)
     x = np.concatenate([[1.0, 2.0], rng.standard_normal(998) * 100]).astype(np.float32)
     ties = np.array([0x3F808000, 0x3F818000], np.uint32).view(np.float32)  # halfway: down to even, up to even
     x = np.concatenate([x, ties])
     out = np.zeros(len(x) // 2, np.uint32)
-    library.kernel("packed")((1,), (64,), (x, out, np.int32(len(out))))
+    each_device.kernel("packed")((1,), (64,), (x, out, np.int32(len(out))))
     assert out[0] == 0x40003F80  # bfloat16 1.0 low, 2.0 high
     rounded = x.astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(out, bf16_pairs(rounded[0::2], rounded[1::2]))
     assert out[-1] == 0x3F823F80  # 0x3F80|8000 rounds down to even, 0x3F81|8000 up to even
 
 
-def test_tf32_of_rounds_to_nearest_with_ties_away_from_zero(library):
+def test_tf32_of_rounds_to_nearest_with_ties_away_from_zero(each_device):
     bits = np.array([0x3F800000, 0x3F801000, 0x3F803000, 0xBF801000, 0x3F800FFF, 0x7F7FF000], np.uint32)
     drawn = np.random.default_rng(6).standard_normal(500).astype(np.float32)
     x = np.concatenate([bits.view(np.float32), drawn])
     out = np.zeros(len(x), np.uint32)
-    library.kernel("tf32")((1,), (64,), (x, out, np.int32(len(x))))
+    each_device.kernel("tf32")((1,), (64,), (x, out, np.int32(len(x))))
     assert list(out[:6]) == [0x3F800000, 0x3F802000, 0x3F804000, 0xBF802000, 0x3F800000, 0x7F800000]
     words = x.view(np.uint32)
     magnitude, sign = words & np.uint32(0x7FFFFFFF), words & np.uint32(0x80000000)
@@ -275,12 +308,12 @@ def ldmatrix_model(rows, transposed):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_ldmatrix_hands_each_lane_its_fragments_of_the_rows_the_lanes_point_at(library, transposed):
+def test_ldmatrix_hands_each_lane_its_fragments_of_the_rows_the_lanes_point_at(each_device, transposed):
     rng = np.random.default_rng(7)
     tile = rng.integers(0, 2**16, (32, 8), dtype=np.uint16)
     order = rng.permutation(32).astype(np.int32)  # lane l gives row order[l] of the tile
     out = np.zeros((32, 4), np.uint32)
-    library.kernel("load_matrices")((1,), (32,), (tile, order, out, np.int32(transposed), np.int32(0)))
+    each_device.kernel("load_matrices")((1,), (32,), (tile, order, out, np.int32(transposed), np.int32(0)))
     np.testing.assert_array_equal(out, ldmatrix_model(tile[order], transposed))
 
 
