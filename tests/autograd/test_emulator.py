@@ -4,6 +4,7 @@ launchers on it, giving their references' numbers (and masks, bit for bit) in ev
 threads; and mutation tests: a copy of a source with one of the bugs the emulator exists to catch
 fails its kernel's check, where the unmutated copy passes."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -559,10 +560,22 @@ ATTENTION = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+def in_precision(kind):
+    """A kind of attention's kernels as the dtype its arrays take, in the block where they run: "tf32",
+    float32 arrays under the tf32 policy (the tensor cores' tf32 kernels); float32 and bfloat16 as they
+    are."""
+    if kind == "tf32":
+        return np.float32, ag.use_precision("tf32")
+    return kind, contextlib.nullcontext()
+
+
+ATTENTION_KINDS = [np.float32, "tf32", ag.bfloat16]
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
 @pytest.mark.parametrize("case", ATTENTION, ids=str)
-def test_scaled_dot_product_attention(on_emulator, dtype, dropout_p, case):
+def test_scaled_dot_product_attention(on_emulator, kind, dropout_p, case):
     heads, n_queries, n_keys, d, e, causal = case
     q, k, v = normal(len(case), (heads, n_queries, d), (heads, n_keys, d), (heads, n_keys, e))
 
@@ -571,19 +584,23 @@ def test_scaled_dot_product_attention(on_emulator, dtype, dropout_p, case):
             q, k, v, causal=causal, dropout_p=dropout_p, generator=fresh_stream(1)
         )
 
-    assert_fast_equals_reference(attend, [q, k, v], on_emulator, dtype)
+    dtype, precision = in_precision(kind)
+    with precision:
+        assert_fast_equals_reference(attend, [q, k, v], on_emulator, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
 @pytest.mark.parametrize("dropout_p", [0.0, 0.3])
 @pytest.mark.parametrize("batch, time, n_head, width", [(2, 70, 2, 64), (1, 130, 3, 100), (2, 17, 1, 128)])
-def test_multi_head_attention(on_emulator, dtype, dropout_p, batch, time, n_head, width):
+def test_multi_head_attention(on_emulator, kind, dropout_p, batch, time, n_head, width):
     (qkv,) = normal(time, (batch, time, 3 * n_head * width))
 
     def attend(qkv):
         return F.multi_head_attention(qkv, n_head, dropout_p=dropout_p, generator=fresh_stream(2))
 
-    assert_fast_equals_reference(attend, [qkv], on_emulator, dtype)
+    dtype, precision = in_precision(kind)
+    with precision:
+        assert_fast_equals_reference(attend, [qkv], on_emulator, dtype)
 
 
 def attention_weights(fn, inputs, device, reference):
