@@ -11,9 +11,7 @@ each waited for) and tinygpt's time over PyTorch's; the target in bf16 is 2x or 
 """
 
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -22,32 +20,12 @@ import gpu_report  # noqa: E402
 import torch_gpt  # noqa: E402
 
 import autograd as ag  # noqa: E402
-from autograd import backend, random  # noqa: E402
 from autograd import functional as F  # noqa: E402
+from autograd import random  # noqa: E402
 
 HEADS, WIDTH = 12, 64
 PRECISIONS = ("bf16", "tf32")
 DROPOUTS = (0.0, 0.1)
-
-
-def wait(device):
-    """Until the GPU's work so far is done, CuPy's and PyTorch's (nothing to wait for on a CPU)."""
-    if gpu_report.on_gpu(device):
-        backend.cupy.cuda.get_current_stream().synchronize()
-        torch_gpt.torch.cuda.synchronize()
-
-
-def median_ms(run, device, repeat):
-    """The median milliseconds of `run` over `repeat` calls, after one that compiles and allocates."""
-    run()
-    times = []
-    for _ in range(repeat):
-        wait(device)
-        start = time.perf_counter()
-        run()
-        wait(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def tinygpt_attention(device, precision, batch, seq, dropout_p):
@@ -87,14 +65,18 @@ def torch_attention(device, precision, batch, seq, dropout_p):
     return run
 
 
+def milliseconds(run, args):
+    return round(gpu_report.median_seconds(run, args.repeat, args.device) * 1e3, 3)
+
+
 def measure(args, precision, batch, dropout_p):
     """One row: both sides' milliseconds and their ratio (PyTorch's side None where it is missing)."""
     shape = (args.device, precision, batch, args.seq, dropout_p)
     row = {"precision": precision, "batch": batch, "seq": args.seq, "dropout": dropout_p}
-    row["tinygpt_ms"] = round(median_ms(tinygpt_attention(*shape), args.device, args.repeat), 3)
+    row["tinygpt_ms"] = milliseconds(tinygpt_attention(*shape), args)
     row["torch_ms"] = None
     if torch_gpt.torch is not None:
-        row["torch_ms"] = round(median_ms(torch_attention(*shape), args.device, args.repeat), 3)
+        row["torch_ms"] = milliseconds(torch_attention(*shape), args)
         row["ratio"] = round(row["tinygpt_ms"] / row["torch_ms"], 2)
     return row
 

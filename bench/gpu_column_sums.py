@@ -12,35 +12,23 @@ sum, the median of --repeat, and the bytes read per microsecond.
 import argparse
 import functools
 import json
-import statistics
-import time
+import os
+import sys
 
 import numpy as np
 
-from autograd import backend
-from autograd.kernels import linear
-from autograd.precision import bfloat16, widened
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_report  # noqa: E402
+
+from autograd import backend  # noqa: E402
+from autograd.kernels import linear  # noqa: E402
+from autograd.precision import bfloat16, widened  # noqa: E402
 
 WIDTHS = (768, 2304, 3072)
 
 
-def wait(device):
-    """Until the GPU's work so far is done (nothing to wait for on the emulated device)."""
-    if device.startswith("cuda:"):
-        backend.cupy.cuda.get_current_stream().synchronize()
-
-
-def timed(run, repeat, device):
-    """The median microseconds of `run` over `repeat` calls, each waited for."""
-    run()  # compiled and allocated before the clock starts
-    times = []
-    for _ in range(repeat):
-        wait(device)
-        start = time.perf_counter()
-        run()
-        wait(device)
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+def microseconds(run, args):
+    return gpu_report.median_seconds(run, args.repeat, args.device) * 1e6
 
 
 def reference_sum(grad):
@@ -76,10 +64,10 @@ def main(argv=None):
             host = np.random.default_rng(0).standard_normal((args.rows, width)).astype(dtype)
             grad = backend.to_device(host, args.device)
             with backend.device_scope(grad):
-                ours = timed(functools.partial(linear.column_sums, grad), args.repeat, args.device)
-                cupy = timed(functools.partial(reference_sum, grad), args.repeat, args.device)
+                ours = microseconds(functools.partial(linear.column_sums, grad), args)
+                cupy = microseconds(functools.partial(reference_sum, grad), args)
                 torch_run = torch_side(grad) if args.device.startswith("cuda:") else None
-                torch_us = timed(torch_run, args.repeat, args.device) if torch_run else None
+                torch_us = microseconds(torch_run, args) if torch_run else None
                 sums = backend.to_host(linear.column_sums(grad))
             same = np.allclose(sums, host.astype(np.float64).sum(0), rtol=1e-4, atol=1e-3)
             row = dict(

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,22 @@ def run_limited(command, seconds, env=None):
 def on_gpu(device):
     """True for a real GPU's name ('cuda:N'), False for 'cpu' and the emulated device."""
     return device.startswith("cuda:")
+
+
+def median_seconds(run, repeat, device):
+    """The median seconds of `run` over `repeat` calls, after one that compiles and allocates, each
+    waited for: the whole GPU's work, CuPy's and PyTorch's (nothing to wait for on a CPU)."""
+    run()
+    times = []
+    for _ in range(repeat):
+        if on_gpu(device):
+            backend.cupy.cuda.Device(backend.gpu_index(device)).synchronize()
+        start = time.perf_counter()
+        run()
+        if on_gpu(device):
+            backend.cupy.cuda.Device(backend.gpu_index(device)).synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def describe(device):
