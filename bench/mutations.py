@@ -430,6 +430,15 @@ MUTATIONS = [
              "a[i] = tf32_of(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);",
              "a[i] = float_to_bits(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);",
              "attention in tf32: A's operands handed over unrounded (tensor cores drop their low bits)"),
+    Mutation("att-keep-offset", "attention.cu", "offset[r] = static_cast<unsigned char>(first % 8);",
+             "offset[r] = 0;", "attention on tensor cores: dropout's bits read as if each row began a draw"),
+    Mutation("att-keep-draws", "attention.cu", "static constexpr int DRAWS = K / 8 + 1;",
+             "static constexpr int DRAWS = K / 8;",
+             "attention on tensor cores: dropout's bits one draw short where a row's keys straddle one"),
+    Mutation("att-keep-barrier", "attention.cu",
+             "keep.draw(a, bh, q0, k0);\n            __syncthreads();\n            float s[BC / 8][4] = {};",
+             "__syncthreads();\n            keep.draw(a, bh, q0, k0);\n            float s[BC / 8][4] = {};",
+             "attention's forward on tensor cores: dropout's bits drawn after the barrier, not before"),
 ]  # fmt: skip
 
 

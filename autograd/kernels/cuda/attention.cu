@@ -633,12 +633,39 @@ TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[
     }
 }
 
-// Whether query t keeps key s under dropout, drawn on its own (the backward over keys meets each pair once).
-TG_DEVICE bool keeps_at(const Attention& a, int bh, int t, int s) {
-    if (a.mask.threshold == 0) return true;
-    const MaskRow row = mask_row(a, bh, t);
-    return dropout_keeps(a.mask, row.example, row.start + s);
-}
+// Dropout's decisions for a tile of R mask rows (queries) and K keys from k0, drawn by the whole block into shared
+// memory between two barriers: a byte of 8 decisions per row and Philox draw, so that each draw is made once, not
+// by every lane whose entries it decides. A row's positions k0 .. k0 + K - 1 start `offset` into their first draw
+// and meet K / 8 + 1 draws at most.
+template <int R, int K>
+struct KeepBits {
+    static constexpr int DRAWS = K / 8 + 1;
+    unsigned char bits[R][DRAWS], offset[R];
+
+    // The rows first_row .. first_row + R - 1 (none past T: those keep nothing) of head bh.
+    TG_DEVICE void draw(const Attention& a, int bh, int first_row, int k0) {
+        if (a.mask.threshold == 0) return;
+        for (int i = threadIdx.x; i < R * DRAWS; i += TILE_THREADS) {
+            const int r = i / DRAWS, t = first_row + r;
+            unsigned char kept = 0;
+            const MaskRow row = mask_row(a, bh, t);
+            const unsigned long long first = row.start + k0, j = first / 8 * 8 + 8 * (i % DRAWS);
+            if (t < a.n_queries) {
+                unsigned int words[4];
+                dropout_bits(a.mask, row.example, j, words);
+                for (int b = 0; b < 8; ++b) kept |= dropout_keeps_of(words, j + b, a.mask.threshold) << b;
+            }
+            bits[r][i % DRAWS] = kept;
+            if (i % DRAWS == 0) offset[r] = static_cast<unsigned char>(first % 8);
+        }
+    }
+    // Whether row first_row + r keeps key k0 + x.
+    TG_DEVICE bool keeps(const Attention& a, int r, int x) const {
+        if (a.mask.threshold == 0) return true;
+        const int position = offset[r] + x;
+        return bits[r][position / 8] >> (position % 8) & 1;
+    }
+};
 
 // The column of entry i of a lane's 8-column C tile n (0 .. 7 within the tile: 2t and 2t + 1), and its row (g, g + 8).
 TG_DEVICE int fragment_column(int n, int i) { return 8 * n + 2 * (threadIdx.x % 4) + i % 2; }
@@ -653,6 +680,7 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
     typedef typename Operands::Element E;
     constexpr int LD = D + Operands::PAD;
     alignas(16) __shared__ E sq[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+    __shared__ KeepBits<MMA_ROWS, BC> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
     k += a.head_start(a.k, bh);
@@ -669,13 +697,12 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
         __syncthreads();  // the last tile's products are done with sq
         load_mma_rows<Operands, MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
         float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f}, acc[D / 8][4] = {};
-        const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
-        MaskWalk walk[2];
         const int keys_end = a.keys_end(q0 + MMA_ROWS);
         for (int k0 = 0; k0 < keys_end; k0 += BC) {
             __syncthreads();  // the last step's products are done with sk, sv (and sq is written)
             load_mma_rows<Operands, BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
             load_mma_rows<Operands, BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            keep.draw(a, bh, q0, k0);
             __syncthreads();
             float s[BC / 8][4] = {};
             multiply_by_rows<Operands, BC, D>(s, sq + 16 * warp * LD, sk, LD);
@@ -708,7 +735,8 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
                 for (int i = 0; i < 4; ++i) {
                     const float p = exp2_of(s[n][i] - m[i / 2]);
                     l[i / 2] += p;
-                    s[n][i] = (p > 0.0f && walk[i / 2].keeps(a, mask[i / 2], k0 + fragment_column(n, i))) ? p : 0.0f;
+                    const bool kept = p > 0.0f && keep.keeps(a, 16 * warp + fragment_row(i), fragment_column(n, i));
+                    s[n][i] = kept ? p : 0.0f;
                 }
             unsigned int w[BC / Operands::K][4];
             Operands::template pack<BC>(w, s);
@@ -744,6 +772,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
     constexpr int LD = D + Operands::PAD;
     alignas(16) __shared__ E sk[MMA_ROWS * LD], sv[MMA_ROWS * LD], sq[BR * LD], sg[BR * LD];
     __shared__ float sl[BR], sdot[BR];
+    __shared__ KeepBits<BR, MMA_ROWS> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
     k += a.head_start(a.k, bh);
@@ -773,6 +802,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
                 sl[i] = q0 + i < a.n_queries ? lse[q0 + i] : 0.0f;
                 sdot[i] = q0 + i < a.n_queries ? dot[q0 + i] : 0.0f;
             }
+            keep.draw(a, bh, q0, k0);
             __syncthreads();
             float st[BR / 8][4] = {}, gwt[BR / 8][4] = {};
             multiply_by_rows<Operands, BR, D>(st, sk + 16 * warp * LD, sq, LD);
@@ -783,7 +813,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
                 for (int i = 0; i < 4; ++i) {
                     const int c = fragment_column(n, i), t = q0 + c, key = keys[i / 2];
                     const float p = (t < a.n_queries && a.sees(t, key)) ? exp2_of(st[n][i] * scale - sl[c]) : 0.0f;
-                    const bool kept = p > 0.0f && keeps_at(a, bh, t, key);
+                    const bool kept = p > 0.0f && keep.keeps(a, c, key - k0);
                     const float grad_p = kept ? gwt[n][i] * a.keep_scale : 0.0f;
                     st[n][i] = kept ? p * a.keep_scale : 0.0f;  // W^T
                     gwt[n][i] = p * (grad_p - sdot[c]);          // dS^T
@@ -815,6 +845,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
     typedef typename Operands::Element E;
     constexpr int LD = D + Operands::PAD;
     alignas(16) __shared__ E sq[MMA_ROWS * LD], sg[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
+    __shared__ KeepBits<MMA_ROWS, BC> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
     q += a.head_start(a.q, bh);
     k += a.head_start(a.k, bh);
@@ -834,8 +865,6 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
         load_mma_rows<Operands, MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
         load_mma_rows<Operands, MMA_ROWS, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
         float row_lse[2], row_dot[2], gq[D / 8][4] = {};
-        const MaskRow mask[2] = {mask_row(a, bh, rows[0]), mask_row(a, bh, rows[1])};
-        MaskWalk walk[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             row_lse[h] = rows[h] < a.n_queries ? lse[rows[h]] : 0.0f;
@@ -846,6 +875,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
             __syncthreads();  // the last step's product is done with sk, sv (and sq, sg are written)
             load_mma_rows<Operands, BC, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
             load_mma_rows<Operands, BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
+            keep.draw(a, bh, q0, k0);
             __syncthreads();
             float s[BC / 8][4] = {}, gw[BC / 8][4] = {};
             multiply_by_rows<Operands, BC, D>(s, sq + 16 * warp * LD, sk, LD);
@@ -857,7 +887,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
                     const int t = rows[i / 2], key = k0 + fragment_column(n, i);
                     const float p =
                         (t < a.n_queries && a.sees(t, key)) ? exp2_of(s[n][i] * scale - row_lse[i / 2]) : 0.0f;
-                    const bool kept = p > 0.0f && walk[i / 2].keeps(a, mask[i / 2], key);
+                    const bool kept = p > 0.0f && keep.keeps(a, 16 * warp + fragment_row(i), key - k0);
                     const float grad_p = kept ? gw[n][i] * a.keep_scale : 0.0f;
                     s[n][i] = p * (grad_p - row_dot[i / 2]);  // dS
                 }
