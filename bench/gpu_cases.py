@@ -41,17 +41,18 @@ def backward(y, rng):
     y.backward(rng.standard_normal(y.shape).astype(np.float32))
 
 
-def attention(width, dtype, causal):
-    """Attention of 40 queries, two heads of `width`, without and with dropout. Causal: over 73 keys,
-    one more than a multiple of the key tiles (the range of keys a query sees ends inside a tile);
-    else over 50. Dropout's examples start at 3, not 0."""
+def attention(width, dtype, causal, precision=None):
+    """Attention of 40 queries, two heads of `width`, without and with dropout, under `precision` (None:
+    the one in force; "tf32": float32 on the tensor cores). Causal: over 73 keys, one more than a
+    multiple of the key tiles (the range of keys a query sees ends inside a tile); else over 50.
+    Dropout's examples start at 3, not 0."""
 
     def case(device):
         rng = np.random.default_rng(0)
         n_keys = 73 if causal else 50
         q, k, v = (leaf(rng, (1, 2, n, width), dtype, device) for n in (40, n_keys, n_keys))
         for dropout_p in (0.0, 0.1):
-            with use_masks(MaskStream(0, first_example=3)):
+            with ag.use_precision(precision), use_masks(MaskStream(0, first_example=3)):
                 backward(F.scaled_dot_product_attention(q, k, v, causal=causal, dropout_p=dropout_p), rng)
 
     return case
@@ -158,6 +159,13 @@ CASES = {
         f"attention-d{width}-{name}-{'causal' if causal else 'full'}": attention(width, dtype, causal)
         for width in (32, 64, 128)
         for name, dtype in DTYPES.items()
+        for causal in (True, False)
+    },
+    **{
+        f"attention-d{width}-tf32-{'causal' if causal else 'full'}": attention(
+            width, np.float32, causal, "tf32"
+        )
+        for width in (32, 64)
         for causal in (True, False)
     },
     **{
