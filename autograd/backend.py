@@ -5,6 +5,7 @@ so one piece of code runs on the CPU (NumPy) and on an NVIDIA GPU (CuPy).
 """
 
 import contextlib
+import functools
 import math
 
 import numpy as np
@@ -75,6 +76,17 @@ def tf32_products(xp):
         return False
     linalg = emulated_gpu.Linalg if xp is emulated_gpu.xp else _linalg()
     return linalg.get_compute_type(np.float32) == linalg.COMPUTE_TYPE_TF32
+
+
+def tensor_cores(xp):
+    """True where xp's device multiplies bfloat16 and tf32 on tensor cores: a GPU of sm_80 (Ampere) or
+    later, and the emulated device."""
+    return xp is emulated_gpu.xp or _compute_capability(cupy.cuda.Device().id) >= 80
+
+
+@functools.cache
+def _compute_capability(device_id):
+    return int(cupy.cuda.Device(device_id).compute_capability)
 
 
 def _linalg():

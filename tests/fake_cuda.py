@@ -170,7 +170,14 @@ def install(monkeypatch):
     monkeypatch.setattr(FakeLinalg, "compute_type", FakeLinalg.COMPUTE_TYPE_DEFAULT)
     monkeypatch.setattr(GpuArray, "products", [])
     # the launchers' caches keep device arrays and modules: the stand-in's own, for this test only
-    for owner, name in ((adam, "chunks"), (adam, "table"), (gpu, "module"), (gpu, "_counters")):
+    caches = (
+        (adam, "chunks"),
+        (adam, "table"),
+        (gpu, "module"),
+        (gpu, "_counters"),
+        (backend, "_compute_capability"),
+    )
+    for owner, name in caches:
         cached = getattr(owner, name)
         monkeypatch.setattr(owner, name, functools.lru_cache(cached.cache_info().maxsize)(cached.__wrapped__))
     monkeypatch.setattr(gpu, "kernel", recording_kernel(launches))

@@ -169,10 +169,19 @@ def _layout(a, n_head):
 
 
 def _kind(xp, dtype, width):
-    """Which kernels of TILE_ROWS run heads of `width` in arrays of `dtype`."""
+    """Which kernels of TILE_ROWS run heads of `width` in arrays of `dtype` (tensor cores' for bfloat16:
+    _fits asks for them)."""
     if dtype == bfloat16:
         return "bf16"
-    return "tf32" if width in TILE_ROWS["tf32"] and backend.tf32_products(xp) else "fp32"
+    tf32 = width in TILE_ROWS["tf32"] and backend.tf32_products(xp) and backend.tensor_cores(xp)
+    return "tf32" if tf32 else "fp32"
+
+
+def _fits(array, d, e):
+    """Whether the kernels take heads of q and k of width d and v of width e, in `array`'s type and
+    device: up to 128 wide; bfloat16 on tensor cores only (sm_80 and later)."""
+    xp = get_array_module(array)
+    return _kernel_width(d, e) is not None and (array.dtype != bfloat16 or backend.tensor_cores(xp))
 
 
 def _launch(ctx, kernel, tile, n_rows, arrays):
@@ -243,12 +252,12 @@ def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
 
 
 def scaled_dot_product_fits_gpu(q, k, v, causal, dropout_p, generator):
-    """The kernels take heads up to 128 wide and the heads of q k^T; not heads that v adds of its own
+    """The kernels take heads up to 128 wide (_fits) and the heads of q k^T; not heads that v adds of its own
     (they would share a dropout mask), nor empty arrays."""
     heads = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     return (
         np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) == heads
-        and _kernel_width(q.shape[-1], v.shape[-1]) is not None
+        and _fits(q, q.shape[-1], v.shape[-1])
         and 0 not in (q.size, k.size, v.size)
     )
 
@@ -278,10 +287,9 @@ def scaled_dot_product_backward_gpu(ctx, grad):
 
 
 def multi_head_fits_gpu(qkv, bias, n_head, dropout_p, generator):
-    """The kernels take heads up to 128 wide, of a qkv that is not empty."""
-    return (
-        _kernel_width(qkv.shape[-1] // 3 // n_head, qkv.shape[-1] // 3 // n_head) is not None and qkv.size > 0
-    )
+    """The kernels take heads up to 128 wide (_fits), of a qkv that is not empty."""
+    width = qkv.shape[-1] // 3 // n_head
+    return _fits(qkv, width, width) and qkv.size > 0
 
 
 def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):

@@ -34,7 +34,7 @@ def nvrtc():
     return pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
 
 
-@pytest.mark.parametrize("arch", ["compute_80", "compute_90", "sm_80", "sm_90"])  # PTX, and binaries: ptxas
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90", "sm_75", "sm_80", "sm_90"])  # PTX, binaries
 @pytest.mark.parametrize("name", SOURCES)
 def test_every_cuda_source_compiles_without_a_warning(nvrtc, name, arch):
     program = nvrtc.createProgram(gpu.source(name), f"{name}.cu", [], [])
@@ -94,7 +94,8 @@ def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
 def test_attentions_kernels_multiply_on_the_tensor_cores_of_their_kind():
     """Each kernel of attention.cu in the PTX: the bfloat16 tile kernels hold mma.sync m16n8k16 and
     ldmatrix (plain and transposing); the tf32 ones, mma.sync m16n8k8 on operands rounded by cvt.rna;
-    the float32 ones on CUDA cores and the row dot products, none of them."""
+    the float32 ones on CUDA cores and the row dot products, none of them. Every tensor-core kernel
+    takes 2^x as ex2.approx; the forwards alone take log2 (of a row's sum), as lg2.approx."""
     ptx = gpu.compile_source("attention", "compute_90").decode()
     kernels = {part.split("(")[0].strip(): part for part in ptx.split(".entry ")[1:]}
     assert len(kernels) == 17
@@ -107,16 +108,13 @@ def test_attentions_kernels_multiply_on_the_tensor_cores_of_their_kind():
         "tf32": ["mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"],
     }
     for name, body in kernels.items():
-        kind = (
-            "tf32"
-            if "_tf32_" in name
-            else "bf16"
-            if name.endswith("_bf16") and "row_dot" not in name
-            else None
-        )
+        kind = "tf32" if "_tf32_" in name else "bf16" if name.endswith("_bf16") else None
+        kind = None if "row_dot" in name else kind
         for of_kind, listed in instructions.items():
             for instruction in listed:
                 assert (instruction in body) == (kind == of_kind), (name, instruction)
+        if kind:
+            assert "ex2.approx.f32" in body and ("lg2.approx.f32" in body) == ("forward" in name), name
 
 
 DRIVER = r"""

@@ -249,3 +249,25 @@ def test_attention_repeats_bit_for_bit(device, dtype):
         results.append((out.numpy(), backend.to_host(x.grad), backend.to_host(x_bias.grad)))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("kind", [np.float32, "tf32", ag.bfloat16])
+def test_a_nan_in_q_reaches_the_outputs_the_reference_gives_nan(device, kind):
+    """A NaN in one query reaches its row of y and dq and every key's dk and dv (full attention: the row
+    sees them all), on the fast paths as in the reference, dropout's decisions kept for it."""
+    q, k, v = normal(4, (2, 9, 16), (2, 11, 16), (2, 11, 16))
+    q[1, 4, 3] = np.nan
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, causal=False, dropout_p=0.3, generator=fresh_stream(5))
+
+    dtype = np.float32 if kind == "tf32" else kind
+    with ag.use_precision("tf32") if kind == "tf32" else contextlib.nullcontext():
+        fast, reference = (
+            forward_and_backward_typed(attend, [q, k, v], [dtype] * 3, device, on) for on in (False, True)
+        )
+    for name, a, b in zip(["y", "dq", "dk", "dv"], fast, reference):
+        np.testing.assert_array_equal(
+            np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32)), err_msg=name
+        )
+    assert np.isnan(reference[3][1]).all() and not np.isnan(reference[3][0]).any()

@@ -206,7 +206,8 @@ __device__ void attention_forward(const Attention& a, const T* q, const T* k, co
                 for (int j = 0; j < CN; ++j) {
                     const float p = expf(s[i][j] - m_new);
                     sum += p;
-                    sp[ty * RM + i][tx * CN + j] = (p > 0.0f && walk.keeps(a, rows[i], k0 + tx * CN + j)) ? p : 0.0f;
+                    const bool kept = p > 0.0f && walk.keeps(a, rows[i], k0 + tx * CN + j);
+                    sp[ty * RM + i][tx * CN + j] = kept ? p : p * 0.0f;  // times 0: a NaN stays, as x * keep does
                 }
                 l[i] = l[i] * shrink + row_sum(sum);
                 m[i] = m_new;
@@ -301,8 +302,9 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
                     const int key = k0 + ty * RM + i;
                     const float p = (t < a.n_queries && a.sees(t, key)) ? expf(st[i][j] * a.scale - sl[col]) : 0.0f;
                     const bool kept = p > 0.0f && walk.keeps(a, row, key);
-                    const float grad_p = kept ? gwt[i][j] * a.keep_scale : 0.0f;
-                    sw[ty * RM + i][col] = kept ? p * a.keep_scale : 0.0f;
+                    const float dropout_scale = kept ? a.keep_scale : 0.0f;  // times 0: a NaN stays
+                    const float grad_p = gwt[i][j] * dropout_scale;
+                    sw[ty * RM + i][col] = p * dropout_scale;
                     sds[ty * RM + i][col] = p * (grad_p - sdot[col]);
                 }
             }
@@ -376,7 +378,7 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
                     const int key = k0 + tx * CN + j;
                     const float p = (t < a.n_queries && a.sees(t, key)) ? expf(s[i][j] * a.scale - row_lse[i]) : 0.0f;
                     const bool kept = p > 0.0f && walk.keeps(a, rows[i], key);
-                    const float grad_p = kept ? gw[i][j] * a.keep_scale : 0.0f;
+                    const float grad_p = gw[i][j] * (kept ? a.keep_scale : 0.0f);  // times 0: a NaN stays
                     sds[ty * RM + i][tx * CN + j] = p * (grad_p - row_dot[i]);
                 }
             }
@@ -444,9 +446,8 @@ ATTENTION_ROW_DOT(bf16, bf16)
 //
 // The same three tile kernels and the same numbers, with the products made by the tensor cores: q, k, v, dy rounded
 // to bfloat16 in shared memory (after the bias, added in float32), or kept in float32 there and rounded to tf32 as
-// a fragment is loaded. Each of a block's 4 warps takes 16 rows
-// of the block's 64 (queries in the forward and in dq, keys in dk and dv) and holds its tiles of S, dP, y, dq,
-// dk, dv as mma's C fragments: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
+// a fragment is loaded. Each of a block's 4 warps takes 16 rows of the block's 64 (queries in the forward and in
+// dq, keys in dk and dv) and holds its tiles of S, dP, y, dq, dk, dv as mma's C fragments: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1
 // of each 8-column tile, so a row's statistics are reduced over a quad of lanes. P (and dS, and the dropped-out
 // W) never leave registers: rounded to bfloat16, the C fragments of two 8-column tiles are the A fragment of the
 // next product over those 16 columns; rounded to tf32, one tile's are, once the quad's lanes swap them by shuffles
@@ -457,31 +458,35 @@ ATTENTION_ROW_DOT(bf16, bf16)
 //   - the forward's running max and sum move once per tile of keys; each lane sums its own columns of a row in
 //     order (l), the quad adds its four sums at the end: (l0 + l1) + (l2 + l3);
 //   - P, W and dS are rounded to the operands' type before their second product (as FlashAttention and cuDNN do).
-// Key tiles above the causal diagonal are skipped, and the forward masks only the tiles that cross it.
+// Key tiles above the causal diagonal are skipped, and the forward masks only the tiles that cross it. The tensor
+// cores' bfloat16 and tf32 products came with sm_80 (Ampere): older GPUs build only the kernels above.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
 constexpr int MMA_ROWS = 64;  // a block's rows: 16 for each of its 4 warps
+static_assert(TILE_THREADS == 32 * MMA_ROWS / 16, "a warp for each 16 rows");
 constexpr float LOG2_E = 1.4426950408889634f;
 
-// The inner tiles, within 48 KB of shared memory, by the tiles' element type and the head width: keys per step of
-// the forward and of dq, queries per step of dk and dv. (No tf32 kernels for heads of 128: their float32 tiles
-// would need more.)
+// The inner tiles, within 48 KB of shared memory and 255 registers a thread, by the tiles' element type and the
+// head width: keys per step of the forward, queries per step of dk and dv, keys per step of dq. (No tf32 kernels
+// for heads of 128: their float32 tiles would need more.)
 template <typename Element, int D>
 struct MmaTiles;
 template <>
 struct MmaTiles<bf16, 64> {
-    static constexpr int forward_keys = 64, backward = 64;
+    static constexpr int forward_keys = 64, keys_queries = 32, queries_keys = 64;
 };
 template <>
 struct MmaTiles<bf16, 128> {
-    static constexpr int forward_keys = 32, backward = 16;
+    static constexpr int forward_keys = 32, keys_queries = 16, queries_keys = 16;
 };
 template <>
 struct MmaTiles<float, 64> {
-    static constexpr int forward_keys = 32, backward = 16;
+    static constexpr int forward_keys = 32, keys_queries = 16, queries_keys = 16;
 };
 
-// 2^x and log2(x): the GPU's approximations (ex2.approx, lg2.approx: within a few units in the last place); on the
-// emulated device the exact values rounded once to float32, which the NumPy twin computes too.
+// 2^x and log2(x): the GPU's approximations (ex2.approx: within 2 units in the last place; lg2.approx: within about
+// 2^-22 absolutely); on the emulated device the exact values rounded once to float32, which the NumPy twin computes
+// too.
 TG_DEVICE float exp2_of(float x) {
 #ifdef __CUDA_ARCH__
     float y;
@@ -512,7 +517,8 @@ TG_DEVICE float quad_sum(float x) {
 }
 
 // The operands of the tensor cores, as the kernels load and multiply them: tiles of Element in shared memory, rows
-// padded by PAD numbers (16 bytes: so that the 8 rows an ldmatrix or a quad's loads read fall in different banks),
+// padded by PAD numbers (16 bytes: so that the 8 rows an ldmatrix reads, or the lanes of a tf32 load of A or of K's
+// rows, fall in different banks; tf32 loads of V's columns meet two lanes a bank),
 // and K columns of A (rows of B) per mma. load_a: A's fragment of the 16 x K block at columns k0 of the warp's 16
 // rows of a row-major tile (ld numbers a row). load_b_of_rows: B's fragments for the columns n0 .. n0 + 15 (two
 // 8-column tiles: b[0..1], b[2..3]) and rows k0 .. k0 + K - 1, where B(k, n) = tile[n][k] (a tile of keys as
@@ -604,6 +610,7 @@ TG_DEVICE void load_mma_rows(typename Operands::Element* tile, const T* head, co
 template <typename Operands, int N, int KN>
 TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const typename Operands::Element* x,
                                 const typename Operands::Element* y, int ld) {
+    static_assert(N % 16 == 0 && KN % Operands::K == 0, "two 8-column tiles at a time, whole mmas");
     for (int k0 = 0; k0 < KN; k0 += Operands::K) {
         unsigned int a[4];
         Operands::load_a(a, x, ld, k0);
@@ -621,6 +628,7 @@ TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const typename Operands::E
 template <typename Operands, int KN, int N>
 TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[KN / Operands::K][4],
                                   const typename Operands::Element* y, int ld) {
+    static_assert(N % 16 == 0 && KN % Operands::K == 0, "two 8-column tiles at a time, whole mmas");
 #pragma unroll
     for (int j = 0; j < KN / Operands::K; ++j) {
 #pragma unroll
@@ -689,7 +697,7 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
     out_float += a.head_start(a.o, bh);
     const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
                 *v_bias = a.head_bias(a.v_bias, bh, a.e);
-    const float scale = a.scale * LOG2_E;  // e^x = 2^(x log2 e)
+    const float scale_base2 = a.scale * LOG2_E;  // e^x = 2^(x log2 e)
     const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
@@ -714,7 +722,7 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const bool seen = all_seen || a.sees(rows[i / 2], k0 + fragment_column(n, i));
-                    s[n][i] = seen ? s[n][i] * scale : minus_infinity();
+                    s[n][i] = seen ? s[n][i] * scale_base2 : minus_infinity();
                     tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
                 }
             float shrink[2];
@@ -736,7 +744,7 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
                     const float p = exp2_of(s[n][i] - m[i / 2]);
                     l[i / 2] += p;
                     const bool kept = p > 0.0f && keep.keeps(a, 16 * warp + fragment_row(i), fragment_column(n, i));
-                    s[n][i] = kept ? p : 0.0f;
+                    s[n][i] = kept ? p : p * 0.0f;  // times 0: a NaN stays, as the reference's x * keep does
                 }
             unsigned int w[BC / Operands::K][4];
             Operands::template pack<BC>(w, s);
@@ -784,7 +792,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
                 *v_bias = a.head_bias(a.v_bias, bh, a.e);
     lse += static_cast<long long>(bh) * a.n_queries;
     dot += static_cast<long long>(bh) * a.n_queries;
-    const float scale = a.scale * LOG2_E;
+    const float scale_base2 = a.scale * LOG2_E;
     const int n_tiles = (a.n_keys + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
         const int k0 = tile * MMA_ROWS, first_key = k0 + 16 * warp;
@@ -804,7 +812,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
             }
             keep.draw(a, bh, q0, k0);
             __syncthreads();
-            float st[BR / 8][4] = {}, gwt[BR / 8][4] = {};
+            float st[BR / 8][4] = {}, gwt[BR / 8][4] = {}, wt[BR / 8][4], dst[BR / 8][4];  // S^T, dW^T, W^T, dS^T
             multiply_by_rows<Operands, BR, D>(st, sk + 16 * warp * LD, sq, LD);
             multiply_by_rows<Operands, BR, D>(gwt, sv + 16 * warp * LD, sg, LD);
 #pragma unroll
@@ -812,15 +820,16 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int c = fragment_column(n, i), t = q0 + c, key = keys[i / 2];
-                    const float p = (t < a.n_queries && a.sees(t, key)) ? exp2_of(st[n][i] * scale - sl[c]) : 0.0f;
+                    const float p = (t < a.n_queries && a.sees(t, key)) ? exp2_of(st[n][i] * scale_base2 - sl[c]) : 0.0f;
                     const bool kept = p > 0.0f && keep.keeps(a, c, key - k0);
-                    const float grad_p = kept ? gwt[n][i] * a.keep_scale : 0.0f;
-                    st[n][i] = kept ? p * a.keep_scale : 0.0f;  // W^T
-                    gwt[n][i] = p * (grad_p - sdot[c]);          // dS^T
+                    const float dropout_scale = kept ? a.keep_scale : 0.0f;  // times 0: a NaN stays
+                    const float grad_p = gwt[n][i] * dropout_scale;
+                    wt[n][i] = p * dropout_scale;
+                    dst[n][i] = p * (grad_p - sdot[c]);
                 }
             unsigned int w[BR / Operands::K][4], ds[BR / Operands::K][4];
-            Operands::template pack<BR>(w, st);
-            Operands::template pack<BR>(ds, gwt);
+            Operands::template pack<BR>(w, wt);
+            Operands::template pack<BR>(ds, dst);
             multiply_fragments<Operands, BR, D>(gv, w, sg, LD);
             multiply_fragments<Operands, BR, D>(gk, ds, sq, LD);
         }
@@ -856,7 +865,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
                 *v_bias = a.head_bias(a.v_bias, bh, a.e);
     lse += static_cast<long long>(bh) * a.n_queries;
     dot += static_cast<long long>(bh) * a.n_queries;
-    const float scale = a.scale * LOG2_E;
+    const float scale_base2 = a.scale * LOG2_E;
     const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * MMA_ROWS, first_row = q0 + 16 * warp;
@@ -886,9 +895,9 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
                 for (int i = 0; i < 4; ++i) {
                     const int t = rows[i / 2], key = k0 + fragment_column(n, i);
                     const float p =
-                        (t < a.n_queries && a.sees(t, key)) ? exp2_of(s[n][i] * scale - row_lse[i / 2]) : 0.0f;
+                        (t < a.n_queries && a.sees(t, key)) ? exp2_of(s[n][i] * scale_base2 - row_lse[i / 2]) : 0.0f;
                     const bool kept = p > 0.0f && keep.keeps(a, 16 * warp + fragment_row(i), key - k0);
-                    const float grad_p = kept ? gw[n][i] * a.keep_scale : 0.0f;
+                    const float grad_p = gw[n][i] * (kept ? a.keep_scale : 0.0f);  // times 0: a NaN stays
                     s[n][i] = p * (grad_p - row_dot[i / 2]);  // dS
                 }
             unsigned int ds[BC / Operands::K][4];
@@ -905,8 +914,8 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
     }
 }
 
-// The tensor cores' kernels, under the parameters of the float32 ones: the bfloat16 kernels under their names too,
-// the tf32 ones (float32 arrays) as attention_*_tf32_d64_f32.
+// The tensor cores' kernels, with the parameters of the CUDA cores' ones: for bfloat16, attention_*_d64_bf16 and
+// attention_*_d128_bf16; for float32 read as tf32, attention_*_tf32_d64_f32.
 #define ATTENTION_MMA_KERNELS(name, D, Operands, T)                                                               \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_##name(                          \
         const T* q, const T* k, const T* v, T* out, float* out_float, float* lse, ATTENTION_PARAMS) {             \
@@ -916,15 +925,17 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_##name(                    \
         const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_k,         \
         T* grad_v, ATTENTION_PARAMS) {                                                                            \
-        attention_backward_keys_mma<Operands, T, D, MmaTiles<Operands::Element, D>::backward>(                    \
+        attention_backward_keys_mma<Operands, T, D, MmaTiles<Operands::Element, D>::keys_queries>(                \
             ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_k, grad_v);                                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_##name(                 \
         const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_q,         \
         ATTENTION_PARAMS) {                                                                                       \
-        attention_backward_queries_mma<Operands, T, D, MmaTiles<Operands::Element, D>::backward>(                 \
+        attention_backward_queries_mma<Operands, T, D, MmaTiles<Operands::Element, D>::queries_keys>(             \
             ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_q);                                                \
     }
 ATTENTION_MMA_KERNELS(d64_bf16, 64, Bf16Operands, bf16)
 ATTENTION_MMA_KERNELS(d128_bf16, 128, Bf16Operands, bf16)
 ATTENTION_MMA_KERNELS(tf32_d64_f32, 64, Tf32Operands, float)
+
+#endif  // tensor cores: sm_80 and later
