@@ -96,7 +96,7 @@ def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=
         fits = q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2]
     except ValueError:
         fits = False
-    if not fits:
+    if not fits or q.shape[-1] == 0 or (k.shape[-2] == 0 and q.shape[-2] > 0):  # heads of width 0, no keys
         raise ValueError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit together")
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"attention: causal with {q.shape[-2]} queries but only {k.shape[-2]} keys")
@@ -147,7 +147,7 @@ def multi_head_attention(qkv, n_head, dropout_p=0.0, generator=None, bias=None):
     too: the weights' mask, (batch, head, time, time), is one draw of `generator` (by default the
     current stream). bias (3 * width,): the projection's that made qkv, added as the heads are read."""
     masks.check_probability("multi_head_attention: dropout_p", dropout_p)
-    if qkv.shape[-1] % (3 * n_head):
+    if qkv.shape[-1] % (3 * n_head) or qkv.shape[-1] == 0:
         raise ValueError(f"multi_head_attention: {qkv.shape[-1]} features are not 3 x {n_head} heads")
     if bias is not None and bias.shape != qkv.shape[-1:]:
         raise ValueError(f"multi_head_attention: bias has shape {bias.shape}, expected ({qkv.shape[-1]},)")

@@ -819,7 +819,8 @@ MUTATIONS = {
     # others still read (a read of rows not yet loaded would give NaN in every order, which the numbers show)
     "a: a barrier removed from the attention forward": (
         "attention",
-        "            __syncthreads();  // the last tile's products are done with sk, sv, sp (and sq is written)\n",
+        "            __syncthreads();  // the last tile's products are done with sk, sv, sp (and sq is "
+        "written)\n",
         "",
         check_attention,
         (EmulatorError, r"attention_forward_d64_f32: the threads in the orders .* a race between two"),

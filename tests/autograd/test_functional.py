@@ -790,9 +790,10 @@ def test_multi_head_attention_gradient(device, case, with_bias, dropout_p, seed,
     check_gradients_at(attend, inputs)
 
 
-def test_multi_head_attention_names_a_width_not_made_of_heads(device):
-    with pytest.raises(ValueError, match="not 3 x 2 heads"):
-        F.multi_head_attention(leaf(np.ones((1, 2, 8)), device), 2)
+@pytest.mark.parametrize("width", [8, 0])  # 0: heads of no width
+def test_multi_head_attention_names_a_width_not_made_of_heads(device, width):
+    with pytest.raises(ValueError, match=f"{width} features are not 3 x 2 heads"):
+        F.multi_head_attention(leaf(np.ones((1, 2, width)), device), 2)
 
 
 @pytest.mark.parametrize("shape", [(), (4,), (1, 6), (2, 6)])
@@ -811,12 +812,14 @@ def test_multi_head_attention_names_a_bias_not_of_qkvs_width(device, shape):
         ((2, 5, 3), (2, 5, 6)),  # k's feature size is not q's
         ((2, 5, 4), (2, 4, 6)),  # v has a different number of positions from k
         ((3, 5, 4), (3, 5, 6)),  # k and v have 3 heads, q has 2
+        ((2, 0, 4), (2, 0, 6)),  # no keys for the queries to attend to
+        ((2, 5, 0), (2, 5, 6)),  # heads of width 0: no scale 1 / sqrt(d)
     ],
-    ids=["features", "positions", "heads"],
+    ids=["features", "positions", "heads", "no keys", "width 0"],
 )
 def test_attention_names_shapes_that_do_not_fit(device, k_shape, v_shape):
     """q, k and v that do not fit together are refused with a ValueError giving all three shapes."""
-    q_shape = (2, 3, 4)
+    q_shape = (2, 3, k_shape[-1] if k_shape[-1] == 0 else 4)
     q, k, v = (leaf(np.ones(s), device) for s in (q_shape, k_shape, v_shape))
     with pytest.raises(ValueError, match=re.escape(f"q {q_shape}, k {k_shape}, v {v_shape}")):
         F.scaled_dot_product_attention(q, k, v, causal=False)
