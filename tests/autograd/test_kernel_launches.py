@@ -208,7 +208,14 @@ def drive_elementwise(rng, dtype):
 def drive_attention(rng, dtype):
     """Both attention Functions with heads that take the d64 and the d128 kernels, causal or not,
     with dropout and without; 5 queries over 7 keys, as with a KV cache. Multi-head attention with no
-    bias, a float32 one (the bf16 policy's) and one of qkv's type."""
+    bias, a float32 one (the bf16 policy's) and one of qkv's type. float32 under the tf32 policy too
+    (the tensor cores' tf32 kernels)."""
+    for precision in [None, "tf32"] if dtype == np.float32 else [None]:
+        with ag.use_precision(precision):
+            attend_every_way(rng, dtype)
+
+
+def attend_every_way(rng, dtype):
     for d in (32, 100):
         q, k, v = (
             on_gpu(rng, (2, 3, 5, d), dtype),
