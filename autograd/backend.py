@@ -69,13 +69,10 @@ def set_tf32(on):
     return before
 
 
-def tf32_products(xp):
-    """True where the float32 matrix products of xp's device (cupy, or the emulated device's module)
-    read their inputs as TF32 now: in a tf32 block, or where CUPY_TF32=1 asked for it."""
-    if xp is np:
-        return False
-    linalg = emulated_gpu.Linalg if xp is emulated_gpu.xp else _linalg()
-    return linalg.get_compute_type(np.float32) == linalg.COMPUTE_TYPE_TF32
+def tf32_asked():
+    """True inside set_tf32(True) (the tf32 precision policy): the fused kernels' own products take TF32
+    there, and only there; CUPY_TF32=1 is CuPy's, for its own products."""
+    return _tf32
 
 
 def tensor_cores(xp):

@@ -143,7 +143,7 @@ WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in
 # The kernels of each kind by head width, and the rows a block takes per tile: queries in the forward,
 # keys in the backward over keys, queries in the backward over queries. "fp32": float32 on CUDA cores
 # (attention.cu's Tiles); on tensor cores, 16 rows for each of 4 warps, "bf16" for bfloat16 and "tf32"
-# for float32 where the device's float32 products are TF32's (heads up to 64 wide). The kernels stride
+# for float32 under the tf32 policy (heads up to 64 wide; not CUPY_TF32's). The kernels stride
 # over their tiles: any grid gives the same numbers.
 TILE_ROWS = {
     "fp32": {64: (64, 32, 32), 128: (32, 16, 16)},
@@ -173,7 +173,7 @@ def _kind(xp, dtype, width):
     _fits asks for them)."""
     if dtype == bfloat16:
         return "bf16"
-    tf32 = width in TILE_ROWS["tf32"] and backend.tf32_products(xp) and backend.tensor_cores(xp)
+    tf32 = width in TILE_ROWS["tf32"] and backend.tf32_asked() and backend.tensor_cores(xp)
     return "tf32" if tf32 else "fp32"
 
 

@@ -60,9 +60,9 @@ def forward_and_backward(fn, inputs, device, dtype, reference):
 
 def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
     fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
-    # a fast path with products of its own (attention's kernels: float32's on CUDA cores, or TF32's on
-    # tensor cores where the process asked for TF32, CUPY_TF32=1) is held to a reference whose float32
-    # products are float32's, and to TF32's error where it took TF32
+    # a fast path with products of its own (attention's kernels: float32's on CUDA cores, whatever
+    # CUPY_TF32 says, or TF32's on tensor cores under the tf32 policy) is held to a reference whose
+    # float32 products are float32's, and to TF32's error where TF32 was asked for
     with tf32.off(device) if reference_without_tf32 else contextlib.nullcontext():
         reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
     for name, a, b in zip(
