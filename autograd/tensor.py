@@ -90,6 +90,11 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **attrs):
+        keywords = [name for name, value in attrs.items() if isinstance(value, Tensor)]
+        if keywords:
+            raise TypeError(
+                f"{cls.__name__}.apply: pass {keywords[0]}= by position: a keyword is not a graph input"
+            )
         tensors = [a for a in args if isinstance(a, Tensor)]
         float_dtype = _common_float_dtype(cls, tensors)
         on_gpu = any(backend.on_gpu(t._data) for t in tensors)
@@ -99,6 +104,8 @@ class Function:
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         with backend.device_scope(tensors[0]._data if tensors else None):  # the inputs' GPU
             out = _as_array(forward(ctx, *arrays, **attrs))
+        if not hasattr(out, "dtype"):
+            raise TypeError(f"{cls.__name__}.forward gave a {type(out).__name__}, not one array")
         out = _unpromoted(out, float_dtype)
         if float_dtype is not None and out.dtype != float_dtype:
             others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
@@ -137,6 +144,12 @@ class Node:
             raise self._changed("output", output)
         grads = self.backward(self.ctx, grad)
         grads = grads if isinstance(grads, tuple) else (grads,)
+        if len(grads) != len(self.inputs) or any(g is not None and not hasattr(g, "shape") for g in grads):
+            kinds = ", ".join(type(g).__name__ for g in grads)
+            name, count = self.function.__name__, len(self.inputs)
+            raise TypeError(
+                f"{name}.backward gave ({kinds}): give a tuple of {count}, one per positional arg"
+            )
         for inp, g in zip(self.inputs, grads):
             if inp is None or g is None or not inp.requires_grad:
                 continue

@@ -557,3 +557,42 @@ def test_an_op_that_sums_gradients_gets_each_use_s_gradient_apart(device, uses):
     assert len(given) == uses
     assert sorted(float(to_host(g)[0]) for g in given) == [float(k + 1) for k in range(uses)]
     np.testing.assert_array_equal(to_host(x.grad), np.full(3, 2.0 * sum(range(1, uses + 1))))
+
+
+class Scaled(ag.Function):
+    """y = factor x, with the mistakes a user's op may make, each planted by a flag of the call."""
+
+    @staticmethod
+    def forward(ctx, x, factor=2.0, mistake=None):
+        ctx.factor, ctx.mistake = factor, mistake
+        return (factor * x, x) if mistake == "two outputs" else factor * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = ctx.factor * grad
+        return {"a list": [g], "one too many": (g, g)}.get(ctx.mistake, g)
+
+
+@pytest.mark.parametrize(
+    "mistake, error",
+    [
+        ("a Tensor by keyword", r"Scaled.apply: pass factor= by position: a keyword is not a graph input"),
+        ("two outputs", r"Scaled.forward gave a tuple, not one array"),
+        ("a list", r"Scaled.backward gave \(list\): give a tuple of 1, one per positional arg"),
+        (
+            "one too many",
+            r"Scaled.backward gave \(ndarray, ndarray\): give a tuple of 1, one per positional arg",
+        ),
+    ],
+)
+def test_a_functions_mistakes_are_one_line_errors_that_name_the_op(mistake, error):
+    """What a user's Function gets wrong is named where it happens, not as a failure deep in the engine:
+    a Tensor passed by keyword (it would not be a graph input), a forward of several outputs, a backward
+    that gives a list or more gradients than positional args."""
+    x = ag.tensor(np.arange(3.0), requires_grad=True)
+    with pytest.raises(TypeError, match=error):
+        if mistake == "a Tensor by keyword":
+            Scaled.apply(x, factor=ag.tensor(2.0))
+        else:
+            Scaled.apply(x, mistake=mistake).sum().backward()
+    assert Scaled.apply(x).sum().backward() is None and np.array_equal(x.grad, np.full(3, 2.0))
