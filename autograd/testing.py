@@ -150,14 +150,17 @@ def assert_gradients(fn, *inputs, names=None, eps=1e-6, atol=1e-6, rtol=1e-5, ma
         raise
 
 
-def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
+def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=None, **tolerances):
     """A hypothesis property: for inputs drawn from `strategies`, one per argument of fn (a
     strategy that draws a tuple gives several), the backward of fn agrees with central finite
-    differences in float64. Drawn float arrays become float64 tensors on `device` that require
-    grad; tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the
-    inputs and raises a GradcheckError that names the input and entries that disagree.
-    `settings`: hypothesis settings for this property (as `settings(max_examples=500)`), else the
-    profile's. `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`."""
+    differences in float64. Drawn float arrays become float64 tensors on `device`; which of them
+    require grad is drawn too (at least one), so that an op's path for an input that needs no
+    gradient runs as well, or fixed by `requires_grad`, a tuple of booleans, one per drawn array.
+    Tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the inputs
+    and raises a GradcheckError that names the input and entries that disagree; its notes give the
+    drawn inputs and which required grad. `settings`: hypothesis settings for this property (as
+    `settings(max_examples=500)`), else the profile's. `tolerances`: eps, atol, rtol and
+    max_jacobian of `assert_gradients`."""
     if not callable(fn):
         raise TypeError(f"check_gradients: fn must be callable, not {fn!r}")
     for i, strategy in enumerate(strategies):
@@ -165,14 +168,17 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, **tolerances):
     parameters = _parameter_names(fn)
     keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
 
-    def gradients_agree(**drawn):
-        inputs = [_as_input(value, device) for key in keys for value in _spread(drawn[key])]
+    def gradients_agree(_which_require_grad, **drawn):
+        values = [value for key in keys for value in _spread(drawn[key])]
+        wanted = _which_require_grad.draw(_require_grad(values, requires_grad), label="requires_grad")
+        arrays = iter(wanted)
+        inputs = [leaf(value, device, next(arrays)) if _floating(value) else value for value in values]
         names = parameters[: len(inputs)] if len(parameters) >= len(inputs) else None
         assert_gradients(fn, *inputs, names=names, **tolerances)
 
     title = getattr(fn, "__name__", "")
     gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
-    test = given(**dict(zip(keys, strategies)))(gradients_agree)
+    test = given(_which_require_grad=st.data(), **dict(zip(keys, strategies)))(gradients_agree)
     (settings(test) if settings else test)()
 
 
@@ -216,10 +222,20 @@ def _spread(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def _as_input(value, device):
-    if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
-        return leaf(value, device)
-    return value
+def _floating(value):
+    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+
+
+def _require_grad(values, fixed):
+    """Which of the float arrays among `values` require grad: `fixed`, checked, or drawn (one at least)."""
+    count = sum(map(_floating, values))
+    if fixed is not None:
+        if len(fixed) != count or not any(fixed):
+            raise ValueError(f"check_gradients: requires_grad={fixed!r} for {count} drawn float arrays")
+        return st.just(tuple(fixed))
+    if count <= 1:
+        return st.just((True,) * count)
+    return st.lists(st.booleans(), min_size=count, max_size=count).filter(any).map(tuple)
 
 
 # ----- which Function has a gradient test ------------------------------------------------------

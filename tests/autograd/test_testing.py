@@ -224,6 +224,36 @@ def test_ids_and_tensors_pass_as_drawn(device):
     testing.check_gradients(lookup, testing.indices(4, testing.shapes(max_dims=2)), table)
 
 
+class ScaledBy(ag.Function):
+    """y = w x, whose backward gets x's gradient wrong on the path where w needs none: a property that
+    made every input require grad would never run it."""
+
+    @staticmethod
+    def forward(ctx, w, x):
+        ctx.w, ctx.x = w, x
+        return w * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.needs_input_grad[0]:
+            return grad * ctx.x, grad * ctx.w
+        return None, 2 * grad * ctx.w
+
+
+def scaled_by(w, x):
+    return ScaledBy.apply(w, x)
+
+
+def test_the_path_of_an_input_that_needs_no_gradient_is_drawn_and_named():
+    strategies = testing.arrays((2,), 0.5, 1.5), testing.arrays((2,), 0.5, 1.5)
+    testing.check_gradients(scaled_by, *strategies, requires_grad=(True, True))  # the bug hides there
+    with pytest.raises(ag.GradcheckError, match=r"input x\[") as failure:
+        testing.check_gradients(scaled_by, *strategies)
+    assert any("requires_grad" in note and "(False, True)" in note for note in failure.value.__notes__)
+    with pytest.raises(ValueError, match=r"requires_grad=\(True,\) for 2 drawn float arrays"):
+        testing.check_gradients(scaled_by, *strategies, requires_grad=(True,))
+
+
 def test_a_large_jacobian_is_left_to_the_random_direction(wrong_above_one):
     with pytest.raises(ag.GradcheckError, match=r"input x of shape \(3, 3\).*along a random direction"):
         testing.check_gradients(softplus, testing.arrays((3, 3), 1.5, 3.0), max_jacobian=10)
