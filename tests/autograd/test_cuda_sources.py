@@ -1,8 +1,8 @@
-"""Every CUDA source compiles under NVRTC, for sm_80 and sm_90, with no error and no warning. No GPU
-or driver is needed (CuPy's binding to NVRTC works without them): a compile error is found here,
-never first on a GPU. And the device helpers of common.cuh, built as plain C++ with g++, give the
-bits of autograd/random.py's dropout masks and of ml_dtypes' bfloat16 rounding: those tests need g++
-alone, and run wherever it is, NVRTC or not."""
+"""Every CUDA source compiles under NVRTC, to PTX and to sm_75, sm_80 and sm_90 binaries (ptxas reads
+the inline PTX), with no error and no warning. No GPU or driver is needed (CuPy's binding to NVRTC
+works without them): a compile error is found here, never first on a GPU. And the device helpers of
+common.cuh, built as plain C++ with g++, give the bits of autograd/random.py's dropout masks and of
+ml_dtypes' bfloat16 rounding: those tests need g++ alone, and run wherever it is, NVRTC or not."""
 
 import os
 import shutil
