@@ -7,7 +7,9 @@ nodes from the output back to the leaves, adding each input's gradient as it goe
 """
 
 import functools
+import inspect
 import reprlib
+import weakref
 
 import numpy as np
 
@@ -55,10 +57,12 @@ class Context:
 class Function:
     """A differentiable op. Subclasses write two static methods on raw arrays:
 
-    forward(ctx, *args, **attrs) -> output array; it may save on ctx what backward needs.
-    backward(ctx, grad) -> one gradient per positional arg (a tuple, or the array alone for one
+    forward(ctx, *args, **attrs) -> the output array, or a tuple of them; it may save on ctx what
+        backward needs.
+    backward(ctx, *grads) -> one gradient per positional arg (a tuple, or the array alone for one
         arg); None where an arg has no gradient or ctx.needs_input_grad says it is not wanted.
-        backward never writes into `grad`: the same array may flow to other inputs too.
+        It gets one gradient per output, zeros for an output no gradient reached, and never writes
+        into them: the same array may flow to other inputs too.
 
     Positional args that are Tensors are the graph inputs; anything else (numbers, index arrays)
     reaches forward as it is. These two are the reference; a heavy op may also name fast paths
@@ -103,67 +107,97 @@ class Function:
         forward, backward = kernels.choose(cls, on_gpu, dtypes, arrays, attrs)
         ctx = Context(tuple(isinstance(a, Tensor) and a.requires_grad for a in args))
         with backend.device_scope(tensors[0]._data if tensors else None):  # the inputs' GPU
-            out = _as_array(forward(ctx, *arrays, **attrs))
-        if not hasattr(out, "dtype"):
-            raise TypeError(f"{cls.__name__}.forward gave a {type(out).__name__}, not one array")
-        out = _unpromoted(out, float_dtype)
-        if float_dtype is not None and out.dtype != float_dtype:
-            others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
-            raise TypeError(
-                f"{cls.__name__}: {float_dtype} inputs gave a {out.dtype} output"
-                + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else "")
-            )
+            out = forward(ctx, *arrays, **attrs)
+        several = isinstance(out, tuple)
+        outs = [_checked_output(cls, o, float_dtype, tensors) for o in (out if several and out else (out,))]
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
-        result = Tensor(out, requires_grad=requires_grad)
+        results = tuple(Tensor(o, requires_grad=requires_grad) for o in outs)
         if requires_grad:
             inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
-            result._node = Node(cls, backward, ctx, inputs)
-            result._holders = 1  # by its node too, whose backward may read it (Exp's does)
-        return result
+            node = Node(cls, backward, ctx, inputs, results)
+            for result in results:
+                result._node = node
+                result._holders = 1  # by its node too, whose backward may read it (Exp's does)
+        return results if several else results[0]
+
+
+def _checked_output(function, out, float_dtype, tensors):
+    """One output array of function's forward, of the inputs' floating type (bfloat16 again where
+    NumPy promoted it); a TypeError that names the op for anything else."""
+    out = _as_array(out)
+    if not hasattr(out, "dtype"):
+        raise TypeError(
+            f"{function.__name__}.forward gave a {type(out).__name__}, not an array or a tuple of them"
+        )
+    out = _unpromoted(out, float_dtype)
+    if float_dtype is not None and out.dtype != float_dtype:
+        others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
+        raise TypeError(
+            f"{function.__name__}: {float_dtype} inputs gave a {out.dtype} output"
+            + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else "")
+        )
+    return out
 
 
 class Node:
     """An op in the graph: the Function, the backward chosen with its forward, what that forward
-    saved, the op's inputs (None where not a Tensor) and their versions at the forward.
+    saved, the op's inputs (None where not a Tensor) and their versions at the forward, and its
+    outputs (weakly: each output holds its node).
 
-    Until it is freed, a node holds its inputs and its output (Tensor._holders): their arrays are
+    Until it is freed, a node holds its inputs and its outputs (Tensor._holders): their arrays are
     what its backward may read, so it refuses to run when one of them has changed since."""
 
-    def __init__(self, function, backward, ctx, inputs):
+    def __init__(self, function, backward, ctx, inputs, outputs):
         self.function, self.backward, self.ctx, self.inputs = function, backward, ctx, inputs
         self.versions = [None if t is None else t._hold() for t in inputs]
+        self.outputs = [(weakref.ref(t), t.shape, t.dtype) for t in outputs]
 
-    def input_grads(self, grad, output):
-        """(input, its gradient) for every input that wants one, given the output's gradient."""
+    def output_tensors(self):
+        """The outputs, None for one no longer alive (nothing used it, so no gradient reached it)."""
+        return [output() for output, _, _ in self.outputs]
+
+    def input_grads(self, grads):
+        """(input, its gradient) for every input that wants one, given the outputs' gradients (None
+        for an output that got none)."""
         if self.ctx is None:
             raise RuntimeError("backward() through a graph that an earlier backward() has freed")
         for i, (t, version) in enumerate(zip(self.inputs, self.versions)):
             if t is not None and t._changed_since(version):
-                raise self._changed(f"input {i}", t)
-        if output._changed_since(0):
-            raise self._changed("output", output)
-        grads = self.backward(self.ctx, grad)
-        grads = grads if isinstance(grads, tuple) else (grads,)
-        if len(grads) != len(self.inputs) or any(g is not None and not hasattr(g, "shape") for g in grads):
-            kinds = ", ".join(type(g).__name__ for g in grads)
+                raise self._changed(f"argument {self.argument(i)}", t)
+        for t in self.output_tensors():
+            if t is not None and t._changed_since(0):
+                raise self._changed("output", t)
+        if len(grads) > 1:  # several outputs: zeros for those no gradient reached
+            xp = backend.get_array_module(next(g for g in grads if g is not None))
+            grads = [xp.zeros(s, dtype) if g is None else g for g, (_, s, dtype) in zip(grads, self.outputs)]
+        given = self.backward(self.ctx, *grads)
+        given = given if isinstance(given, tuple) else (given,)
+        if len(given) != len(self.inputs) or any(g is not None and not hasattr(g, "shape") for g in given):
+            kinds = ", ".join(type(g).__name__ for g in given)
             name, count = self.function.__name__, len(self.inputs)
             raise TypeError(
                 f"{name}.backward gave ({kinds}): give a tuple of {count}, one per positional arg"
             )
-        for inp, g in zip(self.inputs, grads):
+        for i, (inp, g) in enumerate(zip(self.inputs, given)):
             if inp is None or g is None or not inp.requires_grad:
                 continue
             g = _unpromoted(g, inp.dtype)
             if g.shape != inp.shape or g.dtype != inp.dtype:
                 raise RuntimeError(
-                    f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient "
-                    f"for a {inp.dtype} {inp.shape} input"
+                    f"{self.function.__name__}.backward gave a {g.dtype} {g.shape} gradient for argument "
+                    f"{self.argument(i)}, a {inp.dtype} {inp.shape} tensor"
                 )
             yield inp, g
 
-    def gives_own_arrays(self, grad_is_own):
+    def argument(self, i):
+        """The name of the op's i-th positional argument, as its forward calls it (else its index)."""
+        parameters = inspect.signature(self.function.forward).parameters.values()
+        names = [p.name for p in parameters if p.kind <= p.POSITIONAL_OR_KEYWORD][1:]  # after ctx
+        return names[i] if i < len(names) else str(i)
+
+    def gives_own_arrays(self, grads_are_own):
         """Whether the gradients it hands on are the pass's to write into (see Function)."""
-        return self.function.returns_new_arrays or self.function.returns_view_of_grad and grad_is_own
+        return self.function.returns_new_arrays or self.function.returns_view_of_grad and grads_are_own
 
     def _changed(self, what, t):
         return RuntimeError(
@@ -171,9 +205,9 @@ class Node:
             "the forward; the gradient would be wrong: change a copy, or run the forward after the change"
         )
 
-    def free(self, output=None):
-        """Let go of what the forward saved and of the tensors held (backward frees the output too)."""
-        for t in () if self.inputs is None else (*self.inputs, output):
+    def free(self):
+        """Let go of what the forward saved and of the tensors held."""
+        for t in () if self.inputs is None else (*self.inputs, *self.output_tensors()):
             if t is not None:
                 t._holders -= 1
                 if not t._holders:
@@ -363,17 +397,19 @@ class Tensor:
             gradients = Gradients()
             gradients.add(self, self._output_grad(grad), own=False)
             order = _inputs_first(self)
-            while order:  # from the end: each tensor comes after every op that used it
-                t = order.pop()  # and is let go of, so what it holds is freed once nothing needs it
-                grad, own = gradients.take(t)
-                if t.is_leaf:
+            while order:  # from the end: each op and leaf comes after every op that used it
+                item = order.pop()  # and is let go of, so what it holds is freed once nothing needs it
+                if isinstance(item, Tensor):  # a leaf
+                    grad, own = gradients.take(item)
                     if grad is not None:
-                        gradients.give_to_leaf(t, grad, own)
+                        gradients.give_to_leaf(item, grad, own)
                     continue
-                if grad is not None:
-                    for inp, input_grad in t._node.input_grads(grad, t):
-                        gradients.add(inp, input_grad, own=t._node.gives_own_arrays(own))
-                t._node.free(t)
+                node, outputs = item
+                grads, owns = zip(*map(gradients.take, outputs))
+                if any(g is not None for g in grads):
+                    for inp, input_grad in node.input_grads(grads):
+                        gradients.add(inp, input_grad, own=node.gives_own_arrays(all(owns)))
+                node.free()
 
     def _output_grad(self, grad):
         """backward()'s `grad` as an array of this tensor's shape and dtype (ones by default)."""
@@ -425,8 +461,8 @@ class Gradients:
 
     def take(self, tensor):
         """(the gradient gathered for `tensor`, whether it is the pass's own), forgetting both;
-        (None, False) when no gradient reached it; (the list of its gradients, False) for an output
-        of an op that sums_gradients."""
+        (None, False) when no gradient reached it (or it is None); (the list of its gradients, False)
+        for an output of an op that sums_gradients."""
         key = id(tensor)
         if key in self._parts:
             return self._parts.pop(key), False
@@ -446,16 +482,17 @@ class Gradients:
 
 
 def _inputs_first(root):
-    """Every tensor of the graph under root that requires grad, each after the inputs it came from."""
+    """The leaves of the graph under root that require grad, and its ops as (Node, its outputs: a
+    list that holds them), each after the ops its inputs came from."""
     order, visited, stack = [], set(), [(root, False)]
     while stack:  # iterative depth-first search: graphs may be deeper than the recursion limit
         t, inputs_done = stack.pop()
         if inputs_done:
-            order.append(t)
+            order.append(t if t._node is None else (t._node, t._node.output_tensors()))
             continue
-        if id(t) in visited:
+        if id(t._node or t) in visited:  # the outputs of one op are visited once
             continue
-        visited.add(id(t))
+        visited.add(id(t._node or t))
         stack.append((t, True))
         if t._node is not None and t._node.inputs is not None:
             stack.extend((i, False) for i in t._node.inputs if i is not None and i.requires_grad)

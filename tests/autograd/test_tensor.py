@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd.backend import to_host
-from autograd.testing import arrays, leaf, shapes
+from autograd.testing import arrays, broadcastable_arrays, check_gradients, leaf, shapes
 
 
 def host(array):
@@ -565,7 +565,8 @@ class Scaled(ag.Function):
     @staticmethod
     def forward(ctx, x, factor=2.0, mistake=None):
         ctx.factor, ctx.mistake = factor, mistake
-        return (factor * x, x) if mistake == "two outputs" else factor * x
+        several = {"two outputs": (factor * x, x), "a number output": (factor * x, 1.0)}
+        return several.get(mistake, factor * x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -577,7 +578,8 @@ class Scaled(ag.Function):
     "mistake, error",
     [
         ("a Tensor by keyword", r"Scaled.apply: pass factor= by position: a keyword is not a graph input"),
-        ("two outputs", r"Scaled.forward gave a tuple, not one array"),
+        ("two outputs", r"Scaled.backward\(\) takes 2 positional arguments but 3 were given"),
+        ("a number output", r"Scaled.forward gave a float, not an array or a tuple of them"),
         ("a list", r"Scaled.backward gave \(list\): give a tuple of 1, one per positional arg"),
         (
             "one too many",
@@ -587,12 +589,109 @@ class Scaled(ag.Function):
 )
 def test_a_functions_mistakes_are_one_line_errors_that_name_the_op(mistake, error):
     """What a user's Function gets wrong is named where it happens, not as a failure deep in the engine:
-    a Tensor passed by keyword (it would not be a graph input), a forward of several outputs, a backward
-    that gives a list or more gradients than positional args."""
+    a Tensor passed by keyword (it would not be a graph input), an output that is not an array, a
+    backward that takes one gradient for two outputs, or gives a list or more gradients than positional
+    args."""
     x = ag.tensor(np.arange(3.0), requires_grad=True)
     with pytest.raises(TypeError, match=error):
         if mistake == "a Tensor by keyword":
             Scaled.apply(x, factor=ag.tensor(2.0))
         else:
-            Scaled.apply(x, mistake=mistake).sum().backward()
+            out = Scaled.apply(x, mistake=mistake)
+            (out[0] + out[1] if isinstance(out, tuple) else out).sum().backward()
     assert Scaled.apply(x).sum().backward() is None and np.array_equal(x.grad, np.full(3, 2.0))
+
+
+def test_a_wrong_gradient_shape_names_the_argument():
+    """A backward whose gradient for `weight` has the wrong shape is named by the forward's own name."""
+
+    class Scale(ag.Function):
+        @staticmethod
+        def forward(ctx, x, weight):
+            ctx.x = x
+            return x * weight
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, grad * ctx.x  # weight's gradient not summed over the broadcast axis
+
+    x, weight = ag.tensor(np.ones((2, 3)), requires_grad=True), ag.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(
+        RuntimeError, match=r"^Scale.backward gave a float32 \(2, 3\) gradient for argument weight, "
+    ):
+        Scale.apply(x, weight).sum().backward()
+
+
+# ----- several outputs
+
+
+class SinCos(ag.Function):
+    """(sin x, cos x): two outputs, with a gradient for each; `calls` counts the backward's runs."""
+
+    calls = []
+
+    @staticmethod
+    def forward(ctx, x):
+        xp = ag.backend.get_array_module(x)
+        ctx.sin, ctx.cos = xp.sin(x), xp.cos(x)
+        return ctx.sin, ctx.cos
+
+    @staticmethod
+    def backward(ctx, grad_sin, grad_cos):
+        SinCos.calls.append((grad_sin.copy(), grad_cos.copy()))
+        return grad_sin * ctx.cos - grad_cos * ctx.sin
+
+
+def sin_cos_mixed(x, w):
+    s, c = SinCos.apply(x)
+    return s * w + (c * s).exp()  # sin reaches the output by two ways, cos with it
+
+
+def test_an_op_of_two_outputs_matches_finite_differences(device):
+    check_gradients(sin_cos_mixed, broadcastable_arrays(2), device=device)
+
+
+@given(a=arrays(shapes()))
+def test_an_op_of_two_outputs_gets_a_gradient_for_each(device, a):
+    """Each output's gradient reaches the one backward, which runs once; the sum matches the math."""
+    x = leaf(a, device)
+    SinCos.calls.clear()
+    s, c = SinCos.apply(x)
+    assert s.requires_grad and c.requires_grad and s._node is c._node
+    (s * 3.0 + c * c).sum().backward()
+    assert len(SinCos.calls) == 1
+    np.testing.assert_allclose(
+        host(x.grad), 3.0 * np.cos(a) - 2.0 * np.cos(a) * np.sin(a), rtol=1e-12, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+@given(a=arrays(shapes(min_dims=1)))
+def test_an_output_no_gradient_reaches_gives_zeros(device, kept, a):
+    """With one output used (the other dropped, or kept and unused), the other's gradient is zeros."""
+    x = leaf(a, device)
+    SinCos.calls.clear()
+    outputs = SinCos.apply(x)
+    used = outputs[kept] if kept else SinCos.apply(x)[0]  # dropped at once, or kept alive unused
+    used.sum().backward()
+    [(grad_sin, grad_cos)] = SinCos.calls
+    np.testing.assert_array_equal(host(grad_sin), np.ones(a.shape) if kept == 0 else np.zeros(a.shape))
+    np.testing.assert_array_equal(host(grad_cos), np.zeros(a.shape) if kept == 0 else np.ones(a.shape))
+    expected = np.cos(a) if kept == 0 else -np.sin(a)
+    np.testing.assert_allclose(host(x.grad), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_an_op_of_two_outputs_refuses_an_output_changed_in_place():
+    x = ag.tensor(np.arange(3.0), requires_grad=True)
+    s, c = SinCos.apply(x)
+    c.data += 1
+    with pytest.raises(
+        RuntimeError, match=r"^SinCos's output \(a float32 \(3,\) tensor\) was changed in place"
+    ):
+        (s + c).sum().backward()
+
+
+def test_outputs_of_an_op_under_no_grad_need_no_gradient():
+    with ag.no_grad():
+        s, c = SinCos.apply(ag.tensor(np.arange(3.0), requires_grad=True))
+    assert not s.requires_grad and not c.requires_grad and s.is_leaf
