@@ -21,16 +21,19 @@ import types
 import numpy as np
 
 try:
-    from hypothesis import given
+    import pytest
+    from hypothesis import given, note
     from hypothesis import strategies as st
     from hypothesis.extra import numpy as hnp
-except ImportError as error:  # the engine itself never needs hypothesis
+except ImportError as error:  # the engine itself never needs them
     raise ImportError(
-        "autograd.testing needs hypothesis: pip install hypothesis (or tinygpt's test extra: "
-        "pip install 'tinygpt[test]')"
+        "autograd.testing needs hypothesis and pytest: pip install hypothesis pytest (or tinygpt's test "
+        "extra: pip install 'tinygpt[test]')"
     ) from error
 
+from . import backend, kernels
 from .gradcheck import GradcheckError, gradcheck, jacobian_check
+from .kernels import use_reference
 from .tensor import Function, Tensor, no_grad, tensor
 
 # ----- strategies ------------------------------------------------------------------------------
@@ -158,28 +161,133 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
     gradient runs as well, or fixed by `requires_grad`, a tuple of booleans, one per drawn array.
     Tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the inputs
     and raises a GradcheckError that names the input and entries that disagree; its notes give the
-    drawn inputs and which required grad. `settings`: hypothesis settings for this property (as
-    `settings(max_examples=500)`), else the profile's. `tolerances`: eps, atol, rtol and
-    max_jacobian of `assert_gradients`."""
+    drawn inputs by fn's parameter names and which required grad. `settings`: hypothesis settings
+    for this property (as `settings(max_examples=500)`), else the profile's. `tolerances`: eps,
+    atol, rtol and max_jacobian of `assert_gradients`.
+
+    float64 on a GPU runs the reference paths, so on a GPU device the fast paths are checked too,
+    as check_fast_paths does in float32. Returns what it ran, a line for each property."""
     if not callable(fn):
         raise TypeError(f"check_gradients: fn must be callable, not {fn!r}")
-    for i, strategy in enumerate(strategies):
-        _strategy("check_gradients", f"strategy {i}", strategy)
-    parameters = _parameter_names(fn)
-    keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
 
-    def gradients_agree(_which_require_grad, **drawn):
-        values = [value for key in keys for value in _spread(drawn[key])]
-        wanted = _which_require_grad.draw(_require_grad(values, requires_grad), label="requires_grad")
+    def gradients_agree(values, wanted, names, data):
         arrays = iter(wanted)
         inputs = [leaf(value, device, next(arrays)) if _floating(value) else value for value in values]
-        names = parameters[: len(inputs)] if len(parameters) >= len(inputs) else None
-        assert_gradients(fn, *inputs, names=names, **tolerances)
+        named = len(_parameter_names(fn)) >= len(inputs)  # else gradcheck numbers them
+        assert_gradients(fn, *inputs, names=names if named else None, **tolerances)
+
+    examples, paths = _property("gradients_of", fn, strategies, requires_grad, settings, gradients_agree)
+    report = [f"float64 on {device}: gradients match finite differences in {examples} examples ({paths})"]
+    if backend.parse_device(device) != "cpu":
+        report.append(_fast_paths(fn, strategies, device, (np.float32,), settings, requires_grad, {})[0])
+    return "\n".join(report)
+
+
+TOLERANCES = {"float32": (1e-4, 1e-5), "bfloat16": (2**-5, 2**-5), "float64": (1e-10, 1e-12)}  # rtol, atol
+
+
+def check_fast_paths(
+    fn, *strategies, device="cpu", dtypes=(np.float32,), settings=None, requires_grad=None, tolerances=None
+):
+    """A hypothesis property: fn on its ops' fast paths gives the numbers of their reference paths
+    (autograd.use_reference), its output and the gradients of the inputs that require grad, for
+    inputs drawn as check_gradients draws them, made tensors of each of `dtypes` on `device`, and a
+    drawn output gradient. Within TOLERANCES for each dtype, or `tolerances` ({dtype name: (rtol,
+    atol)}). Fails when no fast path ran at all: fn's ops have none for the device and dtypes, or
+    their fits_<device> refused every example. Returns what it ran."""
+    if not callable(fn):
+        raise TypeError(f"check_fast_paths: fn must be callable, not {fn!r}")
+    line, ran = _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, tolerances or {})
+    if not ran:
+        raise AssertionError(f"check_fast_paths: {line}")
+    return line
+
+
+def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, tolerances):
+    """(what the fast path property ran, a line; whether any fast path ran)."""
+    dtypes = [np.dtype(dtype) for dtype in dtypes]
+    limits = {
+        dtype: tolerances.get(str(dtype), TOLERANCES.get(str(dtype), TOLERANCES["float32"]))
+        for dtype in dtypes
+    }
+
+    def fast_matches_reference(values, wanted, names, data):
+        seed = data.draw(st.integers(0, 2**32 - 1), label="output gradient seed")
+        for dtype in dtypes:
+            fast, reference = (
+                _forward_backward(fn, values, wanted, device, dtype, seed, r) for r in (False, True)
+            )
+            for (what, a), (_, b) in zip(fast, reference):
+                what = f"{what} ({dtype} on {device}): fast path and reference differ"
+                np.testing.assert_allclose(a, b, *limits[dtype], err_msg=what)
+
+    examples, paths = _property(
+        "fast_paths_of", fn, strategies, requires_grad, settings, fast_matches_reference
+    )
+    kinds = " and ".join(map(str, dtypes))
+    if paths.startswith("no"):
+        return f"{kinds} on {device}: {paths}, so nothing was compared in {examples} examples", False
+    matched = f"fast paths match the reference, forward and backward, in {examples} examples"
+    return f"{kinds} on {device}: {matched} ({paths})", True
+
+
+def _forward_backward(fn, values, wanted, device, dtype, seed, reference):
+    """[("output", fn's output), ("gradient of <name>", its gradient) ...] as float64 host arrays, for
+    inputs of `dtype` on `device` and an output gradient drawn from `seed`, on the reference paths or not."""
+    with use_reference(reference):
+        arrays = iter(wanted)
+        inputs = [
+            tensor(v, requires_grad=next(arrays), dtype=dtype, device=device) if _floating(v) else v
+            for v in values
+        ]
+        out = fn(*inputs)
+        out.backward(np.random.default_rng(seed).standard_normal(out.shape))
+    names = _names(fn, values)
+    grads = [
+        (f"gradient of {names[i]}", x.grad)
+        for i, x in enumerate(inputs)
+        if isinstance(x, Tensor) and x.requires_grad
+    ]
+    return [(what, backend.to_host(a).astype(np.float64)) for what, a in [("output", out.data), *grads]]
+
+
+def _property(prefix, fn, strategies, requires_grad, settings, body):
+    """Run `body(values, wanted, names, data)` as a hypothesis property over the values `strategies`
+    draw (spread where a strategy draws a tuple), `wanted` (which float arrays require grad: drawn
+    or `requires_grad`), their names and hypothesis's data. Returns (how many examples ran, which
+    fast paths ran in them, in words)."""
+    for i, strategy in enumerate(strategies):
+        _strategy(prefix, f"strategy {i}", strategy)
+    parameters = _parameter_names(fn)
+    keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
+    examples, before = [], kernels.fast_path_calls.copy()
+
+    def prop(_draws, **drawn):
+        values = [value for key in keys for value in _spread(drawn[key])]
+        wanted = _draws.draw(_require_grad(values, requires_grad), label="requires_grad")
+        names, flags = _names(fn, values), iter(wanted)
+        for name, value in zip(names, values):
+            need = f" (requires grad: {next(flags)})" if _floating(value) else ""
+            note(f"{name} = {value!r}{need}")
+        examples.append(body(values, wanted, names, _draws))
 
     title = getattr(fn, "__name__", "")
-    gradients_agree.__name__ = f"gradients_of_{title if title.isidentifier() else 'fn'}"
-    test = given(_which_require_grad=st.data(), **dict(zip(keys, strategies)))(gradients_agree)
+    prop.__name__ = f"{prefix}_{title if title.isidentifier() else 'fn'}"
+    test = given(_draws=st.data(), **dict(zip(keys, strategies)))(prop)
     (settings(test) if settings else test)()
+    ran = kernels.fast_path_calls - before
+    paths = ", ".join(f"{name} {calls}" for name, calls in sorted(ran.items()))
+    return len(examples), f"fast paths run: {paths}" if ran else "no fast path ran"
+
+
+def _names(fn, values):
+    """fn's parameter names for the drawn values, where it names as many; else "input 0", "input 1", ..."""
+    parameters = _parameter_names(fn)
+    return (
+        parameters[: len(values)]
+        if len(parameters) >= len(values)
+        else [f"input {i}" for i in range(len(values))]
+    )
 
 
 def _valid(strategy):
@@ -236,6 +344,26 @@ def _require_grad(values, fixed):
     if count <= 1:
         return st.just((True,) * count)
     return st.lists(st.booleans(), min_size=count, max_size=count).filter(any).map(tuple)
+
+
+# ----- each device, each path: for pytest
+
+NO_GPU = "no CUDA device with CuPy here"
+DEVICES = [
+    "cpu",
+    "cuda-emulated",
+    pytest.param("cuda", marks=pytest.mark.skipif(not backend.cuda_available(), reason=NO_GPU)),
+]
+"""@pytest.mark.parametrize("device", DEVICES): the CPU, the CUDA kernels on the CPU, a GPU (or a skip)."""
+
+
+@pytest.fixture(params=["fast", "reference"])
+def each_path(request):
+    """Runs a test once with every op on its fast path where it has one, once on its reference.
+    A test module takes it with `pytestmark = pytest.mark.usefixtures("each_path")`, once imported
+    (`from autograd.testing import each_path`) into the module or its conftest.py."""
+    with use_reference(request.param == "reference"):
+        yield request.param
 
 
 # ----- which Function has a gradient test ------------------------------------------------------

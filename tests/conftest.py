@@ -1,14 +1,14 @@
 """Hypothesis profiles, the `device` parameter that runs a test on the CPU, on the emulated CUDA
 device and on a GPU, `gpu_device` for a test of the GPU path alone, and the `each_path` fixture that
-runs a test on the ops' fast paths and on their reference paths."""
+runs a test on the ops' fast paths and on their reference paths (autograd.testing's)."""
 
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-import autograd as ag
 from autograd.backend import cuda_available
+from autograd.testing import each_path  # noqa: F401 (a fixture: the tests' modules take it by name)
 
 # each_path holds for the whole test, every example included: a function-scoped fixture is safe
 PROFILE = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -39,11 +39,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(params=["fast", "reference"])
-def each_path(request):
-    """Runs a test once with every op on its fast path where it has one, once on the reference.
-    A module takes it with `pytestmark = pytest.mark.usefixtures("each_path")`."""
-    with ag.use_reference(request.param == "reference"):
-        yield request.param

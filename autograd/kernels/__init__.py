@@ -14,8 +14,10 @@ takes the call's arguments; else the reference. A launcher never falls back on i
 reference, to check a result or to read what runs.
 """
 
+import collections
 import os
 
+fast_path_calls = collections.Counter()  # Function name -> calls that ran its fast path (autograd.testing)
 _reference_only = os.environ.get("AUTOGRAD_REFERENCE", "0") not in ("", "0")
 
 
@@ -53,6 +55,7 @@ def choose(function, on_gpu, float_dtypes=(), args=(), attrs=None):
     fits = getattr(function, f"fits_{device}")
     if forward is not None and fast_path_allowed(device, float_dtypes):
         if fits is None or fits(*args, **(attrs or {})):
+            fast_path_calls[function.__name__] += 1
             return forward, getattr(function, f"backward_{device}")
     return function.forward, function.backward
 

@@ -259,6 +259,104 @@ def test_a_large_jacobian_is_left_to_the_random_direction(wrong_above_one):
         testing.check_gradients(softplus, testing.arrays((3, 3), 1.5, 3.0), max_jacobian=10)
 
 
+# ----- the fast paths' property
+
+
+class Cube(Function):
+    """x^3, with a fast path on each device (x * x * x against the reference's power); `wrong_on`
+    names the device whose fast backward has the wrong sign."""
+
+    wrong_on = None
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 3 * ctx.x**2 * grad
+
+    @staticmethod
+    def forward_cpu(ctx, x):
+        ctx.x = x
+        return x * x * x
+
+    @staticmethod
+    def backward_cpu(ctx, grad):
+        return (-1 if Cube.wrong_on == "cpu" else 1) * 3 * ctx.x * ctx.x * grad
+
+    forward_gpu = forward_cpu
+
+    @staticmethod
+    def backward_gpu(ctx, grad):
+        return (-1 if Cube.wrong_on == "gpu" else 1) * 3 * ctx.x * ctx.x * grad
+
+
+def cube(x):
+    return Cube.apply(x)
+
+
+@checks_gradient_of(Cube)
+@pytest.mark.parametrize(
+    "dtypes", [(np.float32,), (np.float32, ag.bfloat16)], ids=["float32", "and bfloat16"]
+)
+def test_fast_paths_that_match_their_reference_pass_and_say_what_ran(device, dtypes):
+    if ag.bfloat16 in dtypes and device == "cpu":
+        pytest.skip("the CPU's fast paths take float32 and float64")
+    ran = testing.check_fast_paths(cube, testing.arrays(testing.shapes()), device=device, dtypes=dtypes)
+    assert ran.startswith(f"{' and '.join(map(str, map(np.dtype, dtypes)))} on {device}: fast paths match")
+    assert "fast paths run: Cube" in ran
+
+
+@pytest.mark.parametrize("wrong_on", ["cpu", "gpu"])
+def test_a_wrong_sign_in_a_fast_backward_fails_on_its_own_device(device, wrong_on, monkeypatch):
+    monkeypatch.setattr(Cube, "wrong_on", wrong_on)
+    on_its_device = (device == "cpu") == (wrong_on == "cpu")
+    if not on_its_device:
+        testing.check_fast_paths(cube, testing.arrays(testing.shapes()), device=device)
+        return
+    with pytest.raises(
+        AssertionError, match=r"gradient of x \(float32 on [\w-]+\): fast path and reference differ"
+    ):
+        testing.check_fast_paths(cube, testing.arrays(testing.shapes()), device=device)
+
+
+def test_check_gradients_on_a_gpu_device_checks_the_fast_path_too(gpu_device, monkeypatch):
+    """float64 on a GPU runs the reference; the float32 property then finds a wrong GPU backward."""
+    ran = testing.check_gradients(cube, testing.arrays(testing.shapes()), device=gpu_device).splitlines()
+    assert ran[0].startswith(f"float64 on {gpu_device}: gradients match finite differences")
+    assert ran[0].endswith("(no fast path ran)") and "fast paths run: Cube" in ran[1]
+    monkeypatch.setattr(Cube, "wrong_on", "gpu")
+    testing.check_gradients(cube, testing.arrays(testing.shapes()), device="cpu")  # the CPU cannot see it
+    with pytest.raises(AssertionError, match="fast path and reference differ"):
+        testing.check_gradients(cube, testing.arrays(testing.shapes()), device=gpu_device)
+
+
+def test_a_function_without_a_fast_path_is_named_not_passed(device):
+    """check_fast_paths fails where nothing was compared; check_gradients on a GPU device says so."""
+    with pytest.raises(
+        AssertionError, match=f"float32 on {device}: no fast path ran, so nothing was compared"
+    ):
+        testing.check_fast_paths(softplus, testing.arrays(testing.shapes()), device=device)
+    ran = testing.check_gradients(softplus, testing.arrays(()), device=device).splitlines()
+    assert len(ran) == 1 if device == "cpu" else ran[1].startswith(f"float32 on {device}: no fast path ran")
+
+
+def test_tolerances_are_per_dtype_and_can_be_given():
+    tight = {"float32": (0.0, 0.0)}  # x * x * x and x ** 3 differ in float32's last bits somewhere
+    with pytest.raises(AssertionError, match="fast path and reference differ"):
+        testing.check_fast_paths(
+            cube, testing.arrays(testing.shapes(min_dims=1, min_side=4)), tolerances=tight
+        )
+
+
+def test_the_devices_are_the_cpu_the_emulated_device_and_a_gpu_skipped_without_one():
+    assert testing.DEVICES[:2] == ["cpu", "cuda-emulated"] and testing.DEVICES[2].values == ("cuda",)
+    [skip] = testing.DEVICES[2].marks
+    assert skip.args == (not ag.cuda_available(),)
+
+
 # ----- the registry
 
 
@@ -299,7 +397,7 @@ def test_the_engine_does_not_need_hypothesis_and_testing_says_what_to_install():
     result = subprocess.run(
         [sys.executable, "-c", block + "import autograd.testing"], capture_output=True, text=True
     )
-    assert result.returncode == 1 and "pip install hypothesis" in result.stderr
+    assert result.returncode == 1 and "pip install hypothesis pytest" in result.stderr
 
 
 @pytest.mark.parametrize("package", [None, "autograd", ag.Tensor], ids=["None", "a name", "a class"])
