@@ -7,6 +7,7 @@ fails its kernel's check, where the unmutated copy passes."""
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,8 @@ from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
 from tests.autograd.test_kernels_adam import train
 from tests.autograd.test_kernels_loss_embedding import assert_close, both_paths, summation_slack
 from tests.autograd.test_kernels_norm_gelu import assert_paths_agree, layer_norm_dtypes
+from tests.test_internals_doc import FENCED
+from tests.test_internals_doc import TEXT as INTERNALS
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
@@ -928,6 +931,61 @@ def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_
     first = line_of("gelu.cu", "__device__ void gelu_forward(") + 2  # its first statement (2-line signature)
     assert f") at {gpu.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
     assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.y, threadIdx.x, blockDim.x, gridDim.y
+
+
+# The gdb sessions of docs/internals.md, section 9: a block that starts `$ AUTOGRAD_EMULATOR_DEBUG=1 gdb`,
+# its -ex commands, then what gdb printed and, after each `(gdb) `, what was typed; the script it debugs is
+# the page's python block that starts with `# <name>`.
+def page_blocks():
+    """The bodies of the fenced blocks of docs/internals.md, without their fences."""
+    return [block.split("\n", 1)[1].rsplit("\n", 1)[0] for block in FENCED.findall(INTERNALS)]
+
+
+def gdb_session(script):
+    """(the script's text, the environment, the -ex commands, the commands typed, the transcript) of the
+    page's gdb session of `script`."""
+    (text,) = (b for b in page_blocks() if b.startswith(f"# {script}\n"))
+    (session,) = (b for b in page_blocks() if b.startswith("$ ") and f" {script}\n" in b)
+    command, transcript = re.match(r"\$ ((?:[^\n]*\\\n)*[^\n]*)\n(.*)", session, re.S).groups()
+    words = shlex.split(command.replace("\\\n", " "))
+    environment = dict(w.split("=", 1) for w in words[: words.index("gdb")])
+    options = [words[i + 1] for i, word in enumerate(words) if word == "-ex"]
+    assert words[-3:] == ["--args", ".venv/bin/python", script], command
+    typed = re.findall(r"^\(gdb\) (.*)$", transcript, re.M)
+    return text, environment, options, typed, transcript
+
+
+def gdb_shows(transcript):
+    """What a transcript shows, as the test compares it: the functions of the frames gdb announces, their
+    files and lines, the source lines (number, and text without its spacing) and the values of `print`."""
+    transcript = re.sub(r"^\(gdb\) .*\n", "", transcript, flags=re.M)
+    names = re.findall(
+        r'^(?:Thread \d+ "\w+" hit Breakpoint [\d.]+, )?([A-Za-z_][\w:]*(?:<[^<>\n]*>)?) \(', transcript, re.M
+    )
+    places = re.findall(r" at \S*?/(autograd/\S+):(\d+)$", transcript, re.M)
+    lines = [(n, " ".join(code.split())) for n, code in re.findall(r"^(\d+)\s+(.*)$", transcript, re.M)]
+    values = re.findall(r"^\$\d+ = (.*?)(?:\s+# .*)?$", transcript, re.M)
+    return {"functions": names, "places": places, "lines": lines, "values": values}
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+@pytest.mark.parametrize("script", ["gelu_gdb.py", "attention_gdb.py"])
+def test_gdb_sessions_of_the_internals_page_print_what_the_page_shows(tmp_path, script):
+    """docs/internals.md's gdb sessions, run as the page writes them (in batch mode): gdb stops in the
+    frames the page names, at its lines, and each `print` gives the page's value; none finds no symbol."""
+    text, environment, options, typed, transcript = gdb_session(script)
+    (tmp_path / script).write_text(text)
+    env = {**os.environ, **environment, "PYTHONPATH": str(ROOT)}
+    gdb = ["gdb", "-batch", "-nx", *(part for c in options + typed for part in ("-ex", c))]
+    command = [*gdb, "--args", sys.executable, str(tmp_path / script)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    if "ptrace: Operation not permitted" in done.stderr:
+        pytest.skip("gdb may not trace a process here")
+    output = done.stdout + done.stderr
+    assert "No symbol" not in output, output
+    shown, expected = gdb_shows(done.stdout), gdb_shows(transcript)
+    assert expected["functions"] and len(expected["values"]) == sum(c.startswith("print ") for c in typed)
+    assert shown == expected, output
 
 
 def test_compilers_name_the_real_file_and_line_of_an_error():
