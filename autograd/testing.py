@@ -1,4 +1,4 @@
-"""Property-based gradient tests for autograd ops, your own included. Needs hypothesis.
+"""Property-based gradient tests for autograd ops, your own included. Needs hypothesis and pytest.
 
     from autograd import testing
 
@@ -8,8 +8,10 @@
 The strategies draw shapes and float64 values that keep finite differences honest: away from
 zero denominators, from an op's kinks, from ties. `check_gradients` draws inputs, compares the
 backward pass with central finite differences and, when they disagree, lets hypothesis shrink
-the inputs to a small example whose error names the input and the entries. `checks_gradient_of`
-and `assert_every_function_tested` make a suite fail when one of its ops has no gradient test.
+the inputs to a small example whose error names the input and the entries. `check_fast_paths`
+compares an op's fast paths with its reference on any device (the CPU, the emulated CUDA device, a
+GPU), in float32 and bfloat16. `checks_gradient_of` and `assert_every_function_tested` make a suite
+fail when one of its ops has no gradient test; `DEVICES` and `each_path` are for pytest.
 """
 
 import importlib
@@ -21,6 +23,7 @@ import types
 import numpy as np
 
 try:
+    import hypothesis
     import pytest
     from hypothesis import given, note
     from hypothesis import strategies as st
@@ -162,8 +165,8 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
     Tensors and anything else (ids, axes) pass as drawn. On failure hypothesis shrinks the inputs
     and raises a GradcheckError that names the input and entries that disagree; its notes give the
     drawn inputs by fn's parameter names and which required grad. `settings`: hypothesis settings
-    for this property (as `settings(max_examples=500)`), else the profile's. `tolerances`: eps,
-    atol, rtol and max_jacobian of `assert_gradients`.
+    for this property (as `settings(max_examples=500)`), else the profile's with no deadline.
+    `tolerances`: eps, atol, rtol and max_jacobian of `assert_gradients`.
 
     float64 on a GPU runs the reference paths, so on a GPU device the fast paths are checked too,
     as check_fast_paths does in float32. Returns what it ran, a line for each property."""
@@ -274,7 +277,7 @@ def _property(prefix, fn, strategies, requires_grad, settings, body):
     title = getattr(fn, "__name__", "")
     prop.__name__ = f"{prefix}_{title if title.isidentifier() else 'fn'}"
     test = given(_draws=st.data(), **dict(zip(keys, strategies)))(prop)
-    (settings(test) if settings else test)()
+    (settings or hypothesis.settings(deadline=None))(test)()  # a first example may compile a kernel
     ran = kernels.fast_path_calls - before
     paths = ", ".join(f"{name} {calls}" for name, calls in sorted(ran.items()))
     return len(examples), f"fast paths run: {paths}" if ran else "no fast path ran"

@@ -23,8 +23,14 @@ GPUS = ["cuda-emulated", pytest.param("cuda", marks=pytest.mark.gpu)]  # the CUD
 
 def pytest_generate_tests(metafunc):
     """A test that takes `device` runs on 'cpu', on 'cuda-emulated' (the CUDA kernels run on the
-    CPU) and on 'cuda' (marked gpu); one that takes `gpu_device` on the last two."""
-    if "device" in metafunc.fixturenames:
+    CPU) and on 'cuda' (marked gpu); one that takes `gpu_device` on the last two. A test that
+    parametrizes `device` itself (as a user's would, with autograd.testing.DEVICES) keeps its own."""
+    own = {
+        name.strip()
+        for mark in metafunc.definition.iter_markers("parametrize")
+        for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])
+    }
+    if "device" in metafunc.fixturenames and "device" not in own:
         metafunc.parametrize("device", ["cpu", *GPUS])
     if "gpu_device" in metafunc.fixturenames:
         metafunc.parametrize("gpu_device", GPUS)

@@ -174,6 +174,7 @@ def install(monkeypatch):
         (adam, "chunks"),
         (adam, "table"),
         (gpu, "module"),
+        (gpu, "loaded"),
         (gpu, "_counters"),
         (backend, "_compute_capability"),
     )

@@ -3,7 +3,11 @@ the token cache, and the top-level modules the package installs."""
 
 import ast
 import builtins
+import functools
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +45,10 @@ SECTIONS = [part for part in README.split("\n## ")[1:] if "```python" in part]
 
 
 @pytest.mark.parametrize("text", SECTIONS, ids=[part.split("\n")[0] for part in SECTIONS])
-def test_each_sections_python_snippets_define_every_name_they_use(text):
-    """A snippet may use what it defines, builtins, and what an earlier snippet of its section defined."""
-    defined = set(dir(builtins))
+def test_each_python_snippet_defines_every_name_it_uses(text):
+    """A snippet runs on its own: it uses what it defines or imports, and builtins."""
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        defined = set(dir(builtins))
         nodes = list(ast.walk(ast.parse(block)))
         defined |= {
             alias.asname or alias.name.split(".")[0]
@@ -77,32 +81,94 @@ def test_the_readme_names_the_top_level_modules_and_asks_for_a_virtual_environme
     assert "unrelated package on PyPI" in note and "virtual environment" in note
 
 
-def your_own_op():
-    """The namespace left by running the snippets of "Your own op" as written, in order."""
-    namespace = {}
-    for block in re.findall(r"```python\n(.*?)```", section("Your own op"), re.S):
-        exec(compile(block, "README.md", "exec"), namespace)
+def snippets(title):
+    """{file name: code} of a section's python snippets, each named on its first line (`# name.py`)."""
+    blocks = re.findall(r"```python\n(.*?)```", section(title), re.S)
+    return {re.match(r"# (\w+\.py)\n", block)[1]: block for block in blocks}
+
+
+@pytest.fixture
+def your_own_op(tmp_path, monkeypatch):
+    """The namespace left by running the snippets of "Your own op" as one file, in order, beside the
+    snippets as files of their own (which the later ones import)."""
+    files = snippets("Your own op")
+    for name, code in files.items():
+        (tmp_path / name).write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in [name.removesuffix(".py") for name in files]:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    namespace = {"__name__": "readme_op"}
+    exec(compile("\n".join(files.values()), "README.md", "exec"), namespace)
     return namespace
 
 
-def test_your_own_op_trains_in_a_model_and_passes_its_five_line_test():
-    op = your_own_op()
+def test_your_own_ops_snippets_each_run_alone_as_the_files_they_name(tmp_path):
+    """Each snippet in a folder of its own with the files it imports: the model trains, and pytest
+    passes the two test files, the CUDA kernel's on the emulated device included."""
+    files = snippets("Your own op")
+    assert list(files) == [
+        "softplus.py",
+        "softplus_mlp.py",
+        "test_softplus.py",
+        "fast_softplus.py",
+        "test_fast_softplus.py",
+    ]
+    for name, code in files.items():
+        (tmp_path / name).write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = functools.partial(
+        subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    done = run([sys.executable, "softplus_mlp.py"])
+    assert done.returncode == 0, done.stderr
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            "test_softplus.py",
+            "test_fast_softplus.py",
+        ]
+    )
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout + done.stderr
+    [shown] = re.findall(r"it prints.*?:\n\n```\n(.*?)```", section("Your own op"), re.S)
+    for line in shown.splitlines():  # hypothesis's own default draws 100 examples, the profiles 25
+        assert line.replace("25", "100") in done.stdout, done.stdout
+
+
+def test_your_own_op_trains_in_a_model_and_passes_its_tests(your_own_op):
+    op = your_own_op
     assert all(p.grad is not None and np.any(p.grad != 0) for p in op["model"].parameters())
-    tests = [name for name in op if name.startswith("test_")]
-    assert tests == ["test_softplus_gradient", "test_softplus_fast_path_gives_the_references_numbers"]
-    for name in tests:
-        op[name]()
+    assert op["test_softplus_gradient"]() is None
+    for device in ["cpu", "cuda-emulated"]:
+        op["test_fast_softplus"](device)
 
 
-def test_a_mistake_in_your_own_ops_backward_fails_as_the_readme_shows(monkeypatch):
-    op = your_own_op()
+def test_a_mistake_in_your_own_ops_backward_fails_as_the_readme_shows(your_own_op, monkeypatch):
+    op = your_own_op
     right = op["Softplus"].backward
     wrong = staticmethod(lambda ctx, grad: right(ctx, grad) * np.where(ctx.x > 1, 2.0, 1.0))
-    for path in ("backward", "backward_cpu"):  # the reference, and the CPU's fast path
-        monkeypatch.setattr(op["Softplus"], path, wrong)
+    monkeypatch.setattr(op["Softplus"], "backward", wrong)
     with pytest.raises(ag.GradcheckError) as failure:
         op["test_softplus_gradient"]()
     [shown] = re.findall(r"```\n(GradcheckError: .*?)```", section("Your own op"), re.S)
     for line in shown.splitlines()[:2]:
         assert line.removeprefix("GradcheckError: ") in str(failure.value)
-    assert "x=array(2.)" in "".join(failure.value.__notes__).replace("\n", "").replace(" ", "")
+    notes = "\n".join(failure.value.__notes__)
+    assert "x=array(2.)" in notes.replace(" ", "") and "x = array(2.) (requires grad: True)" in notes
+
+
+def test_a_wrong_sign_in_your_own_cuda_kernel_fails_on_the_emulated_device(your_own_op, monkeypatch):
+    kernels = your_own_op["fast_softplus"].__globals__["KERNELS"]  # what the test's op launches
+    wrong = kernels.text.replace("grad[i] / (1.0f + expf(-x[i]))", "grad[i] / (1.0f + expf(x[i]))")
+    assert wrong != kernels.text
+    monkeypatch.setattr(kernels, "text", wrong)
+    your_own_op["test_fast_softplus"]("cpu")
+    with pytest.raises(
+        AssertionError, match=r"gradient of x \(float32 on cuda-emulated\): fast path and reference"
+    ):
+        your_own_op["test_fast_softplus"]("cuda-emulated")

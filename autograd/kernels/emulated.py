@@ -93,14 +93,12 @@ def thread_orders(*orders, seed=0):
 def kernel(name, function, dtype):
     """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, as gpu.kernel
     names it (f"{function}_{gpu.SUFFIXES[dtype]}"), built for the emulated device."""
-    if np.dtype(dtype) not in gpu.SUFFIXES:
-        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
-    return build(gpu.source(name), name).kernel(f"{function}_{gpu.SUFFIXES[np.dtype(dtype)]}")
+    return build(gpu.source(name), name).kernel(gpu.exported(name, function, dtype))
 
 
 def build(text, name="source"):
-    """The Library of a CUDA source's text (as gpu.source gives it), built once per process and kept on
-    disk; `name` names its files and its errors."""
+    """The Library of a CUDA source's text (gpu.source's, a gpu.CudaSource's), built once per process and
+    kept on disk; `name` names its files and its errors."""
     return _build(text, name, os.environ.get("AUTOGRAD_EMULATOR_DEBUG", "0") not in ("", "0"))
 
 

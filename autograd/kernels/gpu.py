@@ -4,7 +4,8 @@ common.cuh in front, compiled once per process and device by NVRTC and loaded as
 A source defines each kernel once as a template over the storage type (float, or bf16: bfloat16
 as its 16 bits) and exports it as `<name>_f32` and `<name>_bf16`; `kernel` picks the one for an
 array's dtype. Every source compiles under NVRTC in CI, where there is no GPU, with the options
-used here (tests/autograd/test_cuda_sources.py).
+used here (tests/autograd/test_cuda_sources.py). A user's op brings CUDA code of its own the same
+way, as a CudaSource.
 
 The sources are compiled here rather than by cupy.RawModule, because CuPy appends -ftz=true to
 the options of every compile it makes: subnormal floats would become zero, and the kernels would
@@ -16,6 +17,7 @@ import functools
 import hashlib
 import json  # a path as a C string literal: JSON escapes it the same way
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import numpy as np
 from .. import backend, emulated_gpu
 from ..precision import bfloat16
 
-SOURCES = Path(__file__).parent / "cuda"
+SOURCES = (Path(__file__).parent / "cuda").absolute()
 OPTIONS = ("-std=c++17",)
 THREADS = 256  # threads per block of the elementwise kernels
 SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
@@ -32,12 +34,79 @@ CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduse
 HEADERS = ("common.cuh", "partial_sums.cuh", "mma.cuh")  # in front of every source
 
 
-@functools.cache  # the files do not change while the process runs; a launch on the emulator asks each time
+class CudaSource:
+    """CUDA code of a user's op, compiled as the project's sources are (the HEADERS in front, OPTIONS) once
+    per process and device, and kept on disk. Its kernels are called as CuPy's RawKernel: on the emulated
+    device they are the emulator's (emulated.py); on a GPU each launch is checked first (argument_problems)
+    unless `checked` is False (the project's own: CI checks their launches on the emulator).
+
+        CudaSource(text, name="swish").kernel("swish_forward")((blocks,), (256,), (x, y, np.int64(x.size)))
+    """
+
+    def __init__(self, text, name="source", path=None, checked=True):
+        self.name, self.text, self.checked = name, headed(text, path or f"{name}.cu"), checked
+
+    @classmethod
+    def from_file(cls, path, checked=True):
+        """The code of a file (a str or a Path), named by its stem: compilers and gdb name the file."""
+        path = Path(path).absolute()
+        return cls(path.read_text(), path.stem, path, checked)
+
+    def kernel(self, function, dtype=None):
+        """The extern "C" __global__ `function` on the current device; given a dtype, the one exported for
+        it as f"{function}_f32" or "_bf16" (SUFFIXES), as the project's sources export theirs."""
+        function = function if dtype is None else exported(self.name, function, dtype)
+        if emulated_gpu.current():  # the same text, built for the CPU
+            from . import emulated
+
+            return emulated.build(self.text, self.name).kernel(function)
+        return loaded(self, function, backend.cupy.cuda.Device().id)
+
+
+@functools.cache
+def loaded(source, function, device):
+    """A CudaSource's kernel on a GPU: CuPy's Function, behind argument checks where the source is checked."""
+    get_function = module(source.text, source.name, device).get_function
+    if not source.checked:
+        return get_function(function)
+    arch = "compute_" + architecture(device).split("_")[1]
+    entries = ptx_entries(cached_compile(source.text, source.name, arch).decode())
+    if function not in entries:
+        raise ValueError(f"{source.name}.cu has no kernel {function} (it has {', '.join(entries)})")
+    launch, params = get_function(function), entries[function]
+
+    def checked(grid, block, args, shared_mem=0, **options):
+        problems = argument_problems(params, args := tuple(args), backend.cupy.ndarray, device)
+        if problems:
+            raise TypeError(f"{function}: " + "; ".join(problems))
+        launch(grid, block, args, shared_mem=shared_mem, **options)
+
+    return checked
+
+
+@functools.cache  # the files do not change while the process runs; a launch asks each time
+def own(name):
+    """autograd/kernels/cuda/<name>.cu."""
+    return CudaSource.from_file(SOURCES / f"{name}.cu", checked=False)
+
+
 def source(name):
-    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu: the HEADERS, then the source, each after
-    a #line with its absolute path, so that compilers' messages and gdb name each file and its own lines."""
-    files = (*(SOURCES / header for header in HEADERS), SOURCES / f"{name}.cu")
-    return "".join(f"#line 1 {json.dumps(str(file.absolute()))}\n{file.read_text()}\n" for file in files)
+    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu."""
+    return own(name).text
+
+
+def headed(code, path):
+    """`code` as NVRTC compiles it: the HEADERS, then the code, each after a #line naming its file (`path`
+    for the code), so that compilers' messages and gdb name each file and its own lines."""
+    parts = [(SOURCES / header, (SOURCES / header).read_text()) for header in HEADERS] + [(path, code)]
+    return "".join(f"#line 1 {json.dumps(str(file))}\n{text}\n" for file, text in parts)
+
+
+def exported(name, function, dtype):
+    """The name a source exports `function` under for arrays of `dtype`."""
+    if np.dtype(dtype) not in SUFFIXES:
+        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
+    return f"{function}_{SUFFIXES[np.dtype(dtype)]}"
 
 
 def compile_source(name, arch, text=None):
@@ -56,37 +125,73 @@ def compile_source(name, arch, text=None):
         nvrtc.destroyProgram(program)
 
 
-@functools.cache
-def module(name, device_id):
-    """The module of a source on one device: a binary for the device's architecture where NVRTC
-    knows it, else PTX for the newest one it knows, which the driver compiles on loading."""
+def architecture(device_id):
+    """What NVRTC compiles for a device: a binary for its architecture where NVRTC knows it, else PTX
+    for the newest one it knows, which the driver compiles on loading."""
     from cupy_backends.cuda.libs import nvrtc
 
+    capability = int(backend.cupy.cuda.Device(device_id).compute_capability)
+    known = nvrtc.getSupportedArchs()
+    return f"sm_{capability}" if capability in known else f"compute_{max(known)}"
+
+
+@functools.cache
+def module(text, name, device_id):
+    """The module of a source's text (named `name`) on one device."""
     cupy = backend.cupy
-    with cupy.cuda.Device(device_id) as device:
-        capability = int(device.compute_capability)
-        known = nvrtc.getSupportedArchs()
-        arch = f"sm_{capability}" if capability in known else f"compute_{max(known)}"
+    with cupy.cuda.Device(device_id):
         loaded = cupy.cuda.Module()
-        loaded.load(cached_compile(name, arch, nvrtc.getVersion()))
+        loaded.load(cached_compile(text, name, architecture(device_id)))
     return loaded
 
 
-def cached_compile(name, arch, nvrtc_version):
-    """compile_source, kept on disk in CuPy's kernel cache folder under a hash of the source, the
+def cached_compile(text, name, arch):
+    """compile_source, kept on disk in CuPy's kernel cache folder under a hash of the text, the
     options, the architecture and NVRTC's version (the attention source takes seconds to compile).
     A folder that cannot be written only means compiling again next time."""
-    key = repr((source(name), OPTIONS, arch, nvrtc_version)).encode()
+    from cupy_backends.cuda.libs import nvrtc
+
+    key = repr((text, OPTIONS, arch, nvrtc.getVersion())).encode()
     path = CACHE / f"autograd-{name}-{hashlib.sha256(key).hexdigest()[:32]}.bin"
     if path.is_file():
         return path.read_bytes()
-    binary = compile_source(name, arch)
+    binary = compile_source(name, arch, text)
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
         write_whole(path, binary)
     except OSError:
         pass
     return binary
+
+
+def ptx_entries(ptx):
+    """{kernel: [(PTX type, width in bytes) of each parameter]} of the .entry functions of a PTX text; a
+    struct passed by value is `.param .align N .b8 name[K]`: K bytes."""
+    param = r"\.param\s+(?:\.align\s+\d+\s+)?\.([busf])(\d+)[^,\[]*(?:\[(\d+)\])?"
+    entries = re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx)
+    return {
+        name: [(f".{k}{b}", int(b) // 8 * int(n or 1)) for k, b, n in re.findall(param, p)]
+        for name, p in entries
+    }
+
+
+def argument_problems(params, args, arrays=np.ndarray, device=None):
+    """Why `args` do not fit a kernel's PTX parameters `params` (ptx_entries), in the emulator's words: their
+    count; an array (of `arrays`, on `device` where given) only for a 64-bit integer (a pointer), NumPy
+    scalars of the width and kind of the others. What a pointer points at, the PTX does not say."""
+    from .emulated import argument_problem
+
+    problems = [f"{len(args)} arguments for {len(params)} parameters"] if len(args) != len(params) else []
+    for i, (arg, (ptx, width)) in enumerate(zip(args, params)):
+        if not isinstance(arg, (arrays, np.ndarray)):
+            problem = argument_problem(arg, f"v{'f' if ptx[1] == 'f' else 'i'}{width}")
+        elif ptx[1] == "f" or ptx[2:] != "64":
+            problem = f"an array for the value {ptx}"
+        else:  # a host array for a GPU's kernel, or one of another GPU
+            on_device = isinstance(arg, arrays) and (device is None or arg.device.id == device)
+            problem = None if on_device else f"an array not on the kernel's device {device}"
+        problems += [f"argument {i}: {problem}"] if problem else []
+    return problems
 
 
 def write_whole(path, data):
@@ -104,14 +209,7 @@ def kernel(name, function, dtype):
     """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, on the
     current device: an op runs with its arrays' device current (backend.device_scope), the
     emulated one's included."""
-    if np.dtype(dtype) not in SUFFIXES:
-        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
-    if emulated_gpu.current():  # the same source, built for the CPU
-        from . import emulated
-
-        return emulated.kernel(name, function, dtype)
-    device = backend.cupy.cuda.Device().id
-    return module(name, device).get_function(f"{function}_{SUFFIXES[np.dtype(dtype)]}")
+    return own(name).kernel(function, dtype)
 
 
 def float32_or_null(xp, array):

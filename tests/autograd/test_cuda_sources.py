@@ -318,8 +318,10 @@ def test_a_module_is_nvrtcs_binary_for_the_device_compiled_once(monkeypatch, tmp
     monkeypatch.setattr(backend.cupy.cuda, "Module", LoadedModule, raising=False)
     monkeypatch.setattr(gpu, "CACHE", tmp_path / "cache")
     compiled = []
-    monkeypatch.setattr(gpu, "compile_source", lambda name, arch: compiled.append(arch) or arch.encode())
+    monkeypatch.setattr(
+        gpu, "compile_source", lambda name, arch, text: compiled.append(arch) or arch.encode()
+    )
     for _ in range(2):
         gpu.module.cache_clear()  # as a new process would
-        assert gpu.module("gelu", 0).binary == b"sm_90"
+        assert gpu.module(gpu.source("gelu"), "gelu", 0).binary == b"sm_90"
     assert compiled == ["sm_90"] and len(list((tmp_path / "cache").iterdir())) == 1

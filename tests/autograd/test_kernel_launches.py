@@ -9,7 +9,6 @@ what). The launches come from tests/fake_cuda.py's stand-in for CuPy, which reco
 launcher runs there, for float32 and bfloat16 and for each variant it launches, forward and backward."""
 
 import os
-import re
 import shutil
 from typing import NamedTuple
 
@@ -60,19 +59,6 @@ class Param(NamedTuple):
 # ----- the kernels' parameters, from the PTX and from the C source
 
 
-def ptx_entries(ptx):
-    """{entry name: [(PTX type, width in bytes)]} of a PTX module; a struct passed by value is
-    `.param .align N .b8 name[K]`: K bytes."""
-    entries = {}
-    for name, params in re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx):
-        entries[name] = []
-        for param in filter(None, (p.strip() for p in params.split(","))):
-            kind, bits = re.search(r"\.([busf])(\d+)\b", param.removeprefix(".param")).groups()
-            count = re.search(r"\[(\d+)\]\s*$", param)
-            entries[name].append((f".{kind}{bits}", int(bits) // 8 * (int(count[1]) if count else 1)))
-    return entries
-
-
 def c_kernels(name):
     """{kernel name: [(C type less const, pointer?)]} of the extern "C" __global__ functions of a source
     once preprocessed by g++ (the macros that define them expanded)."""
@@ -94,7 +80,7 @@ def signatures():
     """{kernel: (its PTX parameters, its C parameters)} for every entry point of every source."""
     found = {}
     for name in SOURCES:
-        ptx, c = ptx_entries(gpu.compile_source(name, "compute_90").decode()), c_kernels(name)
+        ptx, c = gpu.ptx_entries(gpu.compile_source(name, "compute_90").decode()), c_kernels(name)
         found.update({kernel: (ptx[kernel], c.get(kernel)) for kernel in ptx})
         found.update({kernel: (None, c[kernel]) for kernel in c.keys() - ptx.keys()})
     return found
