@@ -109,31 +109,35 @@ class Function:
         with backend.device_scope(tensors[0]._data if tensors else None):  # the inputs' GPU
             out = forward(ctx, *arrays, **attrs)
         several = isinstance(out, tuple)
-        outs = [_checked_output(cls, o, float_dtype, tensors) for o in (out if several and out else (out,))]
+        if several and not out:
+            raise TypeError(f"{cls.__name__}.forward gave an empty tuple: give an array, or a tuple of them")
+        outs = [
+            _checked_output(cls, o, i, float_dtype, tensors) for i, o in enumerate(out if several else (out,))
+        ]
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         results = tuple(Tensor(o, requires_grad=requires_grad) for o in outs)
         if requires_grad:
             inputs = tuple(a if isinstance(a, Tensor) else None for a in args)
             node = Node(cls, backward, ctx, inputs, results)
-            for result in results:
-                result._node = node
-                result._holders = 1  # by its node too, whose backward may read it (Exp's does)
+            for result in results:  # held by its node too, whose backward may read it (Exp's does)
+                result._node, result._holders = node, 1
         return results if several else results[0]
 
 
-def _checked_output(function, out, float_dtype, tensors):
-    """One output array of function's forward, of the inputs' floating type (bfloat16 again where
-    NumPy promoted it); a TypeError that names the op for anything else."""
-    out = _as_array(out)
-    if not hasattr(out, "dtype"):
+def _checked_output(function, out, i, float_dtype, tensors):
+    """Output i of function's forward, an array of the inputs' floating type (bfloat16 again where
+    NumPy promoted it); a TypeError that names the op and the output for anything else."""
+    out, what = _as_array(out), f"output {i}" if i else "output"
+    if not _is_array(out):
         raise TypeError(
-            f"{function.__name__}.forward gave a {type(out).__name__}, not an array or a tuple of them"
+            f"{function.__name__}.forward gave a {type(out).__name__} as its {what}: give an array, or a "
+            "tuple of them (forward works on raw arrays)"
         )
     out = _unpromoted(out, float_dtype)
     if float_dtype is not None and out.dtype != float_dtype:
         others = ", ".join(sorted({str(t.dtype) for t in tensors if t.dtype != float_dtype}))
         raise TypeError(
-            f"{function.__name__}: {float_dtype} inputs gave a {out.dtype} output"
+            f"{function.__name__}: {float_dtype} inputs gave a {out.dtype} {what}"
             + (f" (a {others} tensor is among them: convert it to {float_dtype} first)" if others else "")
         )
     return out
@@ -164,20 +168,19 @@ class Node:
         for i, (t, version) in enumerate(zip(self.inputs, self.versions)):
             if t is not None and t._changed_since(version):
                 raise self._changed(f"argument {self.argument(i)}", t)
-        for t in self.output_tensors():
+        for i, t in enumerate(self.output_tensors()):
             if t is not None and t._changed_since(0):
-                raise self._changed("output", t)
+                raise self._changed(f"output {i}" if i else "output", t)
         if len(grads) > 1:  # several outputs: zeros for those no gradient reached
             xp = backend.get_array_module(next(g for g in grads if g is not None))
             grads = [xp.zeros(s, dtype) if g is None else g for g, (_, s, dtype) in zip(grads, self.outputs)]
         given = self.backward(self.ctx, *grads)
         given = given if isinstance(given, tuple) else (given,)
-        if len(given) != len(self.inputs) or any(g is not None and not hasattr(g, "shape") for g in given):
+        if len(given) != len(self.inputs) or not all(g is None or _is_array(g) for g in given):
             kinds = ", ".join(type(g).__name__ for g in given)
             name, count = self.function.__name__, len(self.inputs)
-            raise TypeError(
-                f"{name}.backward gave ({kinds}): give a tuple of {count}, one per positional arg"
-            )
+            each = "an array or None per positional arg"
+            raise TypeError(f"{name}.backward gave ({kinds}): give a tuple of {count}: {each}")
         for i, (inp, g) in enumerate(zip(self.inputs, given)):
             if inp is None or g is None or not inp.requires_grad:
                 continue
@@ -215,6 +218,10 @@ class Node:
         self.ctx = self.inputs = None
 
     __del__ = free  # a graph dropped without a backward lets go of its tensors as well
+
+
+def _is_array(x):
+    return hasattr(x, "shape") and not isinstance(x, Tensor)
 
 
 def _as_array(x):

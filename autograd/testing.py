@@ -172,10 +172,15 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
     as check_fast_paths does in float32. Returns what it ran, a line for each property."""
     if not callable(fn):
         raise TypeError(f"check_gradients: fn must be callable, not {fn!r}")
+    unknown = set(tolerances) - {"eps", "atol", "rtol", "max_jacobian"}
+    if unknown:
+        raise TypeError(
+            f"check_gradients: no argument {', '.join(sorted(unknown))} (its tolerances: eps, atol, rtol, "
+            "max_jacobian)"
+        )
 
     def gradients_agree(values, wanted, names, data):
-        arrays = iter(wanted)
-        inputs = [leaf(value, device, next(arrays)) if _floating(value) else value for value in values]
+        inputs = _inputs(values, wanted, device)
         named = len(_parameter_names(fn)) >= len(inputs)  # else gradcheck numbers them
         assert_gradients(fn, *inputs, names=names if named else None, **tolerances)
 
@@ -208,11 +213,8 @@ def check_fast_paths(
 
 def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, tolerances):
     """(what the fast path property ran, a line; whether any fast path ran)."""
-    dtypes = [np.dtype(dtype) for dtype in dtypes]
-    limits = {
-        dtype: tolerances.get(str(dtype), TOLERANCES.get(str(dtype), TOLERANCES["float32"]))
-        for dtype in dtypes
-    }
+    dtypes = [np.dtype(dtype) for dtype in (dtypes if isinstance(dtypes, (tuple, list)) else [dtypes])]
+    limits = _limits(dtypes, tolerances)
 
     def fast_matches_reference(values, wanted, names, data):
         seed = data.draw(st.integers(0, 2**32 - 1), label="output gradient seed")
@@ -222,7 +224,7 @@ def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, toleran
             )
             for (what, a), (_, b) in zip(fast, reference):
                 what = f"{what} ({dtype} on {device}): fast path and reference differ"
-                np.testing.assert_allclose(a, b, *limits[dtype], err_msg=what)
+                np.testing.assert_allclose(a, b, *limits[str(dtype)], err_msg=what)
 
     examples, paths = _property(
         "fast_paths_of", fn, strategies, requires_grad, settings, fast_matches_reference
@@ -234,16 +236,34 @@ def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, toleran
     return f"{kinds} on {device}: {matched} ({paths})", True
 
 
+def _limits(dtypes, tolerances):
+    """{dtype name: (rtol, atol)} for each of dtypes: TOLERANCES', or those `tolerances` gives."""
+    limits = {str(dtype): TOLERANCES.get(str(dtype), TOLERANCES["float32"]) for dtype in dtypes}
+    named = isinstance(tolerances, dict)
+    given = (
+        {k if isinstance(k, str) else str(np.dtype(k)): pair for k, pair in tolerances.items()}
+        if named
+        else {}
+    )
+    if not named or not all(
+        k in limits and isinstance(pair, tuple) and len(pair) == 2 for k, pair in given.items()
+    ):
+        raise TypeError(
+            f"check_fast_paths: tolerances are {{dtype: (rtol, atol)}} for {list(limits)}, not {tolerances!r}"
+        )
+    return limits | given
+
+
 def _forward_backward(fn, values, wanted, device, dtype, seed, reference):
     """[("output", fn's output), ("gradient of <name>", its gradient) ...] as float64 host arrays, for
     inputs of `dtype` on `device` and an output gradient drawn from `seed`, on the reference paths or not."""
     with use_reference(reference):
-        arrays = iter(wanted)
-        inputs = [
-            tensor(v, requires_grad=next(arrays), dtype=dtype, device=device) if _floating(v) else v
-            for v in values
-        ]
+        inputs = _inputs(values, wanted, device, dtype)
         out = fn(*inputs)
+        if not isinstance(out, Tensor):  # as gradcheck says for check_gradients
+            raise TypeError(
+                f"check_fast_paths: fn gave a {type(out).__name__}, not a Tensor (add several outputs up)"
+            )
         out.backward(np.random.default_rng(seed).standard_normal(out.shape))
     names = _names(fn, values)
     grads = [
@@ -252,6 +272,16 @@ def _forward_backward(fn, values, wanted, device, dtype, seed, reference):
         if isinstance(x, Tensor) and x.requires_grad
     ]
     return [(what, backend.to_host(a).astype(np.float64)) for what, a in [("output", out.data), *grads]]
+
+
+def _inputs(values, wanted, device, dtype=np.float64):
+    """The drawn values as fn takes them: float arrays as tensors of `dtype` on `device` that require
+    grad as `wanted` says, one flag for each; anything else as drawn."""
+    flags = iter(wanted)
+    return [
+        tensor(v, dtype=dtype, device=device, requires_grad=next(flags)) if _floating(v) else v
+        for v in values
+    ]
 
 
 def _property(prefix, fn, strategies, requires_grad, settings, body):
@@ -280,17 +310,13 @@ def _property(prefix, fn, strategies, requires_grad, settings, body):
     (settings or hypothesis.settings(deadline=None))(test)()  # a first example may compile a kernel
     ran = kernels.fast_path_calls - before
     paths = ", ".join(f"{name} {calls}" for name, calls in sorted(ran.items()))
-    return len(examples), f"fast paths run: {paths}" if ran else "no fast path ran"
+    return len(examples), f"calls on a fast path: {paths}" if ran else "no fast path ran"
 
 
 def _names(fn, values):
     """fn's parameter names for the drawn values, where it names as many; else "input 0", "input 1", ..."""
-    parameters = _parameter_names(fn)
-    return (
-        parameters[: len(values)]
-        if len(parameters) >= len(values)
-        else [f"input {i}" for i in range(len(values))]
-    )
+    names = _parameter_names(fn)[: len(values)]
+    return names if len(names) == len(values) else [f"input {i}" for i in range(len(values))]
 
 
 def _valid(strategy):
@@ -334,7 +360,8 @@ def _spread(value):
 
 
 def _floating(value):
-    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating)
+    """A float array, or a NumPy float scalar (what indexing or adding 0-d arrays gives)."""
+    return isinstance(value, (np.ndarray, np.floating)) and np.issubdtype(value.dtype, np.floating)
 
 
 def _require_grad(values, fixed):
@@ -351,12 +378,8 @@ def _require_grad(values, fixed):
 
 # ----- each device, each path: for pytest
 
-NO_GPU = "no CUDA device with CuPy here"
-DEVICES = [
-    "cpu",
-    "cuda-emulated",
-    pytest.param("cuda", marks=pytest.mark.skipif(not backend.cuda_available(), reason=NO_GPU)),
-]
+_ON_A_GPU = pytest.mark.skipif(not backend.cuda_available(), reason="no CUDA device with CuPy here")
+DEVICES = ["cpu", "cuda-emulated", pytest.param("cuda", marks=_ON_A_GPU)]
 """@pytest.mark.parametrize("device", DEVICES): the CPU, the CUDA kernels on the CPU, a GPU (or a skip)."""
 
 

@@ -60,7 +60,14 @@ class CudaSource:
             from . import emulated
 
             return emulated.build(self.text, self.name).kernel(function)
-        return loaded(self, function, backend.cupy.cuda.Device().id)
+        try:
+            device = backend.cupy.cuda.Device().id
+        except (AttributeError, RuntimeError) as error:  # no CuPy, or no GPU
+            raise RuntimeError(
+                f"{self.name}.{function}: no CUDA device is current: an op makes its arrays' current; "
+                "elsewhere, launch inside `with autograd.backend.device_scope(array):` (for any GPU array)"
+            ) from error
+        return loaded(self, function, device)
 
 
 @functools.cache
@@ -105,7 +112,7 @@ def headed(code, path):
 def exported(name, function, dtype):
     """The name a source exports `function` under for arrays of `dtype`."""
     if np.dtype(dtype) not in SUFFIXES:
-        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
+        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {np.dtype(dtype)}")
     return f"{function}_{SUFFIXES[np.dtype(dtype)]}"
 
 

@@ -246,3 +246,41 @@ def test_a_users_kernel_runs_on_a_gpu_and_its_launches_are_checked():
             SWISH.kernel("swish_f32")((2,), (256,), (x, x, np.float32(1), 300))
         with pytest.raises(ValueError, match=rf"^swish.cu has no kernel nothing \(it has {KERNELS}\)"):
             SWISH.kernel("nothing")
+
+
+def test_a_launch_outside_any_device_says_how_to_make_one_current():
+    """Outside an op nothing makes a device current: on a machine without a GPU that is named, with the
+    way to launch on the emulated device's arrays."""
+    if ag.cuda_available():
+        pytest.skip("a GPU is current here")
+    with pytest.raises(
+        RuntimeError, match=r"^swish.swish_forward: no CUDA device is current: .*device_scope"
+    ):
+        SWISH.kernel("swish_forward")
+
+
+INTRINSICS = """
+extern "C" __global__ void fast_math(const float* x, float* out, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = __ldg(x + i);
+        out[i] = __expf(v) + __logf(v) + __log2f(v) + __sinf(v) + __cosf(v) + __tanf(v) + __powf(v, 1.5f)
+                 + __fdividef(v, 3.0f) + rsqrtf(v);
+    }
+}
+"""
+
+
+def test_the_fast_math_intrinsics_run_on_the_emulator_as_the_exact_functions():
+    """__expf and its family compile for a GPU and run on the emulated device, where they give the exact
+    functions' numbers (on a GPU they are within their documented error of them)."""
+    x = np.linspace(0.5, 2.0, 40, dtype=np.float32)
+    assert gpu.compile_source("fast_math", "compute_90", ag.CudaSource(INTRINSICS, "fast_math").text)
+    with emulated_gpu.Device():
+        xe, out = emulated_gpu.xp.asarray(x), emulated_gpu.xp.empty(40, np.float32)
+        ag.CudaSource(INTRINSICS, "fast_math").kernel("fast_math")((1,), (64,), (xe, out, np.int64(40)))
+    v = x.astype(np.float64)
+    expected = (
+        np.exp(v) + np.log(v) + np.log2(v) + np.sin(v) + np.cos(v) + np.tan(v) + v**1.5 + v / 3 + v**-0.5
+    )
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5)

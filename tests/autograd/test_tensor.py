@@ -565,7 +565,7 @@ class Scaled(ag.Function):
     @staticmethod
     def forward(ctx, x, factor=2.0, mistake=None):
         ctx.factor, ctx.mistake = factor, mistake
-        several = {"two outputs": (factor * x, x), "a number output": (factor * x, 1.0)}
+        several = {"two outputs": (factor * x, x), "a number output": (factor * x, 1.0), "no output": ()}
         return several.get(mistake, factor * x)
 
     @staticmethod
@@ -579,11 +579,15 @@ class Scaled(ag.Function):
     [
         ("a Tensor by keyword", r"Scaled.apply: pass factor= by position: a keyword is not a graph input"),
         ("two outputs", r"Scaled.backward\(\) takes 2 positional arguments but 3 were given"),
-        ("a number output", r"Scaled.forward gave a float, not an array or a tuple of them"),
-        ("a list", r"Scaled.backward gave \(list\): give a tuple of 1, one per positional arg"),
+        (
+            "a number output",
+            r"Scaled.forward gave a float as its output 1: give an array, or a tuple of them",
+        ),
+        ("no output", r"Scaled.forward gave an empty tuple: give an array, or a tuple of them"),
+        ("a list", r"Scaled.backward gave \(list\): give a tuple of 1: an array or None per positional arg"),
         (
             "one too many",
-            r"Scaled.backward gave \(ndarray, ndarray\): give a tuple of 1, one per positional arg",
+            r"Scaled.backward gave \(ndarray, ndarray\): give a tuple of 1: an array or None per",
         ),
     ],
 )
@@ -686,7 +690,7 @@ def test_an_op_of_two_outputs_refuses_an_output_changed_in_place():
     s, c = SinCos.apply(x)
     c.data += 1
     with pytest.raises(
-        RuntimeError, match=r"^SinCos's output \(a float32 \(3,\) tensor\) was changed in place"
+        RuntimeError, match=r"^SinCos's output 1 \(a float32 \(3,\) tensor\) was changed in place"
     ):
         (s + c).sum().backward()
 

@@ -306,7 +306,7 @@ def test_fast_paths_that_match_their_reference_pass_and_say_what_ran(device, dty
         pytest.skip("the CPU's fast paths take float32 and float64")
     ran = testing.check_fast_paths(cube, testing.arrays(testing.shapes()), device=device, dtypes=dtypes)
     assert ran.startswith(f"{' and '.join(map(str, map(np.dtype, dtypes)))} on {device}: fast paths match")
-    assert "fast paths run: Cube" in ran
+    assert "calls on a fast path: Cube" in ran
 
 
 @pytest.mark.parametrize("wrong_on", ["cpu", "gpu"])
@@ -326,7 +326,7 @@ def test_check_gradients_on_a_gpu_device_checks_the_fast_path_too(gpu_device, mo
     """float64 on a GPU runs the reference; the float32 property then finds a wrong GPU backward."""
     ran = testing.check_gradients(cube, testing.arrays(testing.shapes()), device=gpu_device).splitlines()
     assert ran[0].startswith(f"float64 on {gpu_device}: gradients match finite differences")
-    assert ran[0].endswith("(no fast path ran)") and "fast paths run: Cube" in ran[1]
+    assert ran[0].endswith("(no fast path ran)") and "calls on a fast path: Cube" in ran[1]
     monkeypatch.setattr(Cube, "wrong_on", "gpu")
     testing.check_gradients(cube, testing.arrays(testing.shapes()), device="cpu")  # the CPU cannot see it
     with pytest.raises(AssertionError, match="fast path and reference differ"):
@@ -349,6 +349,42 @@ def test_tolerances_are_per_dtype_and_can_be_given():
         testing.check_fast_paths(
             cube, testing.arrays(testing.shapes(min_dims=1, min_side=4)), tolerances=tight
         )
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (
+            lambda: testing.check_gradients(cube, testing.arrays(()), tol=1e-3),
+            r"no argument tol \(its tolerances",
+        ),
+        (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances=(0, 0)), "tolerances are"),
+        (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances={"bf16": (0, 0)}), "for"),
+        (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances={"float32": 0.1}), "not"),
+        (
+            lambda: testing.check_fast_paths(lambda x: (cube(x), x), testing.arrays(())),
+            "gave a tuple, not a Tensor",
+        ),
+    ],
+    ids=["a tolerance misnamed", "tolerances not a dict", "a dtype misnamed", "one number", "two outputs"],
+)
+def test_the_properties_name_a_wrong_argument(call, error):
+    with pytest.raises(TypeError, match=error):
+        call()
+
+
+def test_a_tolerance_may_be_keyed_by_the_dtype_itself():
+    tight = {np.float32: (0.0, 0.0)}
+    with pytest.raises(AssertionError, match="fast path and reference differ"):
+        testing.check_fast_paths(
+            cube, testing.arrays(testing.shapes(min_dims=1, min_side=4)), tolerances=tight
+        )
+
+
+def test_a_numpy_scalar_drawn_is_a_0_d_input_that_may_require_grad(wrong_above_one):
+    scalars = testing.arrays((), 1.5, 3.0).map(lambda a: a[()])  # np.float64, as a[0] or a + b give
+    with pytest.raises(ag.GradcheckError, match=r"input x\[\]"):
+        testing.check_gradients(softplus, scalars)
 
 
 def test_the_devices_are_the_cpu_the_emulated_device_and_a_gpu_skipped_without_one():

@@ -169,6 +169,18 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __saturatef(float a) { return a < 0.0f ? 0.0f : (a > 1.0f ? 1.0f : (a == a ? a : 0.0f)); }
+// The fast-math intrinsics, whose GPU error is documented as bounds, not bits, are the exact functions here
+// (glibc declares the __expf family itself, noexcept): a kernel may use them; its test tolerates their error.
+inline float __expf(float a) noexcept { return expf(a); }
+inline float __logf(float a) noexcept { return logf(a); }
+inline float __log2f(float a) noexcept { return log2f(a); }
+inline float __sinf(float a) noexcept { return sinf(a); }
+inline float __cosf(float a) noexcept { return cosf(a); }
+inline float __tanf(float a) noexcept { return tanf(a); }
+inline float __powf(float a, float b) noexcept { return powf(a, b); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+template <typename T> inline T __ldg(const T* address) { return *address; }  // a read through the read-only cache
 
 template <typename To, typename From>
 inline To emu_bits(From from) {
