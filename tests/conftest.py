@@ -36,7 +36,11 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("gpu_device", GPUS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m gpu selects
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # a test of the "cuda" of autograd.testing.DEVICES is a GPU test too
+        if getattr(item, "callspec", None) and item.callspec.params.get("device") == "cuda":
+            item.add_marker(pytest.mark.gpu)
     if cuda_available():
         return
     skip = pytest.mark.skip(
