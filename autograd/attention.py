@@ -13,7 +13,7 @@ from .backend import get_array_module
 from .kernels import attention as attention_kernels
 from .ops import unbroadcast
 from .precision import widened
-from .tensor import Function
+from .tensor import Function, Tensor
 
 
 def _attend(ctx, q, k, v, causal, dropout_p, generator):
@@ -22,18 +22,29 @@ def _attend(ctx, q, k, v, causal, dropout_p, generator):
     bfloat16 inputs (autograd/precision.py), the result in their type."""
     xp, ctx.dtype = get_array_module(q), q.dtype
     q, k, v = widened(q), widened(k), widened(v)
-    n_queries, n_keys = q.shape[-2], k.shape[-2]
-    ctx.scale = 1 / math.sqrt(q.shape[-1])
-    scores = (q @ xp.swapaxes(k, -1, -2)) * ctx.scale  # (..., T, S)
-    if causal:  # query i sees keys 0 .. i + S - T: the queries are the last T of the S positions
-        scores = xp.where(xp.tri(n_queries, n_keys, n_keys - n_queries, dtype=bool), scores, -xp.inf)
-    probs = xp.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)  # (..., T, S): softmax over the keys
+    probs, ctx.scale = _probabilities(q, k, causal)  # (..., T, S)
     ctx.keep = masks.keep_mask(generator, probs.shape, dropout_p, xp) if dropout_p > 0 else None
     ctx.keep_scale = masks.keep_scale(dropout_p)
     weights = probs if ctx.keep is None else masks.drop(probs, ctx.keep, ctx.keep_scale)  # (..., T, S)
     ctx.q, ctx.k, ctx.v, ctx.probs, ctx.weights = q, k, v, probs, weights
     return (weights @ v).astype(ctx.dtype, copy=False)  # (..., T, e)
+
+
+def _probabilities(q, k, causal):
+    """softmax(q k^T / sqrt(d) + mask) over the keys, (..., T, S), and the scale 1 / sqrt(d)."""
+    xp, n_queries, n_keys = get_array_module(q), q.shape[-2], k.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1])
+    scores = (q @ xp.swapaxes(k, -1, -2)) * scale  # (..., T, S)
+    if causal:  # query i sees keys 0 .. i + S - T: the queries are the last T of the S positions
+        scores = xp.where(xp.tri(n_queries, n_keys, n_keys - n_queries, dtype=bool), scores, -xp.inf)
+    probs = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+    return probs / probs.sum(axis=-1, keepdims=True), scale
+
+
+def attention_weights(q, k, causal=True):
+    """The weights attention puts on each key (before dropout) for q (..., T, d) and k (..., S, d):
+    (..., T, S), float32 for bfloat16 inputs. A look inside, outside the graph."""
+    return Tensor(_probabilities(widened(q._data), widened(k._data), causal)[0])
 
 
 def _attend_backward(ctx, grad):

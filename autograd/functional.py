@@ -14,6 +14,7 @@ from . import backend, masks, precision, random
 from .attention import (  # noqa: F401 (offered as F.* with the rest)
     MultiHeadAttention,
     ScaledDotProductAttention,
+    attention_weights,
     multi_head_attention,
     scaled_dot_product_attention,
 )

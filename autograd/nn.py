@@ -1,4 +1,4 @@
-"""Modules: layers that own Parameters, and the layers GPT-1 is made of.
+"""Modules: layers that own Parameters (the general ones: GPT-1's own are in tinygpt/model.py).
 
 A Module finds its parameters by looking at its attributes: a Parameter, a Module, or a list of
 Modules, in the order they were assigned. Their dotted paths ("h.0.attn.c_attn.weight") are the
@@ -11,7 +11,6 @@ import numpy as np
 
 from . import backend, precision
 from . import functional as F
-from .ops import Concat
 from .tensor import Tensor
 
 
@@ -193,82 +192,3 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
-
-
-class CausalSelfAttention(Module):
-    """Masked multi-head self-attention: one projection to q, k, v (c_attn), heads attended
-    in parallel, merged back and projected (c_proj), then residual dropout."""
-
-    def __init__(self, n_embd, n_head, attn_pdrop=0.1, resid_pdrop=0.1, std=0.02):
-        if n_embd % n_head:
-            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
-        self.n_head = n_head
-        self.attn_pdrop = attn_pdrop
-        self.c_attn = Linear(n_embd, 3 * n_embd, std=std)
-        self.c_proj = Linear(n_embd, n_embd, std=std)
-        self.resid_dropout = Dropout(resid_pdrop)
-
-    def forward(self, x, cache=None):
-        """x: (B, T, D). With a KVCache, the keys and values of earlier positions come from it
-        and this call's are added to it, so x holds only the new positions."""
-        return self.resid_dropout(self.c_proj(self.attend(x, cache)))  # (B, T, D)
-
-    def project(self, x, cache=None):
-        """forward before c_proj's bias and the residual dropout, (B, T, D): a post-LN block adds
-        those with its residual in one op (LayerNorm.residual)."""
-        return F.linear(self.attend(x, cache), self.c_proj.weight)
-
-    def attend(self, x, cache=None):
-        """The heads' outputs side by side, (B, T, D), before c_proj."""
-        dropout_p = self.attn_pdrop if self.training else 0.0
-        if cache is None:  # c_attn's product; its bias added as the heads are read: one op
-            qkv = F.linear(x, self.c_attn.weight)  # (B, T, 3 D): q, k and v side by side, before the bias
-            return F.multi_head_attention(qkv, self.n_head, dropout_p, bias=self.c_attn.bias)  # (B, T, D)
-        qkv = self.c_attn(x)  # (B, T, 3 D)
-        batch, time, width = x.shape
-        heads = qkv.reshape(batch, time, 3, self.n_head, width // self.n_head)  # (B, T, 3, H, D / H)
-        q, k, v = (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # each (B, H, T, D / H)
-        k, v = cache.extend(self, k, v)  # (B, H, S, D / H): the S positions so far
-        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, D / H)
-        return y.transpose(0, 2, 1, 3).reshape(batch, time, width)  # heads merged: (B, T, D)
-
-
-class KVCache:
-    """The keys and values of the positions seen so far, for each attention layer, so that
-    generating one more token costs attention over one new position, not the whole sequence."""
-
-    def __init__(self):
-        self.length = 0  # positions cached; the model advances it after each call
-        self._keys, self._values = {}, {}
-
-    def extend(self, layer, k, v):
-        """Append this call's k and v (batch, head, time, width) for `layer`; return all so far."""
-        if layer in self._keys:
-            k = Concat.apply(self._keys[layer], k, axis=2)
-            v = Concat.apply(self._values[layer], v, axis=2)
-        self._keys[layer], self._values[layer] = k, v
-        return k, v
-
-
-class MLP(Module):
-    """The position-wise feed-forward network: c_fc, GELU, c_proj, residual dropout."""
-
-    def __init__(self, n_embd, n_inner, resid_pdrop=0.1, approximate="tanh", std=0.02):
-        self.c_fc = Linear(n_embd, n_inner, std=std)
-        self.c_proj = Linear(n_inner, n_embd, std=std)
-        self.dropout = Dropout(resid_pdrop)
-        self.approximate = approximate
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.hidden(x)))
-
-    def project(self, x):
-        """forward before c_proj's bias and the residual dropout: a post-LN block adds those with
-        its residual in one op (LayerNorm.residual)."""
-        return F.linear(self.hidden(x), self.c_proj.weight)
-
-    def hidden(self, x):
-        """gelu(x W_fc + b_fc), (B, T, n_inner); GPT-1's tanh form adds the bias inside GELU's op."""
-        if self.approximate == "tanh":
-            return F.gelu(F.linear(x, self.c_fc.weight), bias=self.c_fc.bias)
-        return F.gelu(self.c_fc(x), self.approximate)

@@ -18,8 +18,9 @@ the sampling runs there with NumPy, so a seed gives the same tokens on the CPU a
 import numpy as np
 
 from autograd import backend
-from autograd.nn import KVCache
 from autograd.tensor import no_grad
+
+from .model import KVCache
 
 
 def check_sampling(temperature=1.0, top_k=None, top_p=None):

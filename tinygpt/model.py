@@ -13,13 +13,103 @@ import os
 
 import numpy as np
 
+import autograd as ag
 from autograd import backend, nn, precision
 from autograd import functional as F
 from autograd.serialization import load_file, save_file
-from autograd.tensor import Tensor
+from autograd.tensor import Tensor, no_grad
 
 from .config import ACTIVATIONS, GPTConfig
 from .run_folder import weights_folder
+
+
+class CausalSelfAttention(nn.Module):
+    """Masked multi-head self-attention: one projection to q, k, v (c_attn), heads attended
+    in parallel, merged back and projected (c_proj), then residual dropout."""
+
+    def __init__(self, n_embd, n_head, attn_pdrop=0.1, resid_pdrop=0.1, std=0.02):
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+        self.n_head = n_head
+        self.attn_pdrop = attn_pdrop
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, std=std)
+        self.c_proj = nn.Linear(n_embd, n_embd, std=std)
+        self.resid_dropout = nn.Dropout(resid_pdrop)
+
+    def forward(self, x, cache=None):
+        """x: (B, T, D). With a KVCache, the keys and values of earlier positions come from it
+        and this call's are added to it, so x holds only the new positions."""
+        return self.resid_dropout(self.c_proj(self.attend(x, cache)))  # (B, T, D)
+
+    def project(self, x, cache=None):
+        """forward before c_proj's bias and the residual dropout, (B, T, D): a post-LN block adds
+        those with its residual in one op (LayerNorm.residual)."""
+        return F.linear(self.attend(x, cache), self.c_proj.weight)
+
+    def attend(self, x, cache=None):
+        """The heads' outputs side by side, (B, T, D), before c_proj."""
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if cache is None:  # c_attn's product; its bias added as the heads are read: one op
+            qkv = F.linear(x, self.c_attn.weight)  # (B, T, 3 D): q, k and v side by side, before the bias
+            return F.multi_head_attention(qkv, self.n_head, dropout_p, bias=self.c_attn.bias)  # (B, T, D)
+        q, k, v = self.heads(x)  # each (B, H, T, D / H)
+        k, v = cache.extend(self, k, v)  # (B, H, S, D / H): the S positions so far
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=dropout_p)  # (B, H, T, D / H)
+        return y.transpose(0, 2, 1, 3).reshape(x.shape)  # heads merged: (B, T, D)
+
+    def heads(self, x):
+        """q, k and v of x (B, T, D), each (B, H, T, D / H)."""
+        batch, time, width = x.shape
+        heads = self.c_attn(x).reshape(
+            batch, time, 3, self.n_head, width // self.n_head
+        )  # (B, T, 3, H, D / H)
+        return (heads[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+    def weights(self, x):
+        """Each head's attention weights, (B, H, T, T): row t, position t's over positions 0..t."""
+        q, k, _ = self.heads(x)
+        return F.attention_weights(q, k)
+
+
+class KVCache:
+    """The keys and values of the positions seen so far, for each attention layer, so that
+    generating one more token costs attention over one new position, not the whole sequence."""
+
+    def __init__(self):
+        self.length = 0  # positions cached; the model advances it after each call
+        self._keys, self._values = {}, {}
+
+    def extend(self, layer, k, v):
+        """Append this call's k and v (batch, head, time, width) for `layer`; return all so far."""
+        if layer in self._keys:
+            k = ag.concat([self._keys[layer], k], axis=2)
+            v = ag.concat([self._values[layer], v], axis=2)
+        self._keys[layer], self._values[layer] = k, v
+        return k, v
+
+
+class MLP(nn.Module):
+    """The position-wise feed-forward network: c_fc, GELU, c_proj, residual dropout."""
+
+    def __init__(self, n_embd, n_inner, resid_pdrop=0.1, approximate="tanh", std=0.02):
+        self.c_fc = nn.Linear(n_embd, n_inner, std=std)
+        self.c_proj = nn.Linear(n_inner, n_embd, std=std)
+        self.dropout = nn.Dropout(resid_pdrop)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.hidden(x)))
+
+    def project(self, x):
+        """forward before c_proj's bias and the residual dropout: a post-LN block adds those with
+        its residual in one op (LayerNorm.residual)."""
+        return F.linear(self.hidden(x), self.c_proj.weight)
+
+    def hidden(self, x):
+        """gelu(x W_fc + b_fc), (B, T, n_inner); GPT-1's tanh form adds the bias inside GELU's op."""
+        if self.approximate == "tanh":
+            return F.gelu(F.linear(x, self.c_fc.weight), bias=self.c_fc.bias)
+        return F.gelu(self.c_fc(x), self.approximate)
 
 
 class Block(nn.Module):
@@ -32,11 +122,11 @@ class Block(nn.Module):
 
     def __init__(self, config):
         std = config.initializer_range
-        self.attn = nn.CausalSelfAttention(
+        self.attn = CausalSelfAttention(
             config.n_embd, config.n_head, config.attn_pdrop, config.resid_pdrop, std
         )
         self.ln_1 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
-        self.mlp = nn.MLP(config.n_embd, config.n_inner, config.resid_pdrop, ACTIVATIONS[config.afn], std)
+        self.mlp = MLP(config.n_embd, config.n_inner, config.resid_pdrop, ACTIVATIONS[config.afn], std)
         self.ln_2 = nn.LayerNorm(config.n_embd, config.layer_norm_epsilon)
 
     def forward(self, x, cache=None):
@@ -65,8 +155,9 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = [Block(config) for _ in range(config.n_layer)]
 
-    def hidden_states(self, ids, cache=None):
-        """The last block's output (batch, time, n_embd) for token ids (batch, time).
+    def hidden_states(self, ids, cache=None, layers=None):
+        """The last block's output (batch, time, n_embd) for token ids (batch, time); with `layers`,
+        that of the first `layers` blocks.
 
         With a KVCache (generation), ids are the positions after those already in the cache.
         """
@@ -75,11 +166,17 @@ class GPT(nn.Module):
         with backend.device_scope(ids):  # on the model's GPU, whichever is current
             positions = backend.get_array_module(ids).arange(start, start + ids.shape[1])
         x = self.drop(self.tokens_embed(ids) + self.positions_embed(positions))
-        for block in self.h:
+        for block in self.h[:layers]:
             x = block(x, cache)
         if cache is not None:
             cache.length += ids.shape[1]
         return x
+
+    @no_grad()
+    def attention_weights(self, ids, layer):
+        """The attention weights of every head of block `layer` for token ids (batch, time):
+        (batch, n_head, time, time), as the block's own attention computes them (no dropout)."""
+        return self.h[layer].attn.weights(self.hidden_states(ids, layers=layer))
 
     def forward(self, ids, cache=None):
         """Next-token logits (batch, time, vocab_size)."""

@@ -12,7 +12,6 @@ import os
 import numpy as np
 
 from autograd import backend
-from autograd.tensor import no_grad
 
 from . import cli
 from .cli import add_command, add_device_argument, non_negative_int, open_run, positive_int
@@ -21,25 +20,12 @@ PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot
 
 
 # ----- attention -------------------------------------------------------------------------------
-@no_grad()
 def attention_weights(model, ids, layer):
     """The attention weights of every head of block `layer` for one sequence of token ids:
-    (n_head, T, T), row t the distribution of position t over positions 0..t. The model should
-    be in eval mode (no dropout)."""
-    xp = model.tokens_embed.weight.xp
-    ids = xp.asarray([ids], dtype=np.int64)
-    positions = xp.arange(ids.shape[1])
-    x = model.drop(model.tokens_embed(ids) + model.positions_embed(positions))  # as GPT.hidden_states
-    for block in model.h[:layer]:
-        x = block(x)
-    attn = model.h[layer].attn
-    n_head, width = attn.n_head, model.config.n_embd // attn.n_head
-    qkv = backend.to_host(attn.c_attn(x).data)[0].astype(np.float64).reshape(ids.shape[1], 3, n_head, width)
-    q, k = qkv[:, 0].transpose(1, 0, 2), qkv[:, 1].transpose(1, 0, 2)  # (head, time, width)
-    scores = q @ k.transpose(0, 2, 1) / math.sqrt(width)
-    scores[:, np.triu(np.ones((ids.shape[1],) * 2, dtype=bool), k=1)] = -np.inf  # no looking ahead
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
+    (n_head, T, T), row t the distribution of position t over positions 0..t, as float64. The model
+    should be in eval mode (no dropout)."""
+    ids = model.tokens_embed.weight.xp.asarray([ids], dtype=np.int64)
+    return backend.to_host(model.attention_weights(ids, layer).data)[0].astype(np.float64)
 
 
 def token_labels(tokenizer, ids):

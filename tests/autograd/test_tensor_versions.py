@@ -149,14 +149,14 @@ def test_a_training_step_reads_no_array_through_data(device, monkeypatch):
     data = ag.Tensor.data
     monkeypatch.setattr(ag.Tensor, "data", property(lambda t: reads.append(t) or data.fget(t), data.fset))
     ag.manual_seed(0)
-    embedding, attention, norm = ag.nn.Embedding(11, 8), ag.nn.CausalSelfAttention(8, 2), ag.nn.LayerNorm(8)
-    for module in (embedding, attention, norm):
+    embedding, qkv, norm = ag.nn.Embedding(11, 8), ag.nn.Linear(8, 24), ag.nn.LayerNorm(8)
+    for module in (embedding, qkv, norm):
         module.to(device)
-    params = [p for module in (embedding, attention, norm) for p in module.parameters()]
+    params = [p for module in (embedding, qkv, norm) for p in module.parameters()]
     optimizer = ag.optim.Adam(params, lr=0.01)
     ids = np.arange(12).reshape(2, 6) % 11
     for _ in range(2):
-        h = norm(attention(embedding(ids)))
+        h = norm(F.multi_head_attention(qkv(embedding(ids)), 2, dropout_p=0.1))
         loss = F.cross_entropy(F.linear(h, embedding.weight.T), ids)
         loss.backward()
         ag.optim.clip_grad_norm(params, 1.0)

@@ -224,7 +224,7 @@ def test_attention_weights_reproduce_the_layers_output(run):
     assert (
         np.allclose(weights.sum(axis=-1), 1)
         and np.all(weights[:, ahead] == 0)
-        and np.all(weights[:, ~ahead] > 0)
+        and np.all(weights[:, ~ahead] >= 0)  # float32: a far-off key may underflow to 0
     )
     with ag.no_grad():
         x = model.tokens_embed(np.array([ids])) + model.positions_embed(np.arange(T))
