@@ -289,7 +289,7 @@ _seed = None
 def manual_seed(seed):
     """Seed every device's default generator and dropout's default mask stream, so that init
     and dropout are reproducible."""
-    from . import random  # here, not above: random's threads (parallel.py) import this module
+    from . import random  # here, not above: random's threads (threads.py) import this module
 
     global _seed
     _seed = int(seed)

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import backend, parallel
+from . import backend, threads
 from .backend import get_array_module
 from .kernels import adam as adam_kernels
 from .tensor import no_grad
@@ -72,10 +72,10 @@ class Adam:
                     continue
                 if get_array_module(p._data) is np and p._data.flags.c_contiguous:
                     flat = [a.reshape(-1) for a in (p._data, p.grad, m, v)]  # views (a strided grad: a copy)
-                    blocks += [(p.ndim, *(a[block] for a in flat)) for block in parallel.blocks(p.size, 1)]
+                    blocks += [(p.ndim, *(a[block] for a in flat)) for block in threads.blocks(p.size, 1)]
                 else:
                     self._update(p.ndim, p._data, p.grad, m, v)
-        parallel.run(lambda block: self._update(*block), blocks)
+        threads.for_each(lambda block: self._update(*block), blocks)
 
     def _update(self, ndim, p, g, m, v):
         """The Adam step on arrays p (updated in place), its gradient g, and its moments m, v."""

@@ -32,7 +32,7 @@ import secrets
 
 import numpy as np
 
-from . import parallel
+from . import threads
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)  # M0, M1
 WEYL = (0x9E3779B9, 0xBB67AE85)  # the key's increments (the golden ratio and sqrt(3) - 1, in 32 bits)
@@ -120,10 +120,10 @@ class MaskStream:
 
         pieces = [
             (rows, columns)
-            for rows in parallel.blocks(n_examples, 8 * n_counters, xp)
-            for columns in parallel.blocks(n_counters, 8, xp)
+            for rows in threads.blocks(n_examples, 8 * n_counters, xp)
+            for columns in threads.blocks(n_counters, 8, xp)
         ]
-        parallel.run(draw, pieces)
+        threads.for_each(draw, pieces)
         return keep[:, :n_positions].reshape(shape)
 
 

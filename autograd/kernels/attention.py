@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .. import backend, buffers, masks, parallel
+from .. import backend, buffers, masks, threads
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from ..precision import bfloat16
@@ -54,7 +54,7 @@ def _attend(ctx, q, k, v, causal, keep, dropout_p):
         scores /= scores.sum(axis=-1, keepdims=True)
         np.matmul(_dropped(ctx, heads, scores), v[heads], out=out[heads])
 
-    parallel.run(attend, parallel.blocks(n, n_queries * n_keys), multiplies=True)
+    threads.for_each(attend, threads.blocks(n, n_queries * n_keys), multiplies=True)
     return out
 
 
@@ -81,7 +81,7 @@ def _attend_backward(ctx, grad, needs=(True, True, True)):
         if grad_k is not None:
             np.matmul(np.swapaxes(grad_scores, -1, -2), scaled_q[heads], out=grad_k[heads])
 
-    parallel.run(backward, parallel.blocks(len(probs), probs.shape[1] * probs.shape[2]), multiplies=True)
+    threads.for_each(backward, threads.blocks(len(probs), probs.shape[1] * probs.shape[2]), multiplies=True)
     return grad_q, grad_k, grad_v
 
 

@@ -13,7 +13,7 @@ A mean loss costs two launches forward and one back.
 
 import numpy as np
 
-from .. import backend, buffers, parallel
+from .. import backend, buffers, threads
 from . import gpu
 
 REDUCE_THREADS = 1024  # the one block that adds the rows' losses
@@ -40,7 +40,7 @@ def forward_cpu(ctx, logits, targets, ignore_index, reduction):
         shifted = logits2[rows] - row_max[rows]  # the largest is 0, so exp never overflows
         log_sum[rows] = np.log(np.exp(shifted, out=shifted).sum(axis=1, keepdims=True))
 
-    parallel.run(log_sum_exp, parallel.blocks(len(rows), n_classes))
+    threads.for_each(log_sum_exp, threads.blocks(len(rows), n_classes))
     safe_targets = np.where(counted, flat_targets, 0)
     losses = (log_sum[:, 0] - (logits2[rows, safe_targets] - row_max[:, 0])) * counted
     ctx.logits2, ctx.row_max, ctx.log_sum = logits2, row_max, log_sum
@@ -58,7 +58,7 @@ def backward_cpu(ctx, grad):
         np.exp(probs, out=probs)
         probs *= weight[rows]
 
-    parallel.run(softmax_times_weight, parallel.blocks(*grad_logits.shape))
+    threads.for_each(softmax_times_weight, threads.blocks(*grad_logits.shape))
     grad_logits[ctx.rows, ctx.targets] -= weight[:, 0]
     return grad_logits.reshape(ctx.shape), None
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .. import backend, buffers, parallel
+from .. import backend, buffers, threads
 from . import gpu
 from . import linear as linear_kernels
 
@@ -54,7 +54,7 @@ def forward_cpu(ctx, x, bias):
         y *= v
         y *= 0.5
 
-    parallel.run(gelu, parallel.blocks(*x2.shape))
+    threads.for_each(gelu, threads.blocks(*x2.shape))
     return out.reshape(x.shape)
 
 
@@ -63,7 +63,7 @@ def backward_cpu(ctx, grad):
     x2, bias = ctx.x2, ctx.bias
     grad2 = grad.reshape(x2.shape)
     grad_x = buffers.empty(x2.shape, x2.dtype)
-    blocks = parallel.blocks(*x2.shape)
+    blocks = threads.blocks(*x2.shape)
     block_sums = np.empty((len(blocks), x2.shape[1]), x2.dtype) if need_bias else None
 
     def slope_times_grad(numbered_block):
@@ -85,7 +85,7 @@ def backward_cpu(ctx, grad):
         if need_bias:
             slope.sum(axis=0, out=block_sums[n])
 
-    parallel.run(slope_times_grad, list(enumerate(blocks)))
+    threads.for_each(slope_times_grad, list(enumerate(blocks)))
     grad_bias = block_sums.sum(axis=0).astype(bias.dtype, copy=False) if need_bias else None
     return grad_x.reshape(ctx.x_shape) if need_x else None, grad_bias
 

@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-from .. import backend, buffers, masks, parallel
+from .. import backend, buffers, masks, threads
 from . import gpu
 from . import linear as linear_kernels
 
@@ -39,7 +39,7 @@ def _normalise(ctx, shape, dtype, weight, bias, eps, fill):
         if bias is not None:
             out[rows] += bias
 
-    parallel.run(normalise, parallel.blocks(n_rows, width))
+    threads.for_each(normalise, threads.blocks(n_rows, width))
     ctx.normed, ctx.rstd, ctx.weight = normed, rstd, weight
     return out.reshape(shape)
 
@@ -69,7 +69,7 @@ def _backward_cpu(ctx, grad, need_x, need_w, need_b):
         gx *= rstd[rows]
 
     if need_x:
-        parallel.run(input_gradient, parallel.blocks(len(normed), width))
+        threads.for_each(input_gradient, threads.blocks(len(normed), width))
     return (
         None if grad_x is None else grad_x.reshape(grad.shape),
         grad_weight,

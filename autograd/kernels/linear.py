@@ -1,11 +1,11 @@
 """Linear's fast paths. The CPU's: the matrix products cut into one run of rows per core
-(parallel.matmul), the bias added while each run is still in cache. The GPU's: the reference's
+(threads.matmul), the bias added while each run is still in cache. The GPU's: the reference's
 products (cuBLAS), and the bias gradient summed from the output gradient's own storage type in one
 launch of autograd/kernels/cuda/column_sums.cu, with no float32 copy of it."""
 
 import numpy as np
 
-from .. import backend, parallel
+from .. import backend, threads
 from . import gpu
 
 ROWS_PER_CHUNK = 32  # rows a block of column_sums' first pass adds: a GPT-1 step's 4,096 give 128 chunks
@@ -15,7 +15,7 @@ def forward_cpu(ctx, x, weight, bias, weight_cast):
     n_in, n_out = weight.shape
     x2 = x.reshape(-1, n_in)
     ctx.x2, ctx.weight, ctx.x_shape = x2, weight_cast, x.shape
-    return parallel.matmul(x2, weight_cast, bias).reshape(*x.shape[:-1], n_out)
+    return threads.matmul(x2, weight_cast, bias).reshape(*x.shape[:-1], n_out)
 
 
 def backward_cpu(ctx, grad):
@@ -25,9 +25,9 @@ def backward_cpu(ctx, grad):
     grad_weight = None
     if need_w:  # in the weight's own memory order: a transposed table (the tied LM head) gets a
         # transposed gradient, so the table's own gradient comes out contiguous, not strided
-        grad_weight = parallel.matmul(g2.T, x2).T if _is_transposed(weight) else parallel.matmul(x2.T, g2)
+        grad_weight = threads.matmul(g2.T, x2).T if _is_transposed(weight) else threads.matmul(x2.T, g2)
     return (
-        parallel.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
+        threads.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
         grad_weight,
         g2.sum(axis=0) if need_b else None,
     )

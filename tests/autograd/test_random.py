@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, parallel
+from autograd import backend, threads
 from autograd import functional as F
 from autograd.random import MaskStream, current, philox4x32_10, use_masks
 from autograd.testing import arrays, leaf
@@ -99,14 +99,14 @@ def test_large_masks_cut_into_pieces_follow_the_layout(shape):
     threads: the same as one thread draws, and entries sampled across the pieces follow the
     layout."""
     seed, step, first_example, p = 2**40 + 17, 5, 3, 0.25
-    threads = parallel.get_num_threads()
+    before = threads.get_num_threads()
     try:
-        parallel.set_num_threads(4)
+        threads.set_num_threads(4)
         keep = MaskStream(seed, step, first_example).keep_mask(shape, p)
-        parallel.set_num_threads(1)
+        threads.set_num_threads(1)
         np.testing.assert_array_equal(MaskStream(seed, step, first_example).keep_mask(shape, p), keep)
     finally:
-        parallel.set_num_threads(threads)
+        threads.set_num_threads(before)
     rows, positions = keep.reshape(shape[0], -1).shape
     rng = np.random.default_rng(0)
     for b, j in zip(rng.integers(0, rows, 50), rng.integers(0, positions, 50)):

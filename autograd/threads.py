@@ -84,7 +84,7 @@ def _get_pool():
     return _pool
 
 
-def run(work, pieces, multiplies=False):
+def for_each(work, pieces, multiplies=False):
     """work(piece) for every piece, the pieces shared out among the threads; returns once all are
     done. `multiplies`: the work calls BLAS, so it runs with BLAS at one thread, or, where that
     cannot be set, one piece after another on this thread with BLAS as it is."""
@@ -101,9 +101,9 @@ def run(work, pieces, multiplies=False):
         lib.set_num_threads(1)
     try:
         groups = [pieces[i::n] for i in range(n)]  # interleaved: neighbouring pieces cost alike
-        futures = [_get_pool().submit(_run_all, work, group) for group in groups[1:]]
+        futures = [_get_pool().submit(_each, work, group) for group in groups[1:]]
         try:
-            _run_all(work, groups[0] if groups else [])
+            _each(work, groups[0] if groups else [])
         finally:
             for future in futures:
                 future.result()
@@ -112,7 +112,7 @@ def run(work, pieces, multiplies=False):
             lib.set_num_threads(threads)
 
 
-def _run_all(work, pieces):
+def _each(work, pieces):
     outer, _inside.piece = getattr(_inside, "piece", False), True
     try:
         for piece in pieces:
@@ -136,5 +136,5 @@ def matmul(a, b, bias=None):
         if bias is not None:
             out[rows] += bias
 
-    run(multiply, pieces, multiplies=True)
+    for_each(multiply, pieces, multiplies=True)
     return out
