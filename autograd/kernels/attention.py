@@ -32,10 +32,10 @@ def _dropped(ctx, heads, probs):
     return masks.drop(probs, ctx.keep[heads], ctx.keep_scale)
 
 
-def _attend(ctx, q, k, v, causal, keep, dropout_p):
+def _attend_on_threads(ctx, q, k, v, causal, keep, dropout_p):
     """softmax(q k^T / sqrt(d) + mask), dropped out where `keep` (n, T, S) is false (no dropout
     when it is None), times v, for q (n, T, d), k (n, S, d), v (n, S, e); keeps the softmax and
-    the dropout mask on ctx for _attend_backward."""
+    the dropout mask on ctx for _attend_backward_on_threads."""
     n, n_queries, n_keys = q.shape[0], q.shape[1], k.shape[1]
     ctx.scale = 1 / math.sqrt(q.shape[-1])
     scaled_q = q * ctx.scale
@@ -58,7 +58,7 @@ def _attend(ctx, q, k, v, causal, keep, dropout_p):
     return out
 
 
-def _attend_backward(ctx, grad, needs=(True, True, True)):
+def _attend_backward_on_threads(ctx, grad, needs=(True, True, True)):
     """Gradients of q, k, v (None where not needed) for the output gradient `grad` (n, T, e).
     The probabilities kept by the forward are used up."""
     scaled_q, k, v, probs = ctx.scaled_q, ctx.k, ctx.v, ctx.probs
@@ -95,11 +95,11 @@ def scaled_dot_product_forward_cpu(ctx, q, k, v, causal, dropout_p, generator):
         keep = masks.keep_mask(generator, score_heads + (q.shape[-2], k.shape[-2]), dropout_p, np)
         keep = np.broadcast_to(keep, heads + keep.shape[-2:]).reshape(-1, *keep.shape[-2:])
     q, k, v = (np.broadcast_to(a, heads + a.shape[-2:]).reshape(-1, *a.shape[-2:]) for a in (q, k, v))
-    return _attend(ctx, q, k, v, causal, keep, dropout_p).reshape(heads + (q.shape[1], v.shape[2]))
+    return _attend_on_threads(ctx, q, k, v, causal, keep, dropout_p).reshape(heads + (q.shape[1], v.shape[2]))
 
 
 def scaled_dot_product_backward_cpu(ctx, grad):
-    grads = _attend_backward(ctx, grad.reshape(-1, *grad.shape[-2:]), ctx.needs_input_grad)
+    grads = _attend_backward_on_threads(ctx, grad.reshape(-1, *grad.shape[-2:]), ctx.needs_input_grad)
     return tuple(
         None if g is None else unbroadcast(g.reshape(ctx.heads + shape[-2:]), shape)
         for g, shape in zip(grads, ctx.shapes)
@@ -119,7 +119,7 @@ def multi_head_forward_cpu(ctx, qkv, bias, n_head, dropout_p, generator):
     keep = None
     if dropout_p > 0:  # drawn as the reference does, (batch, head, time, time): the batch is the example axis
         keep = masks.keep_mask(generator, (batch, n_head, time, time), dropout_p, np).reshape(-1, time, time)
-    y = _attend(ctx, q, k, v, True, keep, dropout_p)
+    y = _attend_on_threads(ctx, q, k, v, True, keep, dropout_p)
     return y.reshape(batch, n_head, time, -1).transpose(0, 2, 1, 3).reshape(batch, time, width3 // 3)
 
 
@@ -129,7 +129,7 @@ def multi_head_backward_cpu(ctx, grad):
         grad.reshape(batch, time, n_head, head_width).transpose(0, 2, 1, 3).reshape(batch * n_head, time, -1)
     )
     grad_qkv = buffers.empty(ctx.heads_shape, grad.dtype)
-    for i, g in enumerate(_attend_backward(ctx, grad)):
+    for i, g in enumerate(_attend_backward_on_threads(ctx, grad)):
         grad_qkv[:, :, i] = g.reshape(batch, n_head, time, head_width).transpose(0, 2, 1, 3)
     grad_qkv = grad_qkv.reshape(batch, time, -1)
     if not ctx.needs_input_grad[1]:
