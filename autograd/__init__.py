@@ -4,7 +4,7 @@ from . import backend, functional, nn, ops, optim, precision, random
 from .backend import cuda_available, manual_seed
 from .gradcheck import GradcheckError, gradcheck, jacobian_check  # ag.gradcheck: the function, as in torch
 from .kernels import use_reference
-from .kernels.gpu import CudaSource
+from .kernels.sources import CudaSource
 from .precision import bfloat16, use_precision
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
 

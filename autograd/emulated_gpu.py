@@ -1,6 +1,6 @@
 """The emulated CUDA device, "cuda-emulated": a GPU on the CPU, for the tests and for reading the
 kernels. Its arrays are NumPy arrays of a subclass that the engine takes for a GPU's, so every op
-runs its GPU path (forward_gpu, backward_gpu, unchanged), and `gpu.kernel` hands back the CUDA
+runs its GPU path (forward_gpu, backward_gpu, unchanged), and `sources.kernel` hands back the CUDA
 sources built for the CPU (autograd/kernels/emulated.py) while an op of this device runs. What is
 CuPy's own on a GPU (cuBLAS's products, memory pools, streams, NCCL) is NumPy's here, its products
 reading TF32 inputs where CuPy's would (CUPY_TF32=1 or a tf32 block: Linalg, as_cupy_reads).
@@ -47,7 +47,7 @@ class Device:
 
 
 def current():
-    """True inside an op of the emulated device: where gpu.kernel gives emulated kernels."""
+    """True inside an op of the emulated device: where sources.kernel gives emulated kernels."""
     return Device._depth > 0
 
 

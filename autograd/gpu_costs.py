@@ -48,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import emulated_gpu
-from .kernels import emulated, gpu
+from .kernels import emulated, sources
 
 CATEGORIES = ("attention", "matrix products", "layer norm", "elementwise", "reductions", "casts")
 CATEGORIES += ("optimizer", "embedding", "loss", "dropout", "copies", "other")
@@ -364,7 +364,7 @@ def _typed(name, operands):
 @functools.cache
 def _const_parameters(source):
     """{kernel: whether each of its parameters is const} of autograd/kernels/cuda/<source>.cu."""
-    declared = emulated.kernel_declarations(gpu.source(source)).items()
+    declared = emulated.kernel_declarations(sources.source(source)).items()
     return {kernel: [p.split()[0] == "const" for p in params.split(",")] for kernel, params in declared}
 
 

@@ -8,7 +8,7 @@ float32 matrices reads its inputs rounded to TF32 under TF32 (as the emulated de
 product is recorded in `GpuArray.products` with the compute type of float32 products then.
 
 The engine's GPU code runs on it unchanged (`backend.cupy` is replaced): placement, the choice of
-paths, the launchers. Its kernels do not run: `gpu.kernel` hands back a recorder, and each launch
+paths, the launchers. Its kernels do not run: `sources.kernel` hands back a recorder, and each launch
 is kept in `launches` (kernel, grid, block, arguments, the device current then), its outputs left
 as `empty` made them: NaN. With `use_reference(True)` no kernel is launched and the numbers are real.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import autograd as ag
 from autograd import backend
 from autograd.emulated_gpu import ArrayModule, EmulatedArray, Linalg, host_view, on_device
-from autograd.kernels import adam, gpu
+from autograd.kernels import adam, sources
 
 DEVICES = 2
 
@@ -142,11 +142,11 @@ class Launch(NamedTuple):
 
 
 def recording_kernel(launches):
-    """A stand-in for gpu.kernel whose kernels append their launches to `launches`, after checking
+    """A stand-in for sources.kernel whose kernels append their launches to `launches`, after checking
     that every array argument lives on the current device, as a real launch needs."""
 
     def kernel(name, function, dtype):
-        exported = f"{function}_{gpu.SUFFIXES[np.dtype(dtype)]}"
+        exported = f"{function}_{sources.SUFFIXES[np.dtype(dtype)]}"
 
         def launch(grid, block, args, shared_mem=0):
             check_current(exported, args)
@@ -173,15 +173,15 @@ def install(monkeypatch):
     caches = (
         (adam, "chunks"),
         (adam, "table"),
-        (gpu, "module"),
-        (gpu, "loaded"),
-        (gpu, "_counters"),
+        (sources, "module"),
+        (sources, "loaded"),
+        (sources, "_counters"),
         (backend, "_compute_capability"),
     )
     for owner, name in caches:
         cached = getattr(owner, name)
         monkeypatch.setattr(owner, name, functools.lru_cache(cached.cache_info().maxsize)(cached.__wrapped__))
-    monkeypatch.setattr(gpu, "kernel", recording_kernel(launches))
+    monkeypatch.setattr(sources, "kernel", recording_kernel(launches))
     return launches
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograd.kernels import emulated, gpu
+from autograd.kernels import emulated, sources
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import gpu_cases  # noqa: E402
@@ -42,15 +42,15 @@ sys.exit(status)
 @pytest.mark.skipif(shutil.which("g++") is None, reason="the emulated device builds the kernels with g++")
 def test_the_cases_launch_every_kernel_the_sources_export(monkeypatch):
     exported = set()
-    for source in gpu.SOURCES.glob("*.cu"):
-        exported |= emulated.kernel_declarations(gpu.source(source.stem)).keys()
-    launched, kernel = set(), gpu.kernel
+    for source in sources.SOURCES.glob("*.cu"):
+        exported |= emulated.kernel_declarations(sources.source(source.stem)).keys()
+    launched, kernel = set(), sources.kernel
 
     def recorded(name, function, dtype):
-        launched.add(f"{function}_{gpu.SUFFIXES[np.dtype(dtype)]}")
+        launched.add(f"{function}_{sources.SUFFIXES[np.dtype(dtype)]}")
         return kernel(name, function, dtype)
 
-    monkeypatch.setattr(gpu, "kernel", recorded)
+    monkeypatch.setattr(sources, "kernel", recorded)
     for case in gpu_cases.CASES:
         assert gpu_cases.run(case, "cuda-emulated"), case
     assert launched == exported

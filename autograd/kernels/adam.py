@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend, kernels
-from . import gpu
+from . import sources
 
 CHUNK = 4096  # numbers per block; a chunk lies in one tensor
 THREADS = 256  # threads per block: CLIP_THREADS of adam.cu, where the tree sums start halving
@@ -131,7 +131,7 @@ def adam_step(opt):
             np.int32(decays),  # tensors of two or more dimensions
             np.int32(decays and (coupled or opt.vector_l2)),  # the others
         )
-        gpu.kernel("adam", "adam_step", np.float32)((parts.count,), (THREADS,), args)
+        sources.kernel("adam", "adam_step", np.float32)((parts.count,), (THREADS,), args)
         for originals, copies in zip((params, opt.m, opt.v, kept), arrays):
             copy_back(originals, copies)
     for p in opt.params:
@@ -152,10 +152,12 @@ def clip_grad_norm(grads, max_norm):
         norm, scale = xp.empty((), dtype=np.float32), xp.empty((), dtype=np.float32)
         by_chunk = (grad_table, parts.sizes, parts.tensor, parts.start, np.int64(CHUNK))
         if parts.count:
-            gpu.kernel("adam", "chunk_squares", np.float32)((parts.count,), (THREADS,), (*by_chunk, partials))
+            sources.kernel("adam", "chunk_squares", np.float32)(
+                (parts.count,), (THREADS,), (*by_chunk, partials)
+            )
         factor_args = (partials, np.int64(parts.count), np.float32(max_norm), norm, scale)
-        gpu.kernel("adam", "clip_factor", np.float32)((1,), (THREADS,), factor_args)
+        sources.kernel("adam", "clip_factor", np.float32)((1,), (THREADS,), factor_args)
         if parts.count:
-            gpu.kernel("adam", "scale_chunks", np.float32)((parts.count,), (THREADS,), (*by_chunk, scale))
+            sources.kernel("adam", "scale_chunks", np.float32)((parts.count,), (THREADS,), (*by_chunk, scale))
         copy_back(grads, copies)
     return norm

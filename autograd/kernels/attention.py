@@ -21,8 +21,8 @@ from .. import backend, buffers, masks, threads
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from ..precision import bfloat16
-from . import gpu
 from . import linear as linear_kernels
+from . import sources
 
 
 def _dropped(ctx, heads, probs):
@@ -189,7 +189,7 @@ def _launch(ctx, kernel, tile, n_rows, arrays):
     rows = TILE_ROWS[ctx.kind][ctx.width][tile]
     grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
     name = f"{kernel}_tf32_d{ctx.width}" if ctx.kind == "tf32" else f"{kernel}_d{ctx.width}"
-    gpu.kernel("attention", name, ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
+    sources.kernel("attention", name, ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
 
 
 def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_example, biases=NO_BIAS):
@@ -244,8 +244,8 @@ def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
     n_queries, e = ctx.out_float.shape[1], ctx.out_float.shape[2] // ctx.n_head
     args = (ctx.out_float, grad, dot, *_layout(ctx.out_float, ctx.n_head))
     args += (np.int32(ctx.n_head), np.int32(n_queries), np.int32(e), np.int64(dot.size))
-    row_dot = gpu.kernel("attention", "attention_row_dot", ctx.dtype)
-    row_dot((gpu.blocks(32 * dot.size),), (gpu.THREADS,), args)  # a warp per row
+    row_dot = sources.kernel("attention", "attention_row_dot", ctx.dtype)
+    row_dot((sources.blocks(32 * dot.size),), (sources.THREADS,), args)  # a warp per row
     inputs = (ctx.q, ctx.k, ctx.v, grad, ctx.lse, dot)
     _launch(ctx, "attention_backward_keys", 1, ctx.k.shape[1], (*inputs, grad_k, grad_v))
     _launch(ctx, "attention_backward_queries", 2, n_queries, (*inputs, grad_q))
@@ -302,7 +302,7 @@ def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):
         return tuple(a[..., i * width : (i + 1) * width] for i in range(3))
 
     q, k, v = thirds(xp.ascontiguousarray(qkv))
-    biases = NO_BIAS if bias is None else thirds(gpu.float32_or_null(xp, bias))
+    biases = NO_BIAS if bias is None else thirds(sources.float32_or_null(xp, bias))
     ctx.bias_dtype = None if bias is None else bias.dtype
     # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
     return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * qkv.shape[1], biases)

@@ -14,7 +14,7 @@ A mean loss costs two launches forward and one back.
 import numpy as np
 
 from .. import backend, buffers, threads
-from . import gpu
+from . import sources
 
 REDUCE_THREADS = 1024  # the one block that adds the rows' losses
 
@@ -74,11 +74,11 @@ def forward_gpu(ctx, logits, targets, ignore_index, reduction):
     losses = xp.empty(rows, xp.float32)
     ctx.row_max, ctx.log_sum = xp.empty(rows, xp.float32), xp.empty(rows, xp.float32)  # for the backward
     if rows:
-        kernel = gpu.kernel("cross_entropy", "cross_entropy_forward", logits.dtype)
+        kernel = sources.kernel("cross_entropy", "cross_entropy_forward", logits.dtype)
         written = (losses, ctx.row_max, ctx.log_sum)
         kernel(
             (rows,),
-            (gpu.THREADS,),
+            (sources.THREADS,),
             (ctx.logits, ctx.targets, *written, np.int64(n_classes), np.int64(ignore_index)),
         )
     ctx.divisor = None  # the gradient is one per row
@@ -86,7 +86,7 @@ def forward_gpu(ctx, logits, targets, ignore_index, reduction):
         return losses.reshape(targets.shape)
     total, ctx.divisor = xp.empty((), xp.float32), xp.empty((), xp.float32)
     args = (losses, ctx.targets, total, ctx.divisor, np.int64(rows), np.int64(ignore_index))
-    gpu.kernel("cross_entropy", "cross_entropy_reduce", np.float32)(
+    sources.kernel("cross_entropy", "cross_entropy_reduce", np.float32)(
         (1,), (REDUCE_THREADS,), (*args, np.int32(reduction == "mean"))
     )
     return total
@@ -98,12 +98,12 @@ def backward_gpu(ctx, grad):
     grad_logits = xp.empty(ctx.logits.shape, ctx.logits.dtype)
     rows, n_classes = len(ctx.targets), ctx.logits.shape[-1]
     if rows:
-        kernel = gpu.kernel("cross_entropy", "cross_entropy_backward", grad_logits.dtype)
+        kernel = sources.kernel("cross_entropy", "cross_entropy_backward", grad_logits.dtype)
         saved = (ctx.logits, ctx.targets, ctx.row_max, ctx.log_sum)
         divisor = np.uintp(0) if ctx.divisor is None else ctx.divisor
         kernel(
             (rows,),
-            (gpu.THREADS,),
+            (sources.THREADS,),
             (*saved, grad, divisor, grad_logits, np.int64(n_classes), np.int64(ctx.ignore_index)),
         )
     return grad_logits, None

@@ -4,7 +4,7 @@ bits autograd/random.py draws, and applied in the same pass."""
 import numpy as np
 
 from .. import backend, masks
-from . import gpu
+from . import sources
 
 
 def forward_gpu(ctx, x, p, generator):
@@ -28,7 +28,7 @@ def forward_gpu(ctx, x, p, generator):
         np.uint32(threshold),
         np.float32(ctx.scale),
     )
-    gpu.kernel("dropout", "dropout_forward", x.dtype)((gpu.blocks(n),), (gpu.THREADS,), args)
+    sources.kernel("dropout", "dropout_forward", x.dtype)((sources.blocks(n),), (sources.THREADS,), args)
     return out
 
 
@@ -36,5 +36,7 @@ def backward_gpu(ctx, grad):
     xp = backend.get_array_module(grad)
     grad, out = xp.ascontiguousarray(grad), xp.empty(grad.shape, grad.dtype)
     args = (grad, ctx.keep, out, np.int64(grad.size), np.float32(ctx.scale))
-    gpu.kernel("dropout", "dropout_backward", grad.dtype)((gpu.blocks(grad.size),), (gpu.THREADS,), args)
+    sources.kernel("dropout", "dropout_backward", grad.dtype)(
+        (sources.blocks(grad.size),), (sources.THREADS,), args
+    )
     return out

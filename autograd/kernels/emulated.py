@@ -2,7 +2,7 @@
 g++ for the CPU against autograd/kernels/emulator/cuda.h, and run there with a GPU's semantics (threads
 as fibers, barriers, warp shuffles, shared memory that starts as NaN: see cuda.h and cuda.cpp).
 
-    k = emulated.kernel("gelu", "gelu_forward", np.float32)   # as gpu.kernel, same names
+    k = emulated.kernel("gelu", "gelu_forward", np.float32)   # as sources.kernel, same names
     args = (x, np.uintp(0), out, np.int64(1), np.int64(x.size), np.int32(32))  # no bias: x one row
     k((1, blocks), (256,), args)                               # as CuPy's RawKernel; `out` written in place
 
@@ -27,7 +27,7 @@ Each source is built once into a shared library, kept in ~/.cache/autograd/emula
 $XDG_CACHE_HOME/autograd/emulator) under a hash of the source, the emulator, the flags and the
 compiler. AUTOGRAD_EMULATOR_DEBUG=1 builds with -O0 -g, so that gdb can stop inside a kernel
 (`break attention_forward_d64_f32 if threadIdx.x == 9`, then `print threadIdx`, `print sk[0][0]`);
-it shows the file of autograd/kernels/cuda itself, which gpu.source names in #line directives.
+it shows the file of autograd/kernels/cuda itself, which sources.source names in #line directives.
 """
 
 import contextlib
@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import emulated_gpu
 from ..precision import bfloat16
-from . import gpu
+from . import sources
 
 EMULATOR = Path(__file__).parent / "emulator"
 # -ffp-contract=off: no a * b + c fused into an FMA (CUDA's __fmul_rn, __fadd_rn are never fused either);
@@ -91,14 +91,14 @@ def thread_orders(*orders, seed=0):
 
 
 def kernel(name, function, dtype):
-    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, as gpu.kernel
-    names it (f"{function}_{gpu.SUFFIXES[dtype]}"), built for the emulated device."""
-    return build(gpu.source(name), name).kernel(gpu.exported(name, function, dtype))
+    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, as sources.kernel
+    names it (f"{function}_{sources.SUFFIXES[dtype]}"), built for the emulated device."""
+    return build(sources.source(name), name).kernel(sources.exported(name, function, dtype))
 
 
 def build(text, name="source"):
-    """The Library of a CUDA source's text (gpu.source's, a gpu.CudaSource's), built once per process and
-    kept on disk; `name` names its files and its errors."""
+    """The Library of a CUDA source's text (a sources.CudaSource's), built once per process and kept on
+    disk; `name` names its files and its errors."""
     return _build(text, name, os.environ.get("AUTOGRAD_EMULATOR_DEBUG", "0") not in ("", "0"))
 
 
@@ -117,9 +117,9 @@ def _build(text, name, debug):
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
             for k in kernels
         )
-        gpu.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
+        sources.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
         unit = f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}'
-        gpu.write_whole(stem.with_suffix(".cpp"), unit)
+        sources.write_whole(stem.with_suffix(".cpp"), unit)
         partial = f"{library}.partial-{os.getpid()}"
         core = EMULATOR / "cuda.cpp"
         command = ["g++", *flags, "-I", str(EMULATOR), "-o", partial, f"{stem}.cpp", str(core)]
@@ -132,7 +132,7 @@ def _build(text, name, debug):
             errors = compiling.communicate()[1]
         if compiling.returncode:
             raise EmulatorError(f"{name}: g++ does not compile it for the emulator:\n{errors}")
-        gpu.write_whole(about, json.dumps({"kernels": kernels, "limits": limits}))
+        sources.write_whole(about, json.dumps({"kernels": kernels, "limits": limits}))
         os.replace(partial, library)  # whole or not at all: another process may load it meanwhile
     return Library(name, library, **json.loads(about.read_text()))
 
@@ -164,9 +164,9 @@ def kernel_declarations(text):
 
 def ptx_limits(text, name):
     """{kernel: [its __launch_bounds__ (0: none), its bytes of static shared memory]} from the PTX that
-    NVRTC makes of the source (as gpu.compile_source does), or None where NVRTC is not installed."""
+    NVRTC makes of the source (as sources.compile_source does), or None where NVRTC is not installed."""
     try:
-        ptx = gpu.compile_source(name, "compute_90", text).decode()
+        ptx = sources.compile_source(name, "compute_90", text).decode()
     except ImportError:
         return None
     except RuntimeError as error:

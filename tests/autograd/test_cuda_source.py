@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd import backend, emulated_gpu
-from autograd.kernels import emulated, gpu
+from autograd.kernels import emulated, sources
 from autograd.kernels.emulated import EmulatorError
 from tests import fake_cuda
 
@@ -97,8 +97,10 @@ def test_a_file_sources_kernel_is_built_once_and_its_text_names_the_file(tmp_pat
     monkeypatch.setattr(emulated, "ptx_limits", lambda text, name: built.append(name) or limits(text, name))
     first, second = ag.CudaSource.from_file(path), ag.CudaSource.from_file(str(path))
     assert first.name == "swish" and first.text == second.text
-    assert first.text.index(str(gpu.SOURCES / "common.cuh")) < first.text.index(f'#line 1 "{path}"\n{TEXT}')
-    assert '#line 1 "swish.cu"\n' in SWISH.text and ag.CudaSource is gpu.CudaSource
+    assert first.text.index(str(sources.SOURCES / "common.cuh")) < first.text.index(
+        f'#line 1 "{path}"\n{TEXT}'
+    )
+    assert '#line 1 "swish.cu"\n' in SWISH.text and ag.CudaSource is sources.CudaSource
     x = on_emulator(np.linspace(-5, 5, 300))
     np.testing.assert_allclose(launch(first, x), swish(np.float64(x), 1.5), rtol=1e-6, atol=1e-7)
     with x.device:
@@ -113,7 +115,7 @@ def test_a_compile_error_names_the_users_file_and_line(tmp_path, monkeypatch):
     path.write_text(BROKEN)
     source, where = ag.CudaSource.from_file(path), re.escape(str(path))
     with pytest.raises(RuntimeError, match=rf"broken.cu does not compile:\n{where}\(2\): error"):
-        gpu.compile_source(source.name, "compute_90", source.text)
+        sources.compile_source(source.name, "compute_90", source.text)
     with emulated_gpu.Device():
         with pytest.raises(EmulatorError, match=rf"^broken: NVRTC: .*\n{where}\(2\): error"):
             source.kernel("broken")
@@ -163,7 +165,9 @@ def test_wrong_arguments_and_an_unknown_name_are_refused_on_the_emulator(mistake
 @pytest.fixture(scope="module")
 def params():
     """The PTX parameters of swish_f32, from NVRTC: x and y pointers, beta a float, n an unsigned int."""
-    return gpu.ptx_entries(gpu.compile_source("swish", "compute_90", SWISH.text).decode())["swish_f32"]
+    return sources.ptx_entries(sources.compile_source("swish", "compute_90", SWISH.text).decode())[
+        "swish_f32"
+    ]
 
 
 ARRAY, BETA, N = "an array", np.float32(1), np.uint32(3)  # ARRAY: a NumPy array stands for a device's
@@ -187,9 +191,9 @@ PTX_WRONG = {
 def test_the_ptx_parameters_check_a_launchs_arguments(params, mistake):
     assert params == [(".u64", 8), (".u64", 8), (".f32", 4), (".u32", 4)]
     x = np.zeros(3, np.float32)
-    assert gpu.argument_problems(params, (x, x, BETA, N)) == []
+    assert sources.argument_problems(params, (x, x, BETA, N)) == []
     args, message = PTX_WRONG[mistake]
-    problems = gpu.argument_problems(params, [x if a is ARRAY else a for a in args])
+    problems = sources.argument_problems(params, [x if a is ARRAY else a for a in args])
     assert len(problems) == 1 and re.fullmatch(message, problems[0]), problems
 
 
@@ -207,7 +211,7 @@ def fake_gpu(monkeypatch, tmp_path):
             return lambda *launch, **options: launches.append((name, *launch))
 
     monkeypatch.setattr(backend.cupy.cuda, "Module", Module, raising=False)
-    monkeypatch.setattr(gpu, "CACHE", tmp_path)
+    monkeypatch.setattr(sources, "CACHE", tmp_path)
     return launches
 
 
@@ -233,8 +237,8 @@ def test_on_a_gpu_a_launch_is_checked_then_made(fake_gpu, tmp_path):
 
 def test_the_projects_own_kernels_are_cupys_functions_unwrapped(fake_gpu):
     """No work per launch: their launches are checked in CI (tests/autograd/test_kernel_launches.py)."""
-    assert gpu.own("gelu").kernel("gelu_forward", np.float32).__name__ == "<lambda>"
-    assert not gpu.own("gelu").checked and SWISH.checked
+    assert sources.own("gelu").kernel("gelu_forward", np.float32).__name__ == "<lambda>"
+    assert not sources.own("gelu").checked and SWISH.checked
 
 
 @pytest.mark.gpu
@@ -275,7 +279,7 @@ def test_the_fast_math_intrinsics_run_on_the_emulator_as_the_exact_functions():
     """__expf and its family compile for a GPU and run on the emulated device, where they give the exact
     functions' numbers (on a GPU they are within their documented error of them)."""
     x = np.linspace(0.5, 2.0, 40, dtype=np.float32)
-    assert gpu.compile_source("fast_math", "compute_90", ag.CudaSource(INTRINSICS, "fast_math").text)
+    assert sources.compile_source("fast_math", "compute_90", ag.CudaSource(INTRINSICS, "fast_math").text)
     with emulated_gpu.Device():
         xe, out = emulated_gpu.xp.asarray(x), emulated_gpu.xp.empty(40, np.float32)
         ag.CudaSource(INTRINSICS, "fast_math").kernel("fast_math")((1,), (64,), (xe, out, np.int64(40)))

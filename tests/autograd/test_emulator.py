@@ -20,7 +20,7 @@ import autograd as ag
 from autograd import backend
 from autograd import functional as F
 from autograd.kernels import attention as attention_kernels
-from autograd.kernels import emulated, gpu
+from autograd.kernels import emulated, sources
 from autograd.kernels import linear as linear_kernels
 from autograd.kernels.emulated import EmulatorError
 from tests import fake_cuda
@@ -541,10 +541,10 @@ def test_a_build_is_kept_on_disk_and_an_unwritable_cache_only_means_building_aga
 
 @pytest.fixture
 def on_emulator(monkeypatch):
-    """tests/fake_cuda.py's stand-in for CuPy, whose gpu.kernel is the emulated one: the launchers run
+    """tests/fake_cuda.py's stand-in for CuPy, whose sources.kernel is the emulated one: the launchers run
     the real kernels; every launch in every order of the threads. Yields the device to use."""
     fake_cuda.install(monkeypatch)
-    monkeypatch.setattr(gpu, "kernel", emulated.kernel)
+    monkeypatch.setattr(sources, "kernel", emulated.kernel)
     with emulated.thread_orders(*ALL_ORDERS, seed=3):
         yield "cuda:0"
 
@@ -618,7 +618,7 @@ def test_attention_takes_the_tensor_cores_from_sm_80_on(on_emulator, monkeypatch
         launched.append(function)
         return emulated.kernel(name, function, dtype)
 
-    monkeypatch.setattr(gpu, "kernel", kernel)
+    monkeypatch.setattr(sources, "kernel", kernel)
     q, k, v = normal(0, (2, 20, 16), (2, 30, 16), (2, 30, 16))
 
     def attend(q, k, v):
@@ -876,13 +876,13 @@ MUTATIONS = {
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_mutated_kernel_fails_its_check_and_the_unmutated_one_passes(on_emulator, monkeypatch, mutation):
     name, old, new, check, (failure, message) = MUTATIONS[mutation]
-    text = gpu.source(name)
+    text = sources.source(name)
     for other in ATTENTION_OTHERS if name == "attention" else ():
         text = text.replace(f"\n{other}\n", "\n")
     assert text.count(old) == 1, "the mutation no longer applies: update it to the source"
-    source = gpu.source
+    source = sources.source
     for copy in (text, text.replace(old, new)):
-        monkeypatch.setattr(gpu, "source", lambda n, copy=copy: copy if n == name else source(n))
+        monkeypatch.setattr(sources, "source", lambda n, copy=copy: copy if n == name else source(n))
         if copy is text:
             check(on_emulator)
         else:
@@ -910,7 +910,7 @@ emulated.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args)
 
 def line_of(file, start):
     """The number of the line of autograd/kernels/cuda/<file> that starts with `start`."""
-    lines = (gpu.SOURCES / file).read_text().splitlines()
+    lines = (sources.SOURCES / file).read_text().splitlines()
     return next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith(start))
 
 
@@ -929,7 +929,7 @@ def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_
     if "ptrace: Operation not permitted" in done.stderr:
         pytest.skip("gdb may not trace a process here")
     first = line_of("gelu.cu", "__device__ void gelu_forward(") + 2  # its first statement (2-line signature)
-    assert f") at {gpu.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
+    assert f") at {sources.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
     assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.y, threadIdx.x, blockDim.x, gridDim.y
 
 
@@ -989,15 +989,15 @@ def test_gdb_sessions_of_the_internals_page_print_what_the_page_shows(tmp_path, 
 
 
 def test_compilers_name_the_real_file_and_line_of_an_error():
-    """gpu.source's #line directives: NVRTC, and g++ as the emulator builds a source, give the lines of
+    """sources.source's #line directives: NVRTC, and g++ as the emulator builds a source, give the lines of
     common.cuh and of the source themselves."""
-    text, expected = gpu.source("gelu"), []
+    text, expected = sources.source("gelu"), []
     for file, start in (("common.cuh", "typedef unsigned short bf16;"), ("gelu.cu", "constexpr float CUBIC")):
         assert text.count(start) == 1
         text = text.replace(start, f'static_assert(false, "here"); {start}')
-        expected.append(rf"{re.escape(str(gpu.SOURCES / file))}[:(]{line_of(file, start)}\b")
+        expected.append(rf"{re.escape(str(sources.SOURCES / file))}[:(]{line_of(file, start)}\b")
     with pytest.raises(RuntimeError) as nvrtc:
-        gpu.compile_source("gelu", "compute_90", text)
+        sources.compile_source("gelu", "compute_90", text)
     cuda_h = str(emulated.EMULATOR / "cuda.h")
     gxx = ["g++", "-fsyntax-only", "-std=c++17", "-include", cuda_h, "-x", "c++", "-"]
     for log in (str(nvrtc.value), subprocess.run(gxx, input=text, capture_output=True, text=True).stderr):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autograd import backend
-from autograd.kernels import emulated, gpu
+from autograd.kernels import emulated, sources
 from autograd.kernels.emulated import EmulatorError
 
 KERNELS = r"""
@@ -68,7 +68,7 @@ extern "C" __global__ void tf32(const float* x, unsigned int* out, int n) {
 """
 
 
-TEXT = "".join((gpu.SOURCES / header).read_text() for header in gpu.HEADERS) + KERNELS
+TEXT = "".join((sources.SOURCES / header).read_text() for header in sources.HEADERS) + KERNELS
 
 
 class OnTheGpu:
@@ -78,7 +78,7 @@ class OnTheGpu:
     def __init__(self):
         self.module = backend.cupy.cuda.Module()
         capability = backend.cupy.cuda.Device().compute_capability
-        self.module.load(gpu.compile_source("mma_test", f"sm_{capability}", TEXT))
+        self.module.load(sources.compile_source("mma_test", f"sm_{capability}", TEXT))
 
     def kernel(self, name):
         function = self.module.get_function(name)

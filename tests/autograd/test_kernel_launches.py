@@ -18,7 +18,7 @@ import pytest
 import autograd as ag
 from autograd import functional as F
 from autograd.functional import Embedding
-from autograd.kernels import emulated, gpu
+from autograd.kernels import emulated, sources
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
@@ -29,7 +29,7 @@ if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one m
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to preprocess the CUDA sources", allow_module_level=True)
 
-SOURCES = sorted(path.stem for path in gpu.SOURCES.glob("*.cu"))
+SOURCES = sorted(path.stem for path in sources.SOURCES.glob("*.cu"))
 DTYPES = [np.dtype(np.float32), ag.bfloat16]
 # the C types of the sources' parameters: each one's NumPy dtype (of a value, or of what a pointer points at)
 C_TYPES = {
@@ -62,7 +62,7 @@ class Param(NamedTuple):
 def c_kernels(name):
     """{kernel name: [(C type less const, pointer?)]} of the extern "C" __global__ functions of a source
     once preprocessed by g++ (the macros that define them expanded)."""
-    declarations = emulated.kernel_declarations(gpu.source(name))
+    declarations = emulated.kernel_declarations(sources.source(name))
     return {
         kernel: [c_type(p) for p in params.split(",") if p.strip()] for kernel, params in declarations.items()
     }
@@ -80,7 +80,7 @@ def signatures():
     """{kernel: (its PTX parameters, its C parameters)} for every entry point of every source."""
     found = {}
     for name in SOURCES:
-        ptx, c = gpu.ptx_entries(gpu.compile_source(name, "compute_90").decode()), c_kernels(name)
+        ptx, c = sources.ptx_entries(sources.compile_source(name, "compute_90").decode()), c_kernels(name)
         found.update({kernel: (ptx[kernel], c.get(kernel)) for kernel in ptx})
         found.update({kernel: (None, c[kernel]) for kernel in c.keys() - ptx.keys()})
     return found
