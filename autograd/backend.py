@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import emulated_gpu
+from . import emulator
 
 try:
     import cupy
@@ -40,7 +40,7 @@ def use_device(device):
     arrays that no input places go (CuPy's zeros, arange, random numbers). 'cpu' and
     'cuda-emulated', whose arrays always go where their module makes them, change nothing."""
     device = parse_device(device)
-    if device not in ("cpu", emulated_gpu.NAME):
+    if device not in ("cpu", emulator.NAME):
         cupy.cuda.Device(gpu_index(device)).use()
 
 
@@ -59,7 +59,7 @@ def set_tf32(on):
     global _tf32
     before, _tf32 = _tf32, bool(on)
     if _tf32 and not before:
-        for linalg in [emulated_gpu.Linalg, *([_linalg()] if cuda_available() else [])]:
+        for linalg in [emulator.Linalg, *([_linalg()] if cuda_available() else [])]:
             _compute_types_before[linalg] = linalg.get_compute_type(np.float32)
             linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
     if before and not _tf32:
@@ -78,7 +78,7 @@ def tf32_asked():
 def tensor_cores(xp):
     """True where xp's device multiplies bfloat16 and tf32 on tensor cores: a GPU of sm_80 (Ampere) or
     later, and the emulated device."""
-    return xp is emulated_gpu.xp or _compute_capability(cupy.cuda.Device().id) >= 80
+    return xp is emulator.xp or _compute_capability(cupy.cuda.Device().id) >= 80
 
 
 @functools.cache
@@ -122,10 +122,10 @@ def _require_cuda():
 
 def parse_device(device):
     """Normalise a device name: None or 'cpu' -> 'cpu'; 'cuda', 'cuda:N'; 'auto' picks a GPU if any;
-    'cuda-emulated', the CUDA kernels run on the CPU (autograd/emulated_gpu.py)."""
+    'cuda-emulated', the CUDA kernels run on the CPU (autograd/emulator/__init__.py)."""
     if device is None or device == "cpu":
         return "cpu"
-    if device == emulated_gpu.NAME:
+    if device == emulator.NAME:
         return device
     if device == "auto":
         return "cuda:0" if cuda_available() else "cpu"
@@ -154,23 +154,21 @@ def get_array_module(*arrays):
     for a in arrays:
         if cupy is not None and isinstance(a, cupy.ndarray):
             return cupy
-        if isinstance(a, emulated_gpu.EmulatedArray):
-            return emulated_gpu.xp
+        if isinstance(a, emulator.EmulatedArray):
+            return emulator.xp
     return np
 
 
 def on_gpu(array):
     """True for an array of a GPU: CuPy's, or the emulated device's."""
-    return (
-        cupy is not None and isinstance(array, cupy.ndarray) or isinstance(array, emulated_gpu.EmulatedArray)
-    )
+    return cupy is not None and isinstance(array, cupy.ndarray) or isinstance(array, emulator.EmulatedArray)
 
 
 def device_of(array):
     """The device name of an array: 'cpu' or 'cuda:N'."""
     if cupy is not None and isinstance(array, cupy.ndarray):
         return f"cuda:{array.device.id}"
-    return emulated_gpu.NAME if isinstance(array, emulated_gpu.EmulatedArray) else "cpu"
+    return emulator.NAME if isinstance(array, emulator.EmulatedArray) else "cpu"
 
 
 def device_scope(array):
@@ -189,8 +187,8 @@ def to_device(array, device, dtype=None):
         array = to_host(array)
     if device == "cpu":
         return np.asarray(array, dtype=dtype)
-    if device == emulated_gpu.NAME:
-        return emulated_gpu.xp.asarray(array, dtype=dtype)
+    if device == emulator.NAME:
+        return emulator.xp.asarray(array, dtype=dtype)
     with cupy.cuda.Device(gpu_index(device)):
         return cupy.asarray(array, dtype=dtype)
 
@@ -209,8 +207,8 @@ def matmul(a, b, dtype=None):
     bfloat16_in = a.dtype.name == b.dtype.name == "bfloat16"
     if bfloat16_in and dtype == np.float32 and get_array_module(a, b) is cupy:
         return _bfloat16_matmul_to_float32(a, b)
-    if get_array_module(a, b) is emulated_gpu.xp:  # one product, as cuBLAS makes it (gpu_costs counts it)
-        return emulated_gpu.product(a, b, dtype)
+    if get_array_module(a, b) is emulator.xp:  # one product, as cuBLAS makes it (gpu_costs counts it)
+        return emulator.product(a, b, dtype)
     return (a @ b).astype(dtype, copy=False)
 
 
@@ -303,7 +301,7 @@ def default_generator(device):
     from the CPU's)."""
     device = parse_device(device)
     if device not in _generators:
-        if device in ("cpu", emulated_gpu.NAME):
+        if device in ("cpu", emulator.NAME):
             _generators[device] = np.random.default_rng(_seed)
         else:
             with cupy.cuda.Device(gpu_index(device)):
@@ -313,8 +311,8 @@ def default_generator(device):
 
 def erf(x):
     """The error function, elementwise. NumPy has none, so the CPU path goes through math.erf."""
-    if get_array_module(x) is emulated_gpu.xp:
-        return erf(x.view(np.ndarray)).view(emulated_gpu.EmulatedArray)
+    if get_array_module(x) is emulator.xp:
+        return erf(x.view(np.ndarray)).view(emulator.EmulatedArray)
     if get_array_module(x) is not np:
         import cupyx.scipy.special
 

@@ -5,7 +5,7 @@
     cost.kernels, cost.by_category(), cost.by_name(), cost.bytes_by_category()
     gpu_costs.compare(cost, names)                     # beside the kernels a GPU's profiler saw
 
-Each operation of the emulated device (autograd/emulated_gpu.py) is told to the count, which records
+Each operation of the emulated device (autograd/emulator/__init__.py) is told to the count, which records
 what CuPy 14 launches for it on a GPU (read in CuPy's source) as Launches: name as a profiler shows it,
 category, bytes read, bytes written. The rules:
   - the project's kernels: one launch, named as exported; an array argument's bytes are read where its C
@@ -47,8 +47,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import emulated_gpu
-from .kernels import emulated, sources
+from . import emulator
+from .emulator import kernels as emulator_kernels
+from .kernels import sources
 
 CATEGORIES = ("attention", "matrix products", "layer norm", "elementwise", "reductions", "casts")
 CATEGORIES += ("optimizer", "embedding", "loss", "dropout", "copies", "other")
@@ -128,12 +129,12 @@ def count_launches(run=True):
     counts its own work, which the outer one does not see). run=False: the project's kernels and
     backend.matmul's products are checked but not run, their outputs left uninitialised (a GPT-1 step
     in seconds), and NumPy's warnings about the values computed from them silenced."""
-    before, emulated_gpu.counter = emulated_gpu.counter, Count(run)
+    before, emulator.counter = emulator.counter, Count(run)
     try:
         with np.errstate(all="ignore") if not run else contextlib.nullcontext():
-            yield emulated_gpu.counter
+            yield emulator.counter
     finally:
-        emulated_gpu.counter = before
+        emulator.counter = before
 
 
 class Count:
@@ -169,15 +170,15 @@ class Count:
     # ----- what the emulated device tells
 
     def kernel(self, kernel, args):
-        """A launch of one of the project's kernels (kernels/emulated.py's Kernel); whether to run it."""
+        """A launch of one of the project's kernels (an emulator.kernels.Kernel); whether to run it."""
         name = kernel.name.rsplit("_", 1)[0]
         if name in TABLES:  # float32 tensors of `sizes`, the first int64 array argument
             sizes = next(
-                emulated_gpu.host_view(a) for a in args if isinstance(a, np.ndarray) and a.dtype == np.int64
+                emulator.host_view(a) for a in args if isinstance(a, np.ndarray) and a.dtype == np.int64
             )
             read, written = (n * 4 * int(sizes.sum()) for n in TABLES[name])
             if name in COPIES:  # 2 bytes a number of each tensor that has a copy
-                written += 2 * int(sizes[emulated_gpu.host_view(args[COPIES[name]]) != 0].sum())
+                written += 2 * int(sizes[emulator.host_view(args[COPIES[name]]) != 0].sum())
             self.launches.append(Launch(kernel.name, category(kernel.name), read, written))
             return self.run
         const = _const_parameters(kernel.library.name)[kernel.name]
@@ -187,7 +188,7 @@ class Count:
         return self.run
 
     def operation(self, name, args, kwargs, compute):
-        """An operation of the device (emulated_gpu.counted): what CuPy launches for it recorded, and its
+        """An operation of the device (emulator.counted): what CuPy launches for it recorded, and its
         result given back. The operations it makes itself are part of it, not counted again."""
         if self._inside:
             return compute()
@@ -309,7 +310,7 @@ def _fill(array, value):
 
 def _to_device(a, result):
     """asarray, array, ascontiguousarray: a memcpy from the host; on the device, a copy unless a view does."""
-    if not isinstance(a, emulated_gpu.EmulatedArray):
+    if not isinstance(a, emulator.EmulatedArray):
         return [_launch("Memcpy HtoD", written=[result])]
     return _copy_unless_view(a, result)
 
@@ -364,7 +365,7 @@ def _typed(name, operands):
 @functools.cache
 def _const_parameters(source):
     """{kernel: whether each of its parameters is const} of autograd/kernels/cuda/<source>.cu."""
-    declared = emulated.kernel_declarations(sources.source(source)).items()
+    declared = emulator_kernels.kernel_declarations(sources.source(source)).items()
     return {kernel: [p.split()[0] == "const" for p in params.split(",")] for kernel, params in declared}
 
 

@@ -30,7 +30,7 @@ import gpu_report  # noqa: E402
 import torch_gpt  # noqa: E402
 import train_step  # noqa: E402
 
-from autograd import backend, emulated_gpu, gpu_costs  # noqa: E402
+from autograd import backend, emulator, gpu_costs  # noqa: E402
 from tinygpt import GPTConfig  # noqa: E402
 
 PRECISIONS = ("bf16", "tf32", "fp32")
@@ -113,7 +113,7 @@ def profile_side(make_step, device):
 def engine_count(config, ids, precision, profiler_names):
     """gpu_costs.compare of the engine's count of the step (on the emulated device, nothing run)
     with the profiler's kernel names."""
-    step, _ = train_step.tinygpt_step(config, ids, emulated_gpu.NAME, precision)
+    step, _ = train_step.tinygpt_step(config, ids, emulator.NAME, precision)
     with gpu_costs.count_launches(run=False) as counted, np.errstate(all="ignore"):
         step()  # on arrays the kernels and products left unwritten
     return gpu_costs.compare(counted, profiler_names)

@@ -25,7 +25,7 @@ from datetime import date
 from pathlib import Path
 from typing import NamedTuple
 
-from autograd import backend, emulated_gpu
+from autograd import backend, emulator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -208,7 +208,7 @@ def write(data, out, file_name):
     text = json.dumps(data, indent=2, default=str)
     paths = [Path(out) / file_name] if out else []
     device = data["device"]["name"]
-    if device not in ("cpu", emulated_gpu.NAME):
+    if device not in ("cpu", emulator.NAME):
         stem, suffix = file_name.rsplit(".", 1)
         paths.append(RESULTS / f"gpu-{stem}-{slug(device)}.{suffix}")
     for path in paths:

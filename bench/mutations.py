@@ -618,7 +618,9 @@ def main(argv=None):
         by_fixed = sum(r["fixed"]["killed"] for r in results.values())
         print(f"killed by fixed cases alone (no hypothesis test): {by_fixed} / {len(results)}")
     if args.json:
-        from autograd.kernels import emulated  # here: the runs build from the slots' copies
+        from autograd.emulator import (
+            kernels as emulator_kernels,  # here: the runs build from the slots' copies
+        )
 
         commit = subprocess.run(  # "-dirty": the tree measured held changes not yet committed
             ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
@@ -628,7 +630,7 @@ def main(argv=None):
             "commit": commit,
             "seed": args.seed,
             "jobs": args.jobs,
-            "thread_orders": list(emulated.ORDERS),
+            "thread_orders": list(emulator_kernels.ORDERS),
             "killed_dependably": len(dependable),
             "total": len(results),
             "mutations": results,

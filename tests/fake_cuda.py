@@ -21,7 +21,7 @@ import numpy as np
 
 import autograd as ag
 from autograd import backend
-from autograd.emulated_gpu import ArrayModule, EmulatedArray, Linalg, host_view, on_device
+from autograd.emulator import ArrayModule, EmulatedArray, Linalg, host_view, on_device
 from autograd.kernels import adam, sources
 
 DEVICES = 2

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograd.kernels import emulated, sources
+from autograd.emulator import kernels as emulator_kernels
+from autograd.kernels import sources
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import gpu_cases  # noqa: E402
@@ -43,7 +44,7 @@ sys.exit(status)
 def test_the_cases_launch_every_kernel_the_sources_export(monkeypatch):
     exported = set()
     for source in sources.SOURCES.glob("*.cu"):
-        exported |= emulated.kernel_declarations(sources.source(source.stem)).keys()
+        exported |= emulator_kernels.kernel_declarations(sources.source(source.stem)).keys()
     launched, kernel = set(), sources.kernel
 
     def recorded(name, function, dtype):

@@ -7,7 +7,7 @@ import contextlib
 
 import numpy as np
 
-from autograd import backend, emulated_gpu
+from autograd import backend, emulator
 
 # The error of a TF32 product: each input rounded by 2**-11 at most, so 2**-10 of the sum of the
 # terms' sizes; four times that leaves room for float32's sums and for errors carried on.
@@ -16,8 +16,8 @@ RELATIVE_ERROR = 2.0**-8
 
 def linalgs(device):
     """The routines that hold the compute type of `device`'s float32 products (none on the CPU)."""
-    if device == emulated_gpu.NAME:
-        return [emulated_gpu.Linalg]
+    if device == emulator.NAME:
+        return [emulator.Linalg]
     return [backend._linalg()] if device.startswith("cuda") else []
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend, emulated_gpu
+from .. import backend, emulator
 from ..precision import bfloat16
 
 SOURCES = (Path(__file__).parent / "cuda").absolute()
@@ -37,8 +37,8 @@ HEADERS = ("common.cuh", "partial_sums.cuh", "mma.cuh")  # in front of every sou
 class CudaSource:
     """CUDA code of a user's op, compiled as the project's sources are (the HEADERS in front, OPTIONS) once
     per process and device, and kept on disk. Its kernels are called as CuPy's RawKernel: on the emulated
-    device they are the emulator's (emulated.py); on a GPU each launch is checked first (argument_problems)
-    unless `checked` is False (the project's own: CI checks their launches on the emulator).
+    device they are the emulator's (autograd/emulator/kernels.py); on a GPU each launch is checked first
+    (argument_problems) unless `checked` is False (the project's own: CI checks them on the emulator).
 
         CudaSource(text, name="swish").kernel("swish_forward")((blocks,), (256,), (x, y, np.int64(x.size)))
     """
@@ -56,10 +56,10 @@ class CudaSource:
         """The extern "C" __global__ `function` on the current device; given a dtype, the one exported for
         it as f"{function}_f32" or "_bf16" (SUFFIXES), as the project's sources export theirs."""
         function = function if dtype is None else exported(self.name, function, dtype)
-        if emulated_gpu.current():  # the same text, built for the CPU
-            from . import emulated
+        if emulator.current():  # the same text, built for the CPU
+            from ..emulator import kernels as emulator_kernels
 
-            return emulated.build(self.text, self.name).kernel(function)
+            return emulator_kernels.build(self.text, self.name).kernel(function)
         try:
             device = backend.cupy.cuda.Device().id
         except (AttributeError, RuntimeError) as error:  # no CuPy, or no GPU
@@ -231,8 +231,8 @@ def counters(xp, n):
     serve each launch of a stream after another. Kept per device, stream, host thread (CuPy's
     per-thread default streams share one handle) and n."""
     thread = threading.get_ident()
-    if emulated_gpu.current():
-        return _counters(xp, emulated_gpu.NAME, 0, thread, n)
+    if emulator.current():
+        return _counters(xp, emulator.NAME, 0, thread, n)
     cuda = backend.cupy.cuda
     return _counters(xp, cuda.Device().id, cuda.get_current_stream().ptr, thread, n)
 

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, emulated_gpu
-from autograd.kernels import emulated, sources
-from autograd.kernels.emulated import EmulatorError
+from autograd import backend, emulator
+from autograd.emulator import kernels as emulator_kernels
+from autograd.emulator.kernels import EmulatorError
+from autograd.kernels import sources
 from tests import fake_cuda
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
@@ -54,7 +55,7 @@ BROKEN = 'extern "C" __global__ void broken(float* x) {\n    x[0] = undeclared;\
 
 
 def on_emulator(array, dtype=np.float32):
-    return ag.tensor(array, dtype=dtype, device=emulated_gpu.NAME).data
+    return ag.tensor(array, dtype=dtype, device=emulator.NAME).data
 
 
 def swish(x, beta):
@@ -93,8 +94,10 @@ def test_a_file_sources_kernel_is_built_once_and_its_text_names_the_file(tmp_pat
     path = tmp_path / "swish.cu"
     path.write_text(TEXT)
     built = []
-    limits = emulated.ptx_limits
-    monkeypatch.setattr(emulated, "ptx_limits", lambda text, name: built.append(name) or limits(text, name))
+    limits = emulator_kernels.ptx_limits
+    monkeypatch.setattr(
+        emulator_kernels, "ptx_limits", lambda text, name: built.append(name) or limits(text, name)
+    )
     first, second = ag.CudaSource.from_file(path), ag.CudaSource.from_file(str(path))
     assert first.name == "swish" and first.text == second.text
     assert first.text.index(str(sources.SOURCES / "common.cuh")) < first.text.index(
@@ -116,12 +119,14 @@ def test_a_compile_error_names_the_users_file_and_line(tmp_path, monkeypatch):
     source, where = ag.CudaSource.from_file(path), re.escape(str(path))
     with pytest.raises(RuntimeError, match=rf"broken.cu does not compile:\n{where}\(2\): error"):
         sources.compile_source(source.name, "compute_90", source.text)
-    with emulated_gpu.Device():
+    with emulator.Device():
         with pytest.raises(EmulatorError, match=rf"^broken: NVRTC: .*\n{where}\(2\): error"):
             source.kernel("broken")
         with pytest.raises(EmulatorError, match=r"\nbroken.cu\(2\): error"):  # a string source: <name>.cu
             ag.CudaSource(BROKEN, name="broken").kernel("broken")
-        monkeypatch.setattr(emulated, "ptx_limits", lambda text, name: None)  # as if NVRTC were not there
+        monkeypatch.setattr(
+            emulator_kernels, "ptx_limits", lambda text, name: None
+        )  # as if NVRTC were not there
         with pytest.raises(
             EmulatorError, match=rf"(?s)^broken: g\+\+ does not compile it .*\n{where}:2:\d+: error"
         ):
@@ -136,7 +141,7 @@ def test_a_write_past_an_arrays_end_and_a_race_are_named():
     with y.device:
         with pytest.raises(EmulatorError, match=message):
             SWISH.kernel("fill_one_too_many")((1,), (256,), (y, np.uint32(100)))
-        with emulated.thread_orders("written", "reversed"):
+        with emulator_kernels.thread_orders("written", "reversed"):
             with pytest.raises(EmulatorError, match=r"^rotate_racing: the threads in the orders .* a race"):
                 SWISH.kernel("rotate_racing")((1,), (256,), (x,))
 
@@ -280,8 +285,8 @@ def test_the_fast_math_intrinsics_run_on_the_emulator_as_the_exact_functions():
     functions' numbers (on a GPU they are within their documented error of them)."""
     x = np.linspace(0.5, 2.0, 40, dtype=np.float32)
     assert sources.compile_source("fast_math", "compute_90", ag.CudaSource(INTRINSICS, "fast_math").text)
-    with emulated_gpu.Device():
-        xe, out = emulated_gpu.xp.asarray(x), emulated_gpu.xp.empty(40, np.float32)
+    with emulator.Device():
+        xe, out = emulator.xp.asarray(x), emulator.xp.empty(40, np.float32)
         ag.CudaSource(INTRINSICS, "fast_math").kernel("fast_math")((1,), (64,), (xe, out, np.int64(40)))
     v = x.astype(np.float64)
     expected = (

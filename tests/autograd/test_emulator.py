@@ -1,4 +1,4 @@
-"""The emulated CUDA device (autograd/kernels/emulated.py, autograd/kernels/emulator/): CUDA's semantics
+"""The emulated CUDA device (autograd/emulator/kernels.py, autograd/emulator/): CUDA's semantics
 on the CPU, shown with tiny kernels of the tests' own; the project's real kernels, run through their
 launchers on it, giving their references' numbers (and masks, bit for bit) in every order of the
 threads; and mutation tests: a copy of a source with one of the bugs the emulator exists to catch
@@ -19,10 +19,11 @@ import pytest
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
+from autograd.emulator import kernels as emulator_kernels
+from autograd.emulator.kernels import EmulatorError
 from autograd.kernels import attention as attention_kernels
-from autograd.kernels import emulated, sources
 from autograd.kernels import linear as linear_kernels
-from autograd.kernels.emulated import EmulatorError
+from autograd.kernels import sources
 from tests import fake_cuda
 from tests.autograd.test_functional import fresh_stream, on_device
 from tests.autograd.test_kernels import assert_fast_equals_reference, column_sums_in_their_order
@@ -38,7 +39,9 @@ if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one m
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to build the kernels for the CPU", allow_module_level=True)
 
-ALL_ORDERS = tuple(emulated.ORDERS)  # as written, reversed, shuffled; a warp at a time as written, reversed
+ALL_ORDERS = tuple(
+    emulator_kernels.ORDERS
+)  # as written, reversed, shuffled; a warp at a time as written, reversed
 
 # ----- tiny kernels of the tests' own
 
@@ -226,7 +229,7 @@ extern "C" __global__ void shared_at_start(unsigned int* seen) {
 @pytest.fixture(scope="module")
 def tiny():
     """The tests' own kernels, built for the emulated device."""
-    return emulated.build(SOURCE, "emulator_test")
+    return emulator_kernels.build(SOURCE, "emulator_test")
 
 
 def floats(n, seed=0):
@@ -239,7 +242,7 @@ def test_a_barrier_waits_for_every_thread_of_the_block(tiny, block, grid):
     n = int(np.prod(block))
     x = floats(n * int(np.prod(grid)))
     y = np.zeros_like(x)
-    with emulated.thread_orders(*ALL_ORDERS):
+    with emulator_kernels.thread_orders(*ALL_ORDERS):
         tiny.kernel("rotate")(grid, block, (x, y, np.int32(5)))
     expected = np.roll(2 * x.reshape(-1, n), -5, axis=1).reshape(-1)
     np.testing.assert_array_equal(y, expected)
@@ -252,15 +255,15 @@ def test_a_race_between_barriers_shows_as_a_difference_between_orders(tiny):
     results = {}
     for order in ALL_ORDERS:
         results[order] = x.copy()
-        with emulated.thread_orders(order):
+        with emulator_kernels.thread_orders(order):
             tiny.kernel("shift_left_racing")((1,), (96,), (results[order],))
     assert not np.isnan(results["written"]).any()
     assert not np.array_equal(results["written"], results["reversed"])
     with pytest.raises(EmulatorError, match=r"shift_left_racing: .*orders .* argument 0: a race"):
-        with emulated.thread_orders(*ALL_ORDERS):
+        with emulator_kernels.thread_orders(*ALL_ORDERS):
             tiny.kernel("shift_left_racing")((1,), (96,), (x.copy(),))
     fixed = x.copy()
-    with emulated.thread_orders(*ALL_ORDERS):
+    with emulator_kernels.thread_orders(*ALL_ORDERS):
         tiny.kernel("shift_left")((1,), (96,), (fixed,))
     np.testing.assert_array_equal(fixed, 2 * np.roll(x, -1))
 
@@ -275,17 +278,17 @@ def test_a_missing_barrier_after_a_shared_read_shows_when_warps_run_one_at_a_tim
     in_step = ("written", "reversed", "shuffled")
     for kernel, orders in (("two_sums", ALL_ORDERS), ("two_sums_racing", in_step)):
         out = np.zeros(256, np.float32)
-        with emulated.thread_orders(*orders):
+        with emulator_kernels.thread_orders(*orders):
             tiny.kernel(kernel)((1,), (128,), (x, out))
         np.testing.assert_allclose(out, expected, rtol=1e-5)
     for order in ("warps", "reversed warps"):
         out = np.zeros(256, np.float32)
-        with emulated.thread_orders(order):
+        with emulator_kernels.thread_orders(order):
             tiny.kernel("two_sums_racing")((1,), (128,), (x, out))
         assert not np.allclose(out, expected, rtol=1e-5)
     race = r"^two_sums_racing: the threads in the orders 'written' and 'warps' .* argument 1: a race"
     with pytest.raises(EmulatorError, match=race):
-        with emulated.thread_orders(*ALL_ORDERS):
+        with emulator_kernels.thread_orders(*ALL_ORDERS):
             tiny.kernel("two_sums_racing")((1,), (128,), (x, np.zeros(256, np.float32)))
 
 
@@ -335,7 +338,7 @@ def test_atomics_update_one_at_a_time(tiny, order):
     """128 threads each add 1: the counter ends at 128 and each thread got a different value before
     it, 0 to 127, in the order the threads ran; the maximum ends at the largest index."""
     counter, before, largest = np.zeros(1, np.int32), np.full(128, -1, np.int32), np.zeros(1, np.int32)
-    with emulated.thread_orders(order):
+    with emulator_kernels.thread_orders(order):
         tiny.kernel("atomics")((2,), (64,), (counter, before, largest))
     assert counter[0] == 128 and largest[0] == 127
     np.testing.assert_array_equal(np.sort(before), np.arange(128))
@@ -348,7 +351,7 @@ def test_the_blocks_run_in_the_grids_order_reversed_or_shuffled(tiny):
     ran = {}
     for order in ALL_ORDERS:
         counter, blocks = np.zeros(1, np.int32), np.full(12, -1, np.int32)
-        with emulated.thread_orders(order, seed=5):
+        with emulator_kernels.thread_orders(order, seed=5):
             tiny.kernel("arrivals")((4, 3), (64,), (counter, blocks))
         ran[order] = list(blocks)
     assert ran["written"] == ran["warps"] == list(range(12))
@@ -380,7 +383,9 @@ def test_shared_memory_starts_as_nan_in_every_block():
     """Every 32-bit word 0x7FC00000 before the block writes it, in each of three blocks, though the
     block before wrote it; also in a static array of a function template."""
     seen = np.zeros(2 * 3 * 64, np.uint32)
-    emulated.build(SHARED_SOURCE, "emulator_test_shared").kernel("shared_at_start")((3,), (64,), (seen,))
+    emulator_kernels.build(SHARED_SOURCE, "emulator_test_shared").kernel("shared_at_start")(
+        (3,), (64,), (seen,)
+    )
     assert (seen == 0x7FC00000).all()
 
 
@@ -511,26 +516,28 @@ def test_an_integer_for_a_float_is_refused(tiny):
 
 
 def test_kernels_are_named_as_gpu_kernel_names_them():
-    k = emulated.kernel("gelu", "gelu_forward", ag.bfloat16)
+    k = emulator_kernels.kernel("gelu", "gelu_forward", ag.bfloat16)
     # x, bias, out, rows, width, rows_per_chunk; bf16: unsigned short
     assert k.name == "gelu_forward_bf16" and k.params == ["pu2", "pf4", "pu2", "vi8", "vi8", "vi4"]
     with pytest.raises(TypeError, match="float32 or bfloat16"):
-        emulated.kernel("gelu", "gelu_forward", np.float64)
+        emulator_kernels.kernel("gelu", "gelu_forward", np.float64)
     with pytest.raises(EmulatorError, match="gelu.cu has no kernel nothing_f32"):
-        emulated.kernel("gelu", "nothing", np.float32)
+        emulator_kernels.kernel("gelu", "nothing", np.float32)
 
 
 def test_a_build_is_kept_on_disk_and_an_unwritable_cache_only_means_building_again(monkeypatch, tmp_path):
     text = 'extern "C" __global__ void nothing(float* x) {}  // ' + str(tmp_path)
-    monkeypatch.setattr(emulated, "CACHE", tmp_path / "cache")
-    first = emulated._build.__wrapped__(text, "kept", False)
+    monkeypatch.setattr(emulator_kernels, "CACHE", tmp_path / "cache")
+    first = emulator_kernels._build.__wrapped__(text, "kept", False)
     assert first.path.parent == tmp_path / "cache" and first.path.is_file()
-    monkeypatch.setattr(emulated.subprocess, "Popen", None)  # a second build would fail: it loads the file
-    assert emulated._build.__wrapped__(text, "kept", False).path == first.path
+    monkeypatch.setattr(
+        emulator_kernels.subprocess, "Popen", None
+    )  # a second build would fail: it loads the file
+    assert emulator_kernels._build.__wrapped__(text, "kept", False).path == first.path
     monkeypatch.undo()
     (tmp_path / "a file").write_text("")
-    monkeypatch.setattr(emulated, "CACHE", tmp_path / "a file" / "cache")
-    elsewhere = emulated._build.__wrapped__(text, "kept", False)
+    monkeypatch.setattr(emulator_kernels, "CACHE", tmp_path / "a file" / "cache")
+    elsewhere = emulator_kernels._build.__wrapped__(text, "kept", False)
     assert elsewhere.path.is_file() and tmp_path not in elsewhere.path.parents
     elsewhere.kernel("nothing")((1,), (1,), (np.zeros(1, np.float32),))
     shutil.rmtree(elsewhere.path.parent)
@@ -544,8 +551,8 @@ def on_emulator(monkeypatch):
     """tests/fake_cuda.py's stand-in for CuPy, whose sources.kernel is the emulated one: the launchers run
     the real kernels; every launch in every order of the threads. Yields the device to use."""
     fake_cuda.install(monkeypatch)
-    monkeypatch.setattr(sources, "kernel", emulated.kernel)
-    with emulated.thread_orders(*ALL_ORDERS, seed=3):
+    monkeypatch.setattr(sources, "kernel", emulator_kernels.kernel)
+    with emulator_kernels.thread_orders(*ALL_ORDERS, seed=3):
         yield "cuda:0"
 
 
@@ -616,7 +623,7 @@ def test_attention_takes_the_tensor_cores_from_sm_80_on(on_emulator, monkeypatch
 
     def kernel(name, function, dtype):
         launched.append(function)
-        return emulated.kernel(name, function, dtype)
+        return emulator_kernels.kernel(name, function, dtype)
 
     monkeypatch.setattr(sources, "kernel", kernel)
     q, k, v = normal(0, (2, 20, 16), (2, 30, 16), (2, 30, 16))
@@ -776,7 +783,7 @@ def test_adam_and_clip_grad_norm(on_emulator, l2_mode, clip):
     """A parameter of two chunks, a matrix, a vector, some steps without a gradient. One order of the
     threads: the kernels write the parameters through pointer tables, which no copy holds."""
     shapes = [(5000,), (7, 9), (3,)]
-    with emulated.thread_orders("written"):
+    with emulator_kernels.thread_orders("written"):
         runs = [
             train(shapes, 4, 3, on_emulator, reference, clip, l2_mode=l2_mode, lr=1e-2, l2=0.01)
             for reference in (False, True)
@@ -897,14 +904,14 @@ ROOT = Path(__file__).parents[2]
 # a launch of embedding.cu's kernel, then one of gelu.cu's: two libraries loaded
 TWO_LIBRARIES = """
 import numpy as np
-from autograd.kernels import emulated
+from autograd.emulator import kernels as emulator_kernels
 
 table, rows = np.ones((3, 4), np.float32), np.arange(3, dtype=np.int64)
-embedding = emulated.kernel("embedding", "embedding_forward_f32", np.float32)
+embedding = emulator_kernels.kernel("embedding", "embedding_forward_f32", np.float32)
 embedding((2,), (32,), (table, rows, np.empty_like(table), np.int64(3), np.int64(3), np.int64(4)))
 x = np.linspace(-3, 3, 1000, dtype=np.float32)
 args = (x, np.uintp(0), np.empty_like(x), np.int64(1), np.int64(x.size), np.int32(32))  # one row, no bias
-emulated.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args)
+emulator_kernels.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args)
 """
 
 
@@ -998,7 +1005,7 @@ def test_compilers_name_the_real_file_and_line_of_an_error():
         expected.append(rf"{re.escape(str(sources.SOURCES / file))}[:(]{line_of(file, start)}\b")
     with pytest.raises(RuntimeError) as nvrtc:
         sources.compile_source("gelu", "compute_90", text)
-    cuda_h = str(emulated.EMULATOR / "cuda.h")
+    cuda_h = str(emulator_kernels.EMULATOR / "cuda.h")
     gxx = ["g++", "-fsyntax-only", "-std=c++17", "-include", cuda_h, "-x", "c++", "-"]
     for log in (str(nvrtc.value), subprocess.run(gxx, input=text, capture_output=True, text=True).stderr):
         for where in expected:  # NVRTC: path(line); g++: path:line:column

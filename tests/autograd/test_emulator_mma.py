@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from autograd import backend
-from autograd.kernels import emulated, sources
-from autograd.kernels.emulated import EmulatorError
+from autograd.emulator import kernels as emulator_kernels
+from autograd.emulator.kernels import EmulatorError
+from autograd.kernels import sources
 
 KERNELS = r"""
 #define LANE long long lane = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -96,7 +97,7 @@ class OnTheGpu:
 @pytest.fixture(scope="module")
 def library():
     """KERNELS on the emulated device."""
-    return emulated.build(TEXT, "mma_test")
+    return emulator_kernels.build(TEXT, "mma_test")
 
 
 @pytest.fixture(scope="module", params=["cuda-emulated", pytest.param("cuda", marks=pytest.mark.gpu)])

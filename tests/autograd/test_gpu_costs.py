@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend, emulated_gpu, gpu_costs
+from autograd import backend, emulator, gpu_costs
 from autograd import functional as F
+from autograd.emulator import kernels as emulator_kernels
 from autograd.gpu_costs import Launch
-from autograd.kernels import emulated
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
-EMULATED = emulated_gpu.NAME
+EMULATED = emulator.NAME
 RESULTS = Path(__file__).parents[2] / "bench" / "results"  # what GPUs measured
 
 # ----- the gpt1 preset's training step at batch 8 x 512, as bench/gpu_check.py measures it on a GPU
@@ -184,14 +184,14 @@ def test_a_known_sequence_of_operations_gives_its_launches_and_bytes():
     x = ag.tensor(host, device=EMULATED)
     w = backend.to_device(np.ones((8, 3), np.float32), EMULATED)
     with gpu_costs.count_launches() as cost:
-        y = emulated_gpu.xp.asarray(host)
+        y = emulator.xp.asarray(host)
         y = y * 2
         y += x.data
         y.sum(axis=0), y.sum()
         y.astype(ag.bfloat16), y.astype(np.float32, copy=False)
         y.T.reshape(32), y[1:].reshape(-1)  # a transpose cannot be flattened in place; rows can
         y[np.array([0, 2])]
-        emulated_gpu.xp.zeros(5, np.float32), emulated_gpu.xp.ones(3, np.float32)
+        emulator.xp.zeros(5, np.float32), emulator.xp.ones(3, np.float32)
         F.gelu(x)
         backend.matmul(y, w), backend.matmul(y.astype(ag.bfloat16), w.astype(ag.bfloat16), np.float32)
         backend.to_host(y)
@@ -218,7 +218,7 @@ def test_a_known_sequence_of_operations_gives_its_launches_and_bytes():
 
 def test_a_reduction_or_a_scatter_costs_the_same_however_it_is_written():
     """xp.sum(y) is y.sum(), as in CuPy; y[ids] = v writes the entries it names and reads v and ids."""
-    xp, y = emulated_gpu.xp, backend.to_device(np.ones((4, 8), np.float32), EMULATED)
+    xp, y = emulator.xp, backend.to_device(np.ones((4, 8), np.float32), EMULATED)
     for axis in (None, 0, -1):
         with gpu_costs.count_launches() as method:
             y.max(axis=axis), y.sum(axis=axis)
@@ -242,10 +242,10 @@ def test_the_count_goes_on_after_an_operation_fails_and_ends_with_its_block():
     with pytest.raises(ValueError), gpu_costs.count_launches() as cost:
         with pytest.raises(ValueError):
             y.reshape(3)
-        emulated_gpu.xp.zeros(4, np.float32)
+        emulator.xp.zeros(4, np.float32)
         raise ValueError("the block's own error")
     assert [launch.name for launch in cost.launches] == ["Memset"]
-    assert emulated_gpu.counter is None
+    assert emulator.counter is None
 
 
 def test_kernels_that_reach_tensors_through_tables_count_the_tensors():
@@ -273,8 +273,8 @@ def test_with_run_false_the_kernels_and_products_are_checked_but_not_run():
     ]
     assert not np.isclose(y.numpy(), F.gelu(x).numpy()).any()  # what the kernel would have written
     assert z.shape == (4, 4) and not (backend.to_host(z) == 8).all()
-    kernel = emulated.kernel("gelu", "gelu_forward", np.float32)
-    with gpu_costs.count_launches(run=False), pytest.raises(emulated.EmulatorError, match="int32"):
+    kernel = emulator_kernels.kernel("gelu", "gelu_forward", np.float32)
+    with gpu_costs.count_launches(run=False), pytest.raises(emulator_kernels.EmulatorError, match="int32"):
         kernel((1,), (32,), (x.data, y.data, np.int32(32)))  # n is a long long
 
 
@@ -298,13 +298,13 @@ def test_counting_changes_no_number_and_counts_inside_its_block_alone():
     plain = tiny_step()
     with gpu_costs.count_launches() as cost:
         counted = tiny_step()
-    assert cost.by_name()["adam_step_f32"] == 1 and emulated_gpu.counter is None
+    assert cost.by_name()["adam_step_f32"] == 1 and emulator.counter is None
     for a, b in zip(plain, counted, strict=True):
         np.testing.assert_array_equal(a, b)
     with gpu_costs.count_launches() as outer:
         with gpu_costs.count_launches() as inner:
-            emulated_gpu.xp.zeros(3)
-        emulated_gpu.xp.zeros(4)
+            emulator.xp.zeros(3)
+        emulator.xp.zeros(4)
     assert [launch.written for launch in inner.launches] == [24]
     assert [launch.written for launch in outer.launches] == [32]
 

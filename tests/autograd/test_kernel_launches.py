@@ -17,8 +17,9 @@ import pytest
 
 import autograd as ag
 from autograd import functional as F
+from autograd.emulator import kernels as emulator_kernels
 from autograd.functional import Embedding
-from autograd.kernels import emulated, sources
+from autograd.kernels import sources
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
@@ -62,7 +63,7 @@ class Param(NamedTuple):
 def c_kernels(name):
     """{kernel name: [(C type less const, pointer?)]} of the extern "C" __global__ functions of a source
     once preprocessed by g++ (the macros that define them expanded)."""
-    declarations = emulated.kernel_declarations(sources.source(name))
+    declarations = emulator_kernels.kernel_declarations(sources.source(name))
     return {
         kernel: [c_type(p) for p in params.split(",") if p.strip()] for kernel, params in declarations.items()
     }

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, emulated_gpu, masks
+from autograd import backend, emulator, masks
 from autograd import functional as F
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import upstream
@@ -45,7 +45,7 @@ class Kind(NamedTuple):
 
 
 BF16 = Kind(ag.bfloat16, bf16, 16, {64: 64, 128: 32}, bf16, contextlib.nullcontext, 2**-7)
-TF32 = Kind(np.float32, emulated_gpu.tf32, 8, {64: 32}, np.asarray, lambda: ag.use_precision("tf32"), 2**-9)
+TF32 = Kind(np.float32, emulator.tf32, 8, {64: 32}, np.asarray, lambda: ag.use_precision("tf32"), 2**-9)
 KINDS = {"bf16": BF16, "tf32": TF32}
 
 

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
-from autograd import backend, emulated_gpu
+from autograd import backend, emulator
 from tests import tf32
 
-EMULATED = emulated_gpu.NAME
+EMULATED = emulator.NAME
 ROOT = Path(__file__).parents[2]
 TIE = 1 + 2**-11  # halfway between 1 and the next TF32 value, 1 + 2**-10: rounds away, up
 
@@ -36,16 +36,16 @@ def nearest_tf32(x):
 
 @given(hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=8), elements=st.floats(width=32)))
 def test_tf32_rounds_to_the_nearest_value_of_ten_mantissa_bits(x):
-    """emulated_gpu.tf32 rounds the bits as a GPU does; nearest_tf32 does the arithmetic."""
+    """emulator.tf32 rounds the bits as a GPU does; nearest_tf32 does the arithmetic."""
     finite = np.isfinite(x)
-    np.testing.assert_array_equal(emulated_gpu.tf32(x)[finite], nearest_tf32(x[finite]))
-    np.testing.assert_array_equal(emulated_gpu.tf32(x)[~finite], x[~finite])  # infinities and NaN
+    np.testing.assert_array_equal(emulator.tf32(x)[finite], nearest_tf32(x[finite]))
+    np.testing.assert_array_equal(emulator.tf32(x)[~finite], x[~finite])  # infinities and NaN
 
 
 def test_tf32_rounds_ties_away_from_zero():
     x = np.array([TIE, -TIE, 1 + 2**-12, 1 + 3 * 2**-11], np.float32)
     expected = [1 + 2**-10, -(1 + 2**-10), 1, 1 + 2**-9]
-    np.testing.assert_array_equal(emulated_gpu.tf32(x), np.array(expected, np.float32))
+    np.testing.assert_array_equal(emulator.tf32(x), np.array(expected, np.float32))
 
 
 @given(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5), st.data())
@@ -70,7 +70,7 @@ def test_which_products_read_tf32_inputs_follows_cupy():
     """In a tf32 block, CuPy multiplies two matrices, and anything through dot, with cuBLAS's gemm in
     TF32; a stack of matrices with its batched gemm (einsum too) and two vectors with a reduction,
     both in float32."""
-    xp = emulated_gpu.xp
+    xp = emulator.xp
     a = backend.to_device(np.array([[TIE, 0], [0, 1]], np.float32), EMULATED)
     eye = backend.to_device(np.eye(2, dtype=np.float32), EMULATED)
     with tf32.off(EMULATED), ag.use_precision("tf32"):
@@ -90,7 +90,7 @@ def test_which_products_read_tf32_inputs_follows_cupy():
 def test_cupy_tf32_is_read_once_and_a_tf32_block_gives_back_what_it_asked(monkeypatch, process_asked):
     """The emulated device reads CUPY_TF32 the first time it is asked, as CuPy does; a tf32 block,
     or an fp32 one inside it, ends with the process's setting, not the default."""
-    monkeypatch.setattr(emulated_gpu.Linalg, "compute_type", None)
+    monkeypatch.setattr(emulator.Linalg, "compute_type", None)
     monkeypatch.setenv("CUPY_TF32", "1" if process_asked else "0")
     assert tf32.on(EMULATED) == process_asked
     monkeypatch.setenv("CUPY_TF32", "0" if process_asked else "1")  # too late: read once
@@ -118,7 +118,7 @@ ONCE_TF32_DEPENDENT = [
     "tests/tinygpt/test_model.py::test_a_training_step_gives_the_same_numbers_on_numpy_and_cupy[cuda-emulated]",
     "tests/tinygpt/test_model.py::test_token_embedding_gradient_includes_the_lm_heads_part[cuda-emulated]",
     "tests/tinygpt/test_model.py::test_logits_are_hidden_states_times_the_token_embedding[cuda-emulated]",
-    "tests/autograd/test_emulated_gpu.py::test_a_training_step_on_its_reference_path_gives_the_cpus_bits",
+    "tests/autograd/test_emulator_device.py::test_a_training_step_on_its_reference_path_gives_the_cpus_bits",
     "tests/autograd/test_device_placement.py::test_a_step_of_a_model_on_gpu_1_runs_there_and_gives_the_cpus_numbers",
 ]
 

@@ -1,6 +1,6 @@
 // The tensor cores' matrix multiply-accumulate of one warp, mma.sync: d = A B + c, A (16 x k) row-major, B (k x 8)
 // column-major, c and d (16 x 8) float32, every lane holding its fragments as the PTX ISA lays them out (written
-// out in autograd/kernels/emulator/cuda.cpp:meet_at_mma). On a GPU, inline PTX; on the emulated device, a meeting
+// out in autograd/emulator/cuda.cpp:meet_at_mma). On a GPU, inline PTX; on the emulated device, a meeting
 // of the warp's 32 lanes that computes D under the contract written there. Every lane of the warp must get there
 // together, as at a shuffle; so at ldmatrix, which loads fragments from shared memory. autograd/kernels/sources.py
 // puts this file in front of each source, after common.cuh.

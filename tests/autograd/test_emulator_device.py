@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend, emulated_gpu, kernels
+from autograd import backend, emulator, kernels
 from autograd import functional as F
 from autograd.optim import Adam, clip_grad_norm
 from tests import tf32
 from tinygpt import GPT, GPTConfig
 
-EMULATED = emulated_gpu.NAME
+EMULATED = emulator.NAME
 
 
 def test_its_arrays_stay_on_it_and_come_back_as_counted_reads():
     x = ag.tensor(np.arange(6.0).reshape(2, 3), device=EMULATED)
     assert backend.parse_device(EMULATED) == EMULATED and x.device == EMULATED
-    assert backend.get_array_module(x.data) is emulated_gpu.xp
+    assert backend.get_array_module(x.data) is emulator.xp
     made = [x.xp.exp(x.data), x.data.sum(), x.xp.zeros(3), x.data[0] * 2, x.xp.stack([x.data, x.data])]
     assert all(backend.device_of(a) == EMULATED for a in made)  # a sum is a 0-d device array, as CuPy's
     with backend.count_host_reads() as reads:
@@ -42,14 +42,14 @@ def test_an_op_on_it_runs_its_gpu_path_with_the_device_current():
 
         @staticmethod
         def forward_gpu(ctx, x):
-            seen.append(emulated_gpu.current())
+            seen.append(emulator.current())
             return x * 2
 
         backward_gpu = backward
 
     x = ag.tensor([1.0, 2.0], requires_grad=True, device=EMULATED)
     Twice.apply(x).sum().backward()
-    assert seen == [True] and not emulated_gpu.current()
+    assert seen == [True] and not emulator.current()
     assert kernels.choose(Twice, on_gpu=True, float_dtypes={np.dtype(np.float32)})[0] is Twice.forward_gpu
     np.testing.assert_array_equal(x.grad, [2.0, 2.0])
 

@@ -1,7 +1,7 @@
 """The emulated CUDA device, "cuda-emulated": a GPU on the CPU, for the tests and for reading the
 kernels. Its arrays are NumPy arrays of a subclass that the engine takes for a GPU's, so every op
 runs its GPU path (forward_gpu, backward_gpu, unchanged), and `sources.kernel` hands back the CUDA
-sources built for the CPU (autograd/kernels/emulated.py) while an op of this device runs. What is
+sources built for the CPU (autograd/emulator/kernels.py) while an op of this device runs. What is
 CuPy's own on a GPU (cuBLAS's products, memory pools, streams, NCCL) is NumPy's here, its products
 reading TF32 inputs where CuPy's would (CUPY_TF32=1 or a tf32 block: Linalg, as_cupy_reads).
 

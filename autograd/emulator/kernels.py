@@ -1,8 +1,8 @@
 """The emulated CUDA device's kernels: the CUDA sources of autograd/kernels/cuda, unchanged, compiled by
-g++ for the CPU against autograd/kernels/emulator/cuda.h, and run there with a GPU's semantics (threads
+g++ for the CPU against autograd/emulator/cuda.h, and run there with a GPU's semantics (threads
 as fibers, barriers, warp shuffles, shared memory that starts as NaN: see cuda.h and cuda.cpp).
 
-    k = emulated.kernel("gelu", "gelu_forward", np.float32)   # as sources.kernel, same names
+    k = emulator_kernels.kernel("gelu", "gelu_forward", np.float32)   # as sources.kernel, same names
     args = (x, np.uintp(0), out, np.int64(1), np.int64(x.size), np.int32(32))  # no bias: x one row
     k((1, blocks), (256,), args)                               # as CuPy's RawKernel; `out` written in place
 
@@ -46,11 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import emulated_gpu
+from .. import emulator
+from ..kernels import sources
 from ..precision import bfloat16
-from . import sources
 
-EMULATOR = Path(__file__).parent / "emulator"
+EMULATOR = Path(__file__).parent  # cuda.h and cuda.cpp
 # -ffp-contract=off: no a * b + c fused into an FMA (CUDA's __fmul_rn, __fadd_rn are never fused either);
 # -U_FORTIFY_SOURCE: the fortified longjmp refuses to switch stacks (cuda.cpp's fibers)
 FLAGS = ("-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-U_FORTIFY_SOURCE")
@@ -105,8 +105,8 @@ def build(text, name="source"):
 @functools.cache
 def _build(text, name, debug):
     flags = FLAGS + (DEBUG if debug else OPTIMISED)
-    emulator = [(EMULATOR / f).read_text() for f in ("cuda.h", "cuda.cpp")]
-    key = repr((text, emulator, flags, _compiler())).encode()
+    emulator_files = [(EMULATOR / f).read_text() for f in ("cuda.h", "cuda.cpp")]
+    key = repr((text, emulator_files, flags, _compiler())).encode()
     folder = _writable(CACHE) or Path(tempfile.mkdtemp(prefix="autograd-emulator-"))
     stem = folder / f"{name}-{hashlib.sha256(key).hexdigest()[:24]}"
     library, about = stem.with_suffix(".so"), stem.with_suffix(".json")
@@ -253,7 +253,7 @@ class Kernel:
             problems.insert(0, f"{len(args)} arguments for {len(self.params)} parameters")
         if problems:
             raise EmulatorError(f"{self.name}: " + "; ".join(problems))
-        if emulated_gpu.counter is not None and not emulated_gpu.counter.kernel(self, args):
+        if emulator.counter is not None and not emulator.counter.kernel(self, args):
             return  # counted, not run (autograd.gpu_costs)
         groups = _groups(args)
         with _lock:
