@@ -31,7 +31,7 @@ import numpy as np
 from autograd import backend
 from tinygpt.tokenizer import BPETokenizer
 from train import data
-from train.run import read_config, read_metrics
+from train.run_folder import read_config, read_metrics
 
 
 def parse_args(argv=None):

@@ -20,10 +20,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from train.tasks import TASKS as RECORDS
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_GLUE = ROOT.parent / "shared" / "data" / "glue"
 TASKS = ("sst2", "cola", "rte", "stsb", "mrpc")  # the tasks with a train and a dev file
-METRIC = {"sst2": "accuracy", "cola": "matthews", "rte": "accuracy", "stsb": "pearson", "mrpc": "f1"}
+METRIC = {task: RECORDS[task].main or RECORDS[task].metrics[0] for task in TASKS}  # what picks the best epoch
 
 
 def variants(n_layer):

@@ -34,7 +34,7 @@ from autograd.serialization import load_file  # noqa: E402
 from tinygpt import GPT, GPTConfig  # noqa: E402
 from train import evaluate, finetune, generate, pretrain  # noqa: E402
 from train.checkpoint import load_checkpoint  # noqa: E402
-from train.run import read_config, read_metrics  # noqa: E402
+from train.run_folder import read_config, read_metrics  # noqa: E402
 
 SMALL_RUN = [
     "--preset",

@@ -7,7 +7,7 @@ Every head wraps a GPT as `transformer`, applies `dropout` (0.1, the paper's cla
 to h_l^m and then `head` (an nn.Linear), so a state dict reads `transformer.tokens_embed.weight`,
 `transformer.h.0.attn.c_attn.weight`, ..., `head.weight`, `head.bias`.
 
-A head takes the arrays of a tinygpt.tasks.Batch: ids (N, S, T) and clf_positions (N, S), with
+A head takes the arrays of a tinygpt.transformations.Batch: ids (N, S, T) and clf_positions (N, S), with
 S sequences per example (1; 2 for similarity; one per answer for multiple choice).
 """
 
@@ -17,7 +17,7 @@ import autograd as ag
 from autograd import backend, nn
 from autograd import functional as F
 
-from .tasks import IGNORE, SpecialTokens
+from .transformations import IGNORE, SpecialTokens
 
 
 def resize(transformer, tokenizer):
@@ -157,7 +157,7 @@ class GPTForMultipleChoice(TaskHead):
 
 
 def make_head(kind, transformer, n_classes=None, clf_pdrop=0.1):
-    """The head for a task kind of tinygpt.tasks (n_classes: None for a similarity score; unused
+    """The head for a task kind of tinygpt.transformations (n_classes: None for a similarity score; unused
     for multiple choice)."""
     if kind in ("classification", "entailment"):
         if n_classes is None:

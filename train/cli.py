@@ -23,9 +23,12 @@ from tinygpt import GPTConfig, run_folder
 from tinygpt.files import UndecodableFiles, check_apart
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
-from . import glue
-from .run import RUN_FILES, load_run
+from . import task_files
+from .distributed import launch_ranks
+from .run_folder import RUN_FILES, load_run
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a training run handles (lifecycle.Interrupt)
+_returns = []  # the ExitStack of each command under way, innermost last (see command)
 GPT1_VOCAB_SIZE = 40481  # GPT-1's tokenizer: 40,478 tokens and the 3 special ones
 
 
@@ -48,6 +51,10 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, shown(f"{self.prog}: error: {message}\n"))
+
+    def parse_args(self, args=None, namespace=None):
+        self.argv = args  # the command line (None: sys.argv's), for lifecycle.flags_given
+        return super().parse_args(args, namespace)
 
 
 def shown(text):
@@ -117,37 +124,68 @@ def device_name(text):
     return text
 
 
-def interruptible(main):
-    """main(argv), where a Ctrl-C that no training loop catches (loop.Interrupt) ends the command with
-    one line and status 130 (128 + SIGINT, as a shell reports it), not a traceback."""
+def command(parse, ranks=False):
+    """The decorator that makes every command module's main(argv=None) of body(parser, args), where
+    (parser, args) = parse(argv); with `ranks`, body(parser, args, group) runs as one rank of
+    --distributed's job (distributed.launch_ranks). See _commanding for how main ends."""
 
-    @functools.wraps(main)
-    def run(argv=None):
-        try:
-            return main(argv)
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            sys.exit(128 + signal.SIGINT)
+    def decorate(body):
+        @functools.wraps(body)
+        def main(argv=None):
+            with _commanding(body.__module__):
+                parser, args = parse(argv)
+                return launch_ranks(parser, args, body) if ranks else body(parser, args)
 
-    return run
+        return main
+
+    return decorate
 
 
-def expected_errors(main):
-    """main(argv), where an OSError (a path that cannot be read or written) or a SafetensorsError (a
-    weights file not whole) that no check caught ends it with one line, status 1; others are bugs.
-    A warning is one line too: what and why, not the line of code that gave it."""
-
-    @functools.wraps(main)
-    def run(argv=None):
-        with warnings.catch_warnings(), names_printed_escaped():
+@contextlib.contextmanager
+def _commanding(module):
+    """Around a command's work (`module`: the command's): a Ctrl-C that no training loop catches
+    (lifecycle.Interrupt) ends it with one line and status 130 (128 + SIGINT, as a shell reports
+    it); an OSError (a path that cannot be read or written) or a SafetensorsError (a weights file not
+    whole) that no check caught, with one line, status 1 (other errors are bugs). A warning is one
+    line too: what and why, not the line of code that gave it. When it ends, SIGNALS' handlers are
+    put back and what on_return was given is let go (the run folder held), so that a caller in Python
+    (a test, a notebook) gets its process back as it was."""
+    try:
+        with warnings.catch_warnings(), names_printed_escaped(), contextlib.ExitStack() as stack:
             warnings.showwarning = lambda message, *where, **_: print(f"warning: {message}", file=sys.stderr)
-            try:
-                return main(argv)
-            except (OSError, SafetensorsError) as error:
-                prog = getattr(sys.modules[main.__module__].__spec__, "name", main.__module__)
-                sys.exit(shown(f"python -m {prog}: error: {error}"))
+            for number in SIGNALS:
+                previous = signal.getsignal(number)
+                if previous is not None:  # None: set outside Python, and not to be put back from it
+                    stack.callback(signal.signal, number, previous)
+            _returns.append(stack)
+            stack.callback(_returns.pop)
+            yield
+    except (OSError, SafetensorsError) as error:
+        prog = getattr(sys.modules[module].__spec__, "name", module)
+        sys.exit(shown(f"python -m {prog}: error: {error}"))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
 
-    return run
+
+def on_return(callback, *args):
+    """Call callback(*args) when the command under way returns (see command); outside one, never."""
+    if _returns:
+        _returns[-1].callback(callback, *args)
+
+
+@contextlib.contextmanager
+def reading(parser, flag, named=True):
+    """Around reading the files that `flag` gives: a file that does not decode, cannot be read or is
+    refused (an OSError, a ValueError) is a usage error that names `flag` (for the last two, only if
+    `named`) and, where the error names skip_bad_rows=True, the flag --skip-bad-rows."""
+    try:
+        yield
+    except UndecodableFiles as error:
+        parser.error(f"{flag}: {error.advice(flags=True)}")
+    except (OSError, ValueError) as error:
+        message = str(error).replace("skip_bad_rows=True", "--skip-bad-rows")
+        parser.error(f"{flag}: {message}" if named else message)
 
 
 @contextlib.contextmanager
@@ -261,12 +299,12 @@ def add_device_argument(parser):
     parser.add_argument("--device", type=device_name, default="auto", help=where)
 
 
-def add_command(commands, name, run_command, **parser_options):
+def add_command(commands, name, handle, **parser_options):
     """A subcommand of python -m train.evaluate: its parser, which starts with --run and, when the
-    command line names it, calls run_command(parser, args). The caller adds the other arguments."""
+    command line names it, calls handle(parser, args). The caller adds the other arguments."""
     parser = commands.add_parser(name, **{"formatter_class": Help, **parser_options})
     add_run_argument(parser)
-    parser.set_defaults(handler=lambda args: run_command(parser, args))
+    parser.set_defaults(handler=lambda args: handle(parser, args))
     return parser
 
 
@@ -336,14 +374,14 @@ def check_output_file(parser, flag, path):
 
 def add_task_file_arguments(parser):
     """--encoding, --errors, --skip-bad-rows and --special-tokens-as-text: how a command reads a
-    task's file (train/glue.py) and its text (tinygpt/tasks.py)."""
+    task's file (train/task_files.py) and its text (tinygpt/transformations.py)."""
     add_text_arguments(parser)
     parser.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
     add_special_tokens_argument(parser)
 
 
 def add_special_tokens_argument(group):
-    """--special-tokens-as-text (tinygpt/tasks.py)."""
+    """--special-tokens-as-text (tinygpt/transformations.py)."""
     group.add_argument(
         "--special-tokens-as-text",
         action="store_true",
@@ -353,15 +391,11 @@ def add_special_tokens_argument(group):
 
 
 def read_task_file(parser, flag, task, path, args, labels=None, layout=None):
-    """glue.read of a file of `task` with --encoding, --errors and --skip-bad-rows (and the run's
+    """task_files.read of a file of `task` with --encoding, --errors and --skip-bad-rows (and the run's
     `labels` and `layout`); a file it refuses, or one without usable examples, is a usage error of
     `flag`."""
-    try:
-        dataset = glue.read(task, path, labels, args.skip_bad_rows, args.encoding, args.errors, layout)
-    except UndecodableFiles as error:
-        parser.error(f"{flag}: {error.advice(flags=True)}")
-    except (OSError, ValueError) as error:
-        parser.error(f"{flag}: {str(error).replace('skip_bad_rows=True', '--skip-bad-rows')}")
+    with reading(parser, flag):
+        dataset = task_files.read(task, path, labels, args.skip_bad_rows, args.encoding, args.errors, layout)
     if not dataset.examples:
         parser.error(f"{flag}: {path} holds no usable examples")
     if dataset.bad_rows:

@@ -52,7 +52,7 @@ def unpack(flat, shapes):
     return [flat[end - size : end].reshape(shape) for size, end, shape in zip(sizes, ends, shapes)]
 
 
-def run(parser, args, body):
+def launch_ranks(parser, args, body):
     """body(parser, args, group) as one rank of --distributed's job (or alone without it); a missing
     MPI is a usage error, and a rank that fails ends the whole job."""
     try:

@@ -18,13 +18,12 @@ from tqdm import tqdm
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
-from tinygpt.files import UndecodableFiles
 
 from . import cli
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch, read_texts
 from .inspection import add_attention_command, add_summary_command
-from .loop import perplexity
+from .lifecycle import perplexity
 from .predict import add_predict_command
 from .zeroshot import add_zeroshot_command
 
@@ -65,7 +64,7 @@ def negative_log_likelihood(model, ids, batch_size):
 
     Windows go through the model batch_size at a time; a shorter last window is padded at the end,
     which the causal mask keeps from changing the positions before it. The model should be in eval
-    mode (train.run.load_run gives it so). A progress bar goes to stderr where it is a terminal.
+    mode (train.run_folder.load_run gives it so). A progress bar goes to stderr where it is a terminal.
     """
     chunks = windows(ids, model.config.n_ctx)
     total = 0.0
@@ -82,12 +81,8 @@ def negative_log_likelihood(model, ids, batch_size):
 def perplexity_command(parser, args):
     check_json_folder(parser, args)
     model, tokenizer = open_run(parser, args.run, args.device)
-    try:
+    with cli.reading(parser, "--data"):
         ids, n_bytes = read_tokens(args.data, tokenizer, args.max_tokens, args.encoding, args.errors)
-    except UndecodableFiles as error:
-        parser.error(f"--data: {error.advice(flags=True)}")
-    except (OSError, ValueError) as error:
-        parser.error(f"--data: {error}")
     if len(ids) < 2:
         parser.error(f"--data: the text holds {len(ids)} token(s); at least 2 are needed to predict one")
     nll = negative_log_likelihood(model, ids, args.batch_size)
@@ -142,11 +137,14 @@ def build_parser():
     return parser
 
 
-@cli.interruptible
-@cli.expected_errors
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+def parse_args(argv):
+    parser = build_parser()
+    return parser, parser.parse_args(argv)
+
+
+@cli.command(parse_args)
+def main(parser, args):
+    return args.handler(args)  # the subcommand's, which add_command registered
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """python -m train.finetune: the paper's second stage, a pre-trained GPT adapted to a labelled task.
 
-The task's examples go through the input transformations of the paper's Figure 1 (tinygpt.tasks),
+The task's examples go through the input transformations of the paper's Figure 1 (tinygpt.transformations),
 a linear head reads the last block's state at _classify_ (tinygpt.heads), and the objective is
 L3 = L2 + lm_coef * L1: the task loss plus the language-model loss on the same inputs. The
 defaults are the paper's: batch 32, 3 epochs, warmup over 0.2% of training then linear decay,
@@ -28,15 +28,15 @@ from autograd.optim import Adam, warmup_linear
 from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
-from tinygpt.files import UndecodableFiles
 from tinygpt.heads import make_head
-from tinygpt.tasks import encode_examples
+from tinygpt.transformations import encode_examples
 
-from . import cli, distributed, glue, loop
+from . import cli, lifecycle, task_files
 from .checkpoint import fsync, read_weights, retire, save_weights
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
-from .predict import evaluate, main_metric, write_predictions
-from .run import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
+from .predict import evaluate, write_predictions
+from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
+from .tasks import TASKS
 from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
@@ -69,8 +69,8 @@ def parse_args(argv):
 
 
 def add_task_arguments(group):
-    layout = "the files' layout (jsonl: your own, see train/glue.py)"
-    group.add_argument("--task", choices=glue.TASKS, help=f"{layout}{NEEDED}")
+    layout = "the files' layout (jsonl: your own, see train/task_files.py)"
+    group.add_argument("--task", choices=TASKS, help=f"{layout}{NEEDED}")
     group.add_argument("--train", metavar="FILE", help=f"training examples{NEEDED}")
     group.add_argument("--dev", metavar="FILE", help=f"examples measured after every epoch{NEEDED}")
     group.add_argument(
@@ -141,22 +141,18 @@ def add_run_arguments(group):
 
 
 def read_datasets(parser, args, labels=None):
-    """{split: train.glue.Dataset} for train, dev and (if given) test; dev and test read with the
+    """{split: train.task_files.Dataset} for train, dev and (if given) test; dev and test read with the
     train set's label map (or `labels`, those a resumed run saved). A bad file is a usage error."""
     datasets = {}
     for split in ("train", "dev", "test"):
         path = getattr(args, split)
         if path is None:
             continue
-        try:
-            layout = datasets["train"].layout if datasets else None  # the train set's, for dev and test
-            datasets[split] = glue.read(
+        layout = datasets["train"].layout if datasets else None  # the train set's, for dev and test
+        with cli.reading(parser, f"--{split}"):
+            datasets[split] = task_files.read(
                 args.task, path, labels, args.skip_bad_rows, args.encoding, args.errors, layout
             )
-        except UndecodableFiles as error:
-            parser.error(f"--{split}: {error.advice(flags=True)}")
-        except (OSError, ValueError) as error:
-            parser.error(f"--{split}: {str(error).replace('skip_bad_rows=True', '--skip-bad-rows')}")
         if not datasets[split].examples:
             parser.error(f"--{split}: {path} holds no usable examples")
         if split != "test" and not datasets[split].labelled:
@@ -186,7 +182,7 @@ def saved_labels(parser, args, run_dir):
     if not hasattr(args, "has_labels"):
         parser.error(f"--resume: {run_dir} is not a fine-tuning run (its config.json has no has_labels)")
     try:
-        return glue.load_labels(os.path.join(run_dir, "labels.json")) if args.has_labels else None
+        return task_files.load_labels(os.path.join(run_dir, "labels.json")) if args.has_labels else None
     except (OSError, ValueError) as error:
         parser.error(f"--resume: {error}")
 
@@ -199,7 +195,7 @@ def start_model(parser, args, run_dir, dataset):
             transformer, note = GPT(read_config(run_dir)[0]), "resumed"
             tokenizer = load_tokenizer(os.path.join(run_dir, "tokenizer"))
         else:
-            weights = loop.starting_weights(parser, args.init_from)
+            weights = lifecycle.starting_weights(parser, args.init_from)
             transformer, tokenizer = load_pretrained(weights, args.tokenizer, args.gpt1_tokenizer)
             note = prepare(transformer, tokenizer, args.seed, args.from_scratch, args.transfer_layers)
     except (OSError, ValueError) as error:
@@ -221,7 +217,7 @@ def build_task(parser, args, run_dir, labels, device, group):
     examples = [train.sequences, train.labels.tolist(), dev.sequences, dev.labels.tolist()]
     data_hash = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
     group.check_same("training and dev examples", data_hash.encode())
-    loop.check_data(parser, args, data_hash)
+    lifecycle.check_data(parser, args, data_hash)
     head.to(device).train()
     group.broadcast_parameters(head.parameters())
     cut = ", ".join(f"{split} {data.n_cut}" for split, data in encoded.items())
@@ -264,19 +260,19 @@ def forward_backward(head, train, mine, lm_coef, weight, masks):
     return {name: weight * losses[name].data for name in names}
 
 
-def measure_dev(run, dev, names, results, step, epoch, batch_size):
+def measure_dev(training, dev, names, results, step, epoch, batch_size):
     """Measure the metrics `names` on the dev set after an epoch, and keep the weights if the main
     metric is the best so far; returns the line to print."""
     main = results["main_metric"]
-    _, figures = evaluate(run.model, dev, names, batch_size)
-    run.stop_if_diverged({f"dev {name}": value for name, value in figures.items()}, step, together=False)
+    _, figures = evaluate(training.model, dev, names, batch_size)
+    training.stop_if_diverged({f"dev {name}": value for name, value in figures.items()}, step, together=False)
     best_before = max((e[main] for e in results["epochs"]), default=-math.inf)
     results["epochs"].append({"step": step, "epoch": epoch, "val_loss": figures.pop("loss"), **figures})
-    append_metrics(run.dir, results["epochs"][-1])
+    append_metrics(training.dir, results["epochs"][-1])
     if figures[main] > best_before:
-        save_best(run.dir, run.model, run.dependencies())
+        save_best(training.dir, training.model, training.dependencies())
     results["best"] = max(results["epochs"], key=lambda e: e[main])  # the first of equals: the one saved
-    write_results(run.dir, results)
+    write_results(training.dir, results)
     return f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, " + ", ".join(
         f"{name} {figures[name]:.4f}" for name in names
     )
@@ -306,28 +302,20 @@ def write_results(run_dir, results):
     os.replace(os.path.join(run_dir, "results.json.partial"), os.path.join(run_dir, "results.json"))
 
 
-@cli.interruptible
-@cli.expected_errors
-@loop.command  # puts back the signal handlers and lets the run folder go
-def main(argv=None):
-    parser, args = parse_args(argv)
-    distributed.run(parser, args, functools.partial(fine_tune, argv=argv))
-
-
-def fine_tune(parser, args, group, argv=None):
+@cli.command(parse_args, ranks=True)
+def main(parser, args, group):
     """The run: with a group of several ranks, each takes its slice of every batch, and only rank 0
-    writes the run folder and measures the dev and test sets. argv: the command line (the flags
-    given anew to a --resume)."""
+    writes the run folder and measures the dev and test sets."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
         renamed = {"warmup": "warmup_ratio"}  # the name in older runs
-        args, run_dir, _, _ = loop.resumed_args(parser, args, argv, data=DATA_FLAGS, renamed=renamed)
+        args, run_dir, _, _ = lifecycle.resumed_args(parser, args, data=DATA_FLAGS, renamed=renamed)
         labels = saved_labels(parser, args, run_dir)
     else:
-        run_dir, labels = loop.new_run(parser, args, group, args.task), None
+        run_dir, labels = lifecycle.new_run(parser, args, group, args.task), None
     inputs = (*(() if args.resume else ("init_from", "tokenizer", "gpt1_tokenizer")), "train", "dev", "test")
-    loop.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
-    device = loop.start_job(parser, args, group)
+    lifecycle.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
+    device = lifecycle.start_job(parser, args, group)
 
     # data: the task's examples through the paper's input transformations; the head around the GPT
     datasets, encoded, head, tokenizer, data_hash = build_task(parser, args, run_dir, labels, device, group)
@@ -335,28 +323,28 @@ def fine_tune(parser, args, group, argv=None):
     # Adam, and its state from the checkpoint when resuming, else a new run folder
     args.lr = default_lr(head.transformer.config) if args.lr is None else args.lr
     optimizer = Adam(head.parameters(), lr=args.lr, l2=args.l2)
-    run = loop.Run(run_dir, group, head, optimizer, args.keep_checkpoints, "train.finetune")
-    with loop.stop_on_os_error(run_dir):
+    training = lifecycle.Training(run_dir, group, head, optimizer, args.keep_checkpoints, "train.finetune")
+    with lifecycle.stop_on_os_error(run_dir):
         if args.resume:
-            start = run.restore(parser, args.resume)
+            start = training.restore(parser, args.resume)
         else:
-            start = begin(run, args, tokenizer, datasets, data_hash)
-        run.announce(head.transformer.config, device)
+            start = begin(training, args, tokenizer, datasets, data_hash)
+        training.announce(head.transformer.config, device)
         print(f"peak learning rate {args.lr:g}")
         results = results_so_far(run_dir, args.task, datasets, encoded)
-        tune_steps(run, args, encoded, datasets["dev"].metrics, results, start)
+        tune_steps(training, args, encoded, datasets["dev"].metrics, results, start)
         if group.main:
-            finish(run, args, datasets, encoded, results)
+            finish(training, args, datasets, encoded, results)
 
 
-def tune_steps(run, args, encoded, metric_names, results, start):
+def tune_steps(training, args, encoded, names, results, start):
     """The steps from `start` to the end of the last epoch: log lines, the dev set measured after
     each epoch (results), checkpoints, and a stop on Ctrl-C or SIGTERM."""
-    group, head, train, dev = run.group, run.model, encoded["train"], encoded["dev"]
+    group, head, train, dev = training.group, training.model, encoded["train"], encoded["dev"]
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
-    log = loop.LossLog(run, "examples")
-    with use_precision(args.precision), loop.progress_bar(total, start, args.task, group) as progress:
+    log = lifecycle.LossLog(training, "examples")
+    with use_precision(args.precision), lifecycle.progress_bar(total, start, args.task, group) as progress:
         for step in range(start, total):
             began = time.perf_counter()
             # one optimizer step on this rank's slice of the batch
@@ -365,15 +353,16 @@ def tune_steps(run, args, encoded, metric_names, results, start):
             # share of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
             weight = len(mine) / len(batch)
             lr = args.lr * warmup_linear((step + 1) / total, args.warmup_ratio)  # t counted from 1, as GPT-1
-            run.optimizer.zero_grad()
+            training.optimizer.zero_grad()
             losses = forward_backward(head, train, mine, args.lm_coef, weight, (args.seed, step, first))
-            run.optimizer_step(lr, weight, args.grad_clip)
-            run.elapsed += time.perf_counter() - began
+            training.optimizer_step(lr, weight, args.grad_clip)
+            training.elapsed += time.perf_counter() - began
             log.add(step + 1, losses, len(batch), lr=lr)
             progress.update(1)
 
             done = step + 1
-            interrupted = group.any(run.interrupt.requested)  # Ctrl-C may reach the ranks in different steps
+            # Ctrl-C may reach the ranks in different steps
+            interrupted = group.any(training.interrupt.requested)
             epoch, steps_into_epoch = divmod(done, steps_per_epoch)
             saving = steps_into_epoch == 0 or (args.save_every and done % args.save_every == 0) or interrupted
             # log: the losses come to the host only here (never save or measure weights a NaN has reached)
@@ -381,23 +370,23 @@ def tune_steps(run, args, encoded, metric_names, results, start):
                 log.write(progress)
             # measure the dev set at the end of each epoch, keeping the best epoch's weights
             if steps_into_epoch == 0 and group.main:
-                progress.write(measure_dev(run, dev, metric_names, results, done, epoch, args.batch_size))
+                progress.write(measure_dev(training, dev, names, results, done, epoch, args.batch_size))
             # checkpoint at each epoch's end and every --save-every steps, and stop after one on Ctrl-C
             if saving:
-                checkpoint = run.save(done)
+                checkpoint = training.save(done)
             if interrupted:
-                run.stop_interrupted(done, checkpoint, progress)
+                training.stop_interrupted(done, checkpoint, progress)
 
 
-def begin(run, args, tokenizer, datasets, data_hash):
+def begin(training, args, tokenizer, datasets, data_hash):
     """Write a new fine-tune's folder: tokenizer, config.json (with the hash of the examples) and
     the label names. Returns 0."""
     train_set = datasets["train"]
     has_labels = train_set.labels is not None
     settings = {"has_labels": has_labels, "layout": train_set.layout, "data_hash": data_hash}
-    run.begin(run.model.transformer.config, tokenizer, args, **settings)
-    if has_labels and run.group.main:
-        glue.save_labels(train_set.labels, os.path.join(run.dir, "labels.json"))
+    training.begin(training.model.transformer.config, tokenizer, args, **settings)
+    if has_labels and training.group.main:
+        task_files.save_labels(train_set.labels, os.path.join(training.dir, "labels.json"))
     return 0
 
 
@@ -405,7 +394,7 @@ def results_so_far(run_dir, task, datasets, encoded):
     """results.json's content: the dev figures of the epochs done (after a resume), the best of
     them, and the examples cut to fit n_ctx or left out of each split."""
     dev_set = datasets["dev"]
-    main = main_metric(dev_set)
+    main = dev_set.main_metric
     epochs = [m for m in read_metrics(run_dir) if "epoch" in m]
     return {
         "task": task,
@@ -417,18 +406,18 @@ def results_so_far(run_dir, task, datasets, encoded):
     }
 
 
-def finish(run, args, datasets, encoded, results):
+def finish(training, args, datasets, encoded, results):
     """After the last step: the test set's predictions and, where it has labels, figures (with the
     best epoch's weights), and the report."""
-    run.interrupt.at_once()
-    plot = plot_metrics(run.dir)  # before the test set, which a signal may cut short
+    training.interrupt.at_once()
+    plot = plot_metrics(training.dir)  # before the test set, which a signal may cut short
     names = datasets["dev"].metrics
     if "test" in encoded:
         results["test"] = predict_test(
-            run.dir, run.model, datasets["test"], encoded["test"], names, args.batch_size
+            training.dir, training.model, datasets["test"], encoded["test"], names, args.batch_size
         )
-        write_results(run.dir, results)
-    report(run.dir, results, names, run.elapsed, plot)
+        write_results(training.dir, results)
+    report(training.dir, results, names, training.elapsed, plot)
 
 
 def predict_test(run_dir, head, dataset, data, metric_names, batch_size):

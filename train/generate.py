@@ -12,8 +12,7 @@ from .cli import (
     Parser,
     add_device_argument,
     add_run_argument,
-    expected_errors,
-    interruptible,
+    command,
     non_negative_int,
     open_run,
     positive_int,
@@ -60,11 +59,13 @@ def continuation(tokenizer, prompt_ids, new_ids):
     return whole[len(head) :]
 
 
-@interruptible
-@expected_errors
-def main(argv=None):
+def parse_args(argv):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+@command(parse_args)
+def main(parser, args):
     model, tokenizer = open_run(parser, args.run, args.device)
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:

@@ -11,21 +11,14 @@ from autograd import backend
 from tinygpt import GPT
 from tinygpt.heads import make_head
 from tinygpt.run_folder import WEIGHTS_FILE
-from tinygpt.tasks import encode_examples
+from tinygpt.transformations import encode_examples
 
-from . import cli, glue, metrics
+from . import cli, metrics
 from .checkpoint import check_finite, read_weights
 from .cli import add_command, add_device_argument, check_tokenizer_fits, positive_int
-from .run import load_tokenizer, read_config, run_folder_of
-
-MAIN_METRIC = {"mrpc": "f1"}  # the paper's figure for MRPC; other tasks rank runs by their first metric
-GLUE_FILES = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "qnli": "QNLI", "mnli": "MNLI-m"}
-GLUE_FILES.update(stsb="STS-B", mrpc="MRPC")  # the names of a GLUE submission's files (.tsv)
-
-
-def main_metric(dataset):
-    """The metric that picks the best epoch of a fine-tune on `dataset` (a train.glue.Dataset)."""
-    return MAIN_METRIC.get(dataset.task, dataset.metrics[0])
+from .run_folder import load_tokenizer, read_config, run_folder_of
+from .task_files import load_labels
+from .tasks import TASKS
 
 
 @ag.no_grad()
@@ -58,12 +51,12 @@ def evaluate(head, data, metric_names, batch_size):
 
 def answers(predictions, dataset):
     """The predictions as the dataset writes its labels: label names, scores (floats), or the chosen
-    answers (for rocstories numbered from 1, as its AnswerRightEnding column; for jsonl the index
-    into choices)."""
+    answers, numbered as the task's files number them (Task.first_answer: rocstories' from 1, as its
+    AnswerRightEnding column; jsonl's from 0, an index into choices)."""
     if dataset.labels is not None:
         return [dataset.labels[int(value)] for value in predictions]
     if dataset.kind == "multiple_choice":
-        return [int(value) + (dataset.task == "rocstories") for value in predictions]
+        return [int(value) + TASKS[dataset.task].first_answer for value in predictions]
     return [float(value) for value in predictions]
 
 
@@ -98,14 +91,14 @@ def fine_tune_of(parser, run):
         config, settings = read_config(run_dir)
         if not isinstance(settings, dict) or "has_labels" not in settings:
             raise ValueError(f"{run_dir} is not a fine-tuning run (its config.json has no task)")
-        if not isinstance(settings.get("task"), str) or settings["task"] not in glue.TASKS:
+        if not isinstance(settings.get("task"), str) or settings["task"] not in TASKS:
             raise ValueError(f"{run_dir}/config.json: the task {settings.get('task')!r:.40} is not known")
         if not os.path.isdir(weights):
             raise ValueError(f"{run} has no best/ weights (a fine-tune writes them after its first epoch)")
         layout = settings.get("layout", [])  # none in a run of an older tinygpt
         if not isinstance(layout, list) or not all(isinstance(field, str) for field in layout):
             raise ValueError(f"{run_dir}/config.json: the layout {layout!r:.40} is not a list of fields")
-        labels = glue.load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
+        labels = load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")
     return run_dir, weights, config, settings, labels
@@ -132,10 +125,10 @@ def output_path(args, task, layout):
     submission's (MNLI-mm.tsv for a mismatched set), else predictions.tsv or .jsonl."""
     if args.out and not os.path.isdir(args.out):
         return args.out
-    name = f"predictions.{'tsv' if layout == 'glue' else 'jsonl'}"
-    if layout == "glue" and task in GLUE_FILES:
-        mismatched = task == "mnli" and "mismatched" in os.path.basename(args.data)
-        name = ("MNLI-mm" if mismatched else GLUE_FILES[task]) + ".tsv"
+    name, submission = f"predictions.{'tsv' if layout == 'glue' else 'jsonl'}", TASKS[task].submission
+    if layout == "glue" and submission:
+        mismatched = len(submission) > 1 and "mismatched" in os.path.basename(args.data)
+        name = submission[mismatched] + ".tsv"
     return os.path.join(args.out or run_folder_of(args.run), name)
 
 
@@ -144,7 +137,7 @@ def predict_command(parser, args):
     task = args.task or settings["task"]
     if task != settings["task"]:
         parser.error(f"--task: {run_dir} is a fine-tune on {settings['task']}, not {task}")
-    layout = args.format or ("glue" if task in glue.TSV else "jsonl")
+    layout = args.format or ("glue" if TASKS[task].submission else "jsonl")
     out = output_path(args, task, layout)
     cli.check_output_file(parser, "--out", out)
     cli.check_apart_from_inputs(parser, "--out", out, args)
@@ -169,9 +162,10 @@ def add_predict_command(commands):
         predict_command,
         help="a fine-tune's predictions on a file, with or without labels (GLUE's test files)",
         description="The predictions of a fine-tune's best epoch (or of one checkpoint of it) on a file, "
-        "labelled or not, each with its id (see train/glue.py); for a labelled file, the task's metrics too.",
+        "labelled or not, each with its id (see train/task_files.py); for a labelled file, the task's "
+        "metrics too.",
     )
-    parser.add_argument("--task", choices=glue.TASKS, help="the layout of --data (default: the run's task)")
+    parser.add_argument("--task", choices=TASKS, help="the layout of --data (default: the run's task)")
     parser.add_argument("--data", required=True, metavar="FILE", help="the examples to predict")
     cli.add_task_file_arguments(parser)
     parser.add_argument(

@@ -4,7 +4,6 @@ With no arguments it trains the `tiny` preset on text that ships with Python, wi
 BPE trained on the same text, in a few minutes on a CPU. See --help for the rest.
 """
 
-import functools
 import os
 import time
 from itertools import islice
@@ -15,13 +14,12 @@ from autograd.optim import Adam, warmup_cosine
 from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
-from tinygpt.files import UndecodableFiles
 from tinygpt.generation import generate
 from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, GPT1Tokenizer
 
-from . import cli, data, distributed, loop
+from . import cli, data, distributed, lifecycle
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
-from .run import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
+from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
 SMALLEST_VOCAB = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE's 256 bytes and the task tokens
 vocab_size = cli.argument_type(
@@ -179,14 +177,10 @@ def model_config(args, vocab_size):
 def read_tokens(parser, args, run_dir, group):
     """(tokenizer, token ids of the corpus, their hash): a resumed run's own tokenizer (on the data
     the run began on, unless --allow-data-change), else a new run's."""
-    try:
+    with cli.reading(parser, "--data", named=False):
         texts = (
             data.read_corpus(args.data, args.encoding, args.errors) if args.data else data.default_corpus()
         )
-    except UndecodableFiles as error:
-        parser.error(f"--data: {error.advice(flags=True)}")
-    except (ValueError, OSError) as error:
-        parser.error(str(error))
     try:
         tokenizer = (
             load_tokenizer(os.path.join(run_dir, "tokenizer"))
@@ -199,7 +193,7 @@ def read_tokens(parser, args, run_dir, group):
     ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
     digest = os.path.basename(cache_path).split(".")[0]  # the cache file is named by their hash
     group.check_same("corpus or tokenizer", digest.encode())
-    loop.check_data(parser, args, digest)
+    lifecycle.check_data(parser, args, digest)
     cached = "reused" if reused else "written to" if os.path.isfile(cache_path) else "not cached in"
     print(f"{len(ids):,} tokens ({cached} {cache_path})")
     return tokenizer, ids, digest
@@ -272,27 +266,20 @@ def evaluate(model, windows, batch_size, limit, group=None):
     return float(total / count)
 
 
-def validate(run, val, args, step, progress):
+def validate(training, val, args, step, progress):
     """Measure the loss on the validation windows; log and print it (stop where it diverged)."""
-    loss = evaluate(run.model, val, args.batch_size, args.eval_windows, run.group)
-    run.stop_if_diverged({"validation loss": loss}, step)
-    record = {"step": step, "val_loss": loss, "val_perplexity": loop.perplexity(loss)}
-    if run.group.main:
-        append_metrics(run.dir, {**record, "elapsed": round(run.elapsed, 2)})
+    loss = evaluate(training.model, val, args.batch_size, args.eval_windows, training.group)
+    training.stop_if_diverged({"validation loss": loss}, step)
+    record = {"step": step, "val_loss": loss, "val_perplexity": lifecycle.perplexity(loss)}
+    if training.group.main:
+        append_metrics(training.dir, {**record, "elapsed": round(training.elapsed, 2)})
     progress.write(f"step {step}: validation loss {loss:.4f}, perplexity {record['val_perplexity']:.1f}")
 
 
-@cli.interruptible
-@cli.expected_errors
-@loop.command  # puts back the signal handlers and lets the run folder go
-def main(argv=None):
-    parser, args = parse_args(argv)
-    distributed.run(parser, args, functools.partial(train_model, argv=argv))
-
-
-def train_model(parser, args, group, argv=None):
+@cli.command(parse_args, ranks=True)
+def main(parser, args, group):
     """The run: with a group of several ranks, each trains on its slice of every batch, and only
-    rank 0 writes the run folder. argv: the command line (the flags given anew to a --resume)."""
+    rank 0 writes the run folder."""
     # settings: a new run's from the command line, a resumed run's from its config.json
     if args.resume:
         flags = {
@@ -301,13 +288,13 @@ def train_model(parser, args, group, argv=None):
             "resolved": ("steps",),  # worked out before the run saved them
         }
         renamed = {"warmup": "warmup_steps"}  # the name in older runs
-        args, run_dir, config, saved = loop.resumed_args(parser, args, argv, **flags, renamed=renamed)
+        args, run_dir, config, saved = lifecycle.resumed_args(parser, args, **flags, renamed=renamed)
     else:
-        run_dir, config = loop.new_run(parser, args, group, args.preset), None
+        run_dir, config = lifecycle.new_run(parser, args, group, args.preset), None
     inputs = ("data",) if args.resume else ("data", "init_from", "tokenizer", "gpt1_tokenizer")
-    loop.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
-    weights = loop.starting_weights(parser, args.init_from) if args.init_from and not args.resume else None
-    device = loop.start_job(parser, args, group, parts_per_rank=args.grad_accum)
+    lifecycle.check_apart(parser, "--resume" if args.resume else "--out", run_dir, args, inputs)
+    weights = args.init_from and not args.resume and lifecycle.starting_weights(parser, args.init_from)
+    device = lifecycle.start_job(parser, args, group, parts_per_rank=args.grad_accum)
 
     # data: the corpus in tokens, cut into windows of n_ctx + 1
     tokenizer, ids, data_hash = read_tokens(parser, args, run_dir, group)
@@ -321,42 +308,47 @@ def train_model(parser, args, group, argv=None):
 
     # the model and Adam: from the checkpoint when resuming, else a new run folder
     model, optimizer = build_model(parser, args, config, weights, device, group)
-    run = loop.Run(run_dir, group, model, optimizer, args.keep_checkpoints, "train.pretrain")
-    with loop.stop_on_os_error(run_dir):
+    training = lifecycle.Training(run_dir, group, model, optimizer, args.keep_checkpoints, "train.pretrain")
+    with lifecycle.stop_on_os_error(run_dir):
         if args.resume:
-            start = run.restore(parser, args.resume, last_step=args.steps)
+            start = training.restore(parser, args.resume, last_step=args.steps)
         else:
-            start = run.begin(config, tokenizer, args, data_hash=data_hash)
-        run.announce(config, device)
-        train_steps(run, args, train, val, start, total)
-        run.interrupt.at_once()
+            start = training.begin(config, tokenizer, args, data_hash=data_hash)
+        training.announce(config, device)
+        train_steps(training, args, train, val, start, total)
+        training.interrupt.at_once()
         if group.main:
-            report(run.model, tokenizer, train.ids, val.ids, run_dir, args, run.elapsed)
+            report(training.model, tokenizer, train.ids, val.ids, run_dir, args, training.elapsed)
 
 
-def train_steps(run, args, train, val, start, total):
+def train_steps(training, args, train, val, start, total):
     """Steps start+1 .. args.steps, at the rates of a schedule of `total` steps (its last one
     after it), with log lines, validation, checkpoints, and a stop on Ctrl-C or SIGTERM."""
-    group, config = run.group, run.model.config
+    group, config = training.group, training.model.config
     warmup = min(args.warmup_steps, total // 10)
-    log = loop.LossLog(run, "tokens")
-    with use_precision(args.precision), loop.progress_bar(args.steps, start, "pretrain", group) as progress:
+    log = lifecycle.LossLog(training, "tokens")
+    with (
+        use_precision(args.precision),
+        lifecycle.progress_bar(args.steps, start, "pretrain", group) as progress,
+    ):
         for step in range(start, args.steps):
             began = time.perf_counter()
             # one optimizer step on this rank's share of the batch, in --grad-accum backward passes
             batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
             lr = args.lr * warmup_cosine(min(step, total - 1) / total, warmup / total)
-            run.optimizer.zero_grad()
+            training.optimizer.zero_grad()
             masks = (args.seed, step, group.rank * len(batch))  # this rank's first window of the batch
-            loss = forward_backward(run.model, batch, args.grad_accum, masks)
-            run.optimizer_step(lr, 1 / group.size, args.grad_clip)  # the mean gradient of the whole batch
-            run.elapsed += time.perf_counter() - began
+            loss = forward_backward(training.model, batch, args.grad_accum, masks)
+            # the mean gradient of the whole batch
+            training.optimizer_step(lr, 1 / group.size, args.grad_clip)
+            training.elapsed += time.perf_counter() - began
             # each rank's share of the mean loss: its windows hold as many tokens as any other's
             log.add(step + 1, {"loss": loss / group.size}, args.batch_size * config.n_ctx, lr=lr)
             progress.update(1)
 
             done = step + 1
-            interrupted = group.any(run.interrupt.requested)  # Ctrl-C may reach the ranks in different steps
+            # Ctrl-C may reach the ranks in different steps
+            interrupted = group.any(training.interrupt.requested)
             evaluating = done % args.eval_every == 0 or done == args.steps
             saving = done % args.save_every == 0 or done == args.steps or interrupted
             # log: the losses come to the host only here (never save weights a NaN has reached)
@@ -364,12 +356,12 @@ def train_steps(run, args, train, val, start, total):
                 log.write(progress)
             # evaluate on the held-out windows
             if evaluating:
-                validate(run, val, args, done, progress)
+                validate(training, val, args, done, progress)
             # checkpoint, and stop after it on Ctrl-C
             if saving:
-                checkpoint = run.save(done)
+                checkpoint = training.save(done)
             if interrupted:
-                run.stop_interrupted(done, checkpoint, progress)
+                training.stop_interrupted(done, checkpoint, progress)
 
 
 def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):

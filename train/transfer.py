@@ -17,11 +17,11 @@ from tinygpt.heads import resize
 from tinygpt.run_folder import run_of
 from tinygpt.tokenizer import GPT1Tokenizer
 
-from .run import load_tokenizer
+from .run_folder import load_tokenizer
 
 
 def load_pretrained(folder, tokenizer_dir=None, gpt1_tokenizer_dir=None):
-    """(GPT, tokenizer) from a weights folder (loop.starting_weights: a run's checkpoint or best/, or an
+    """(GPT, tokenizer) from a weights folder (lifecycle.starting_weights: a run's checkpoint or best/, or an
     openai-gpt folder); the tokenizer folders are for the last. Errors name the folder that is wrong."""
     run_dir, model = run_of(folder), GPT.from_pretrained(folder)
     if run_dir:

@@ -19,13 +19,12 @@ from tqdm import tqdm
 from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
-from tinygpt.tasks import text_encoder
+from tinygpt.transformations import text_encoder
 
 from . import cli, metrics
 from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
-
-TASKS = ("sst2", "cola", "rocstories", "jsonl")
+from .tasks import TASKS
 
 
 @no_grad()
@@ -88,13 +87,15 @@ def choice_predictions(model, encode, examples, batch_size):
 
 
 def zeroshot_command(parser, args):
-    if args.threshold is not None and args.task != "cola":
-        parser.error("--threshold is for --task cola")
+    rule = TASKS[args.task].zeroshot
+    if args.threshold is not None and rule != "acceptability_threshold":
+        thresholded = [name for name, task in TASKS.items() if task.zeroshot == "acceptability_threshold"]
+        parser.error(f"--threshold is for --task {' or '.join(thresholded)}")
     check_json_folder(parser, args)
     dataset = cli.read_task_file(parser, "--data", args.task, args.data, args)
-    if args.task == "jsonl" and dataset.kind != "multiple_choice":
+    if rule == "likeliest_answer" and dataset.kind != "multiple_choice":
         parser.error(
-            f"--data: {args.data} holds {dataset.kind} examples; zero-shot on jsonl is for multiple "
+            f"--data: {args.data} holds {dataset.kind} examples; zero-shot on {args.task} is for multiple "
             f'choice ({{"context", "choices", "label"}})'
         )
     if not dataset.labelled:
@@ -104,10 +105,10 @@ def zeroshot_command(parser, args):
     encode = text_encoder(tokenizer, special_tokens_as_text=True)
     labels = np.array([example["label"] for example in examples])
     results = {"task": args.task, "examples": len(examples)}
-    if args.task == "sst2":
+    if rule == "positive_or_negative":  # the heuristics, by Task.zeroshot
         predictions = sst2_predictions(model, encode, examples, args.batch_size)
         how = 'P(" positive") against P(" negative") after the text + " very"'
-    elif args.task == "cola":
+    elif rule == "acceptability_threshold":
         scores = mean_log_probs(model, encode, examples, args.batch_size)
         chosen = args.threshold is None
         results["threshold"] = best_threshold(scores, labels) if chosen else args.threshold
@@ -136,7 +137,10 @@ def add_zeroshot_command(commands):
         formatter_class=cli.RawDescriptionHelp,
     )
     parser.add_argument(
-        "--task", required=True, choices=TASKS, help="the heuristic, and the layout of --data"
+        "--task",
+        required=True,
+        choices=[name for name, task in TASKS.items() if task.zeroshot],
+        help="the heuristic, and the layout of --data",
     )
     parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
     cli.add_text_arguments(parser)

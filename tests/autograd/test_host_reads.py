@@ -11,7 +11,7 @@ from autograd import functional as F
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 from tinygpt.heads import GPTForClassification
-from tinygpt.tasks import collate
+from tinygpt.transformations import collate
 
 VOCAB = 50
 

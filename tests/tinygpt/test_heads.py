@@ -20,9 +20,9 @@ from tinygpt.heads import (
     make_head,
     resize,
 )
-from tinygpt.tasks import IGNORE, collate, encode_examples
+from tinygpt.transformations import IGNORE, collate, encode_examples
 
-from .test_tasks import WORDS, WordTokenizer
+from .test_transformations import WORDS, WordTokenizer
 
 VOCAB = 14  # WordTokenizer's 11 words and 3 special tokens
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)

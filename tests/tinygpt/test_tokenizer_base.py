@@ -4,7 +4,7 @@ and the one definition of the special tokens and of the ignored target."""
 import pytest
 
 from autograd import functional as F
-from tinygpt import tasks
+from tinygpt import transformations
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer, base
 from tinygpt.tokenizer.base import SPECIAL_TOKENS, Tokenizer, ids_after
 from tinygpt.tokenizer.merges import apply_merges
@@ -94,8 +94,8 @@ def test_merges_file_has_a_version_line_then_one_pair_a_line(tmp_path):
 
 
 def test_the_task_tokens_and_the_ignored_target_are_defined_once():
-    assert tasks.SPECIAL_TOKENS is SPECIAL_TOKENS == ("_start_", "_delimiter_", "_classify_")
-    assert tasks.IGNORE is F.IGNORE_INDEX
+    assert transformations.SPECIAL_TOKENS is SPECIAL_TOKENS == ("_start_", "_delimiter_", "_classify_")
+    assert transformations.IGNORE is F.IGNORE_INDEX
     assert issubclass(BPETokenizer, Tokenizer) and issubclass(GPT1Tokenizer, Tokenizer)
     trained = BPETokenizer.train(["a tiny corpus"], vocab_size=256 + 3)
     assert list(trained.special_tokens.items()) == [(name, 256 + i) for i, name in enumerate(SPECIAL_TOKENS)]

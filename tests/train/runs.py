@@ -1,6 +1,9 @@
-"""A tiny run folder, as the training modules write it, for the tests of the modules that read one."""
+"""What the training modules' tests share: a tiny run folder, as the training modules write it, for
+the tests of the modules that read one; a small pretraining run's flags; processes of this tree."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +13,9 @@ import autograd as ag
 from autograd.optim import Adam
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer
+from train import pretrain
 from train.checkpoint import save_checkpoint
-from train.run import save_tokenizer, write_config
+from train.run_folder import read_metrics, save_tokenizer, write_config
 
 SENTENCES = [
     "the cat sat on the mat.",
@@ -21,6 +25,35 @@ SENTENCES = [
     "the end of the story is near.",
 ]
 ROOT = Path(__file__).parents[2]
+# a pretraining run small enough for a test on the CPU
+SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300"]
+SMALL += ["--batch-size", "4", "--eval-windows", "8", "--sample-tokens", "4", "--device", "cpu"]
+
+
+def pretrain_into(corpus, out, *extra):
+    """python -m train.pretrain, in this process: a SMALL run on `corpus` into `out`."""
+    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *extra])
+
+
+def losses(run_dir):
+    """(step, training loss) of each step logged in a run folder."""
+    return [(m["step"], m["loss"]) for m in read_metrics(run_dir) if "loss" in m]
+
+
+def python(*args, **options):
+    """A Python process of this tree (python ARGS), its output piped."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=env, **{"stdout": subprocess.PIPE, **options}
+    )
+
+
+def finished(*args, timeout=120):
+    """python ARGS of this tree run to its end: its CompletedProcess, the output as text."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def tiny_run(folder, n_ctx=16, steps=(1, 2)):

@@ -12,7 +12,7 @@ from autograd.optim import Adam
 from autograd.serialization import load_file, save_file
 from tinygpt import GPT, GPTConfig
 from train import checkpoint as ckpt
-from train.run import write_config
+from train.run_folder import write_config
 
 CONFIG = GPTConfig(vocab_size=11, n_ctx=6, n_embd=8, n_layer=1, n_head=2)
 

@@ -16,10 +16,9 @@ from autograd import backend
 from tinygpt import GPT, GPTConfig
 from train import evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
-from train.run import read_metrics
+from train.run_folder import read_metrics
 
-from .runs import ROOT, stopped, tiny_run
-from .test_pretrain import SMALL
+from .runs import ROOT, SMALL, finished, stopped, tiny_run
 
 PRETRAIN_ERRORS = [
     (["--n-embd", "30", "--n-head", "4"], "--n-embd 30"),
@@ -118,7 +117,7 @@ def test_a_model_too_large_for_the_memory_is_refused_before_the_work(tmp_path, c
 def test_a_module_of_subcommands_runs_its_command_or_names_them(module, expected):
     """python -m train.predict --help is python -m train.evaluate predict --help; a module of two
     commands names them in one line, status 2."""
-    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True)
+    done = finished("-m", module, "--help")
     if module == "train.inspection":
         assert (done.returncode, done.stdout, done.stderr) == (2, "", expected + "\n")
     else:

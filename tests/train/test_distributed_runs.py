@@ -21,7 +21,7 @@ from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer
 from train import finetune, pretrain
 from train.checkpoint import checkpoint_steps, save_checkpoint
-from train.run import read_metrics, save_tokenizer, write_config
+from train.run_folder import read_metrics, save_tokenizer, write_config
 
 from .runs import ROOT
 

@@ -3,8 +3,6 @@ log-likelihood worked out here token by token, reading the data, and usage error
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import autograd as ag
 from autograd import backend
 from train.evaluate import main
 
-from .runs import ROOT, tiny_run
+from .runs import finished, tiny_run
 
 N_CTX = 16
 TEXTS = {  # non-ASCII text too, so bytes and characters differ
@@ -138,23 +136,16 @@ def test_bad_arguments_are_usage_errors_naming_the_argument(run, tmp_path, capsy
 
 def test_runs_as_a_module(run):
     folder, data, _, _ = run
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.evaluate",
-            "perplexity",
-            "--run",
-            str(folder),
-            "--data",
-            str(data / "b.txt"),
-            "--device",
-            "cpu",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = finished(
+        "-m",
+        "train.evaluate",
+        "perplexity",
+        "--run",
+        str(folder),
+        "--data",
+        str(data / "b.txt"),
+        "--device",
+        "cpu",
     )
     assert result.returncode == 0, result.stderr
     assert "perplexity" in result.stdout and "bits per byte" in result.stdout

@@ -4,10 +4,8 @@ or are counted, and the label map is saved and reused."""
 
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -21,9 +19,9 @@ from tinygpt.run_folder import dependencies
 from tinygpt.tokenizer import BPETokenizer
 from train import finetune
 from train.checkpoint import checkpoint_steps, read_weights, save_checkpoint
-from train.run import read_config, read_metrics, save_tokenizer, write_config
+from train.run_folder import read_config, read_metrics, save_tokenizer, write_config
 
-from .runs import ROOT
+from .runs import python
 
 # the class of a text is the set its words come from
 WORD_SETS = ("cat mat sat hat".split(), "dog log fog end".split())
@@ -441,7 +439,6 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
     folder, _, _, train, dev = setup
     out = tmp_path / "run"
     command = [
-        sys.executable,
         "-m",
         "train.finetune",
         "--init-from",
@@ -458,14 +455,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
         "--epochs",
         "1000",
     ]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = python(*command, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 60
     while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
         time.sleep(0.1)

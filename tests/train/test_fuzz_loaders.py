@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
-from train import data, glue
+from train import data, task_files
+from train.tasks import TASKS
 
 JSON_SCALARS = (
     st.none()
@@ -119,14 +120,14 @@ TSV_ROWS = st.lists(
 
 
 @given(
-    task=st.sampled_from(glue.TASKS),
+    task=st.sampled_from(tuple(TASKS)),
     contents=CONTENTS | JSON_ROWS | TSV_ROWS,
     skip_bad_rows=st.booleans(),
 )
 def test_task_files(tmp_path, task, contents, skip_bad_rows):
     """Whatever a file holds, what is read is usable: strings, finite scores, label ids in range."""
     path = write(tmp_path / "data", contents)
-    dataset = loads_or_names(lambda: glue.read(task, path, skip_bad_rows=skip_bad_rows), path)
+    dataset = loads_or_names(lambda: task_files.read(task, path, skip_bad_rows=skip_bad_rows), path)
     for example in dataset.examples if dataset else []:
         assert all(
             isinstance(example[field], str) for field in example if field not in ("label", "score", "choices")
@@ -141,7 +142,7 @@ def test_task_files(tmp_path, task, contents, skip_bad_rows):
 @given(contents=CONTENTS)
 def test_label_lists(tmp_path, contents):
     path = write(tmp_path / "labels.json", contents)
-    labels = loads_or_names(lambda: glue.load_labels(path), path)
+    labels = loads_or_names(lambda: task_files.load_labels(path), path)
     assert labels is None or len({type(label) for label in labels}) <= 1
 
 

@@ -1,15 +1,12 @@
 """python -m train.generate on a tiny run folder built here: what it prints, and its usage errors."""
 
-import subprocess
-import sys
-
 import pytest
 
 from tinygpt.generation import generate
 from tinygpt.tokenizer import GPT1Tokenizer
 from train.generate import continuation, main
 
-from .runs import ROOT, tiny_run
+from .runs import finished, tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -112,26 +109,19 @@ def test_a_folder_without_checkpoints_names_the_run(tmp_path, capsys):
 
 def test_runs_as_a_module(run):
     folder, _, _ = run
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train.generate",
-            "--run",
-            str(folder),
-            "--prompt",
-            "the mat",
-            "--max-new-tokens",
-            "5",
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = finished(
+        "-m",
+        "train.generate",
+        "--run",
+        str(folder),
+        "--prompt",
+        "the mat",
+        "--max-new-tokens",
+        "5",
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("the mat")

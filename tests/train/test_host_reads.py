@@ -5,20 +5,24 @@ pending since the last one at once (backend.count_host_reads counts the reads, o
 import pytest
 
 from autograd import backend
-from train import finetune, loop, pretrain
+from train import finetune, lifecycle, pretrain
 
+from .runs import pretrain_into
 from .test_finetune import examples, pretrained_run, write_jsonl
-from .test_pretrain import run
 
 
 @pytest.mark.parametrize("module", [pretrain, finetune], ids=["pretrain", "finetune"])
 def test_a_step_reads_nothing_and_a_log_line_reads_once(corpus, tmp_path, monkeypatch, module):
     reads = {"step": 0, "log": []}
-    for owner, name in [(module, "forward_backward"), (loop.Run, "optimizer_step"), (loop.LossLog, "add")]:
+    for owner, name in [
+        (module, "forward_backward"),
+        (lifecycle.Training, "optimizer_step"),
+        (lifecycle.LossLog, "add"),
+    ]:
         monkeypatch.setattr(owner, name, counting_step(getattr(owner, name), reads))
-    monkeypatch.setattr(loop.LossLog, "write", counting_log(loop.LossLog.write, reads))
+    monkeypatch.setattr(lifecycle.LossLog, "write", counting_log(lifecycle.LossLog.write, reads))
     if module is pretrain:
-        run(corpus, tmp_path / "run", "--steps", "12", "--log-every", "4", "--eval-every", "100")
+        pretrain_into(corpus, tmp_path / "run", "--steps", "12", "--log-every", "4", "--eval-every", "100")
     else:
         pretrained_run(tmp_path / "pretrained")
         data = write_jsonl(tmp_path / "train.jsonl", examples(48, seed=1))

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,12 +16,11 @@ from autograd.optim import Adam
 from tinygpt import GPT
 from train import checkpoint, finetune, pretrain
 from train.checkpoint import checkpoint_steps, load_checkpoint, read_weights
-from train.run import read_config, read_metrics
+from train.run_folder import read_config, read_metrics
 
 from . import test_finetune
-from .runs import ROOT
+from .runs import SMALL, python
 from .test_finetune import finetune_head, finetune_run
-from .test_pretrain import SMALL
 
 KILL_STEPS = 300  # steps of the run killed again and again, each of them saved
 
@@ -31,12 +29,11 @@ setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files t
 
 def start(corpus, out, *extra):
     """A pretraining process on the test's corpus into `out`, its output to a file beside it."""
-    command = [sys.executable, "-m", "train.pretrain", *extra]
+    command = ["-m", "train.pretrain", *extra]
     if not extra or extra[0] != "--resume":
         command += ["--data", str(corpus), "--out", str(out), *SMALL]
     log = open(out.parent / f"{out.name}.log", "a")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return python(*command, stdout=log, stderr=subprocess.STDOUT)
 
 
 def signalled_in_training(corpus, out, number):

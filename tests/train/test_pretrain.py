@@ -6,9 +6,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,44 +14,16 @@ import pytest
 from autograd.serialization import load_file
 from train import pretrain
 from train.checkpoint import checkpoint_steps
-from train.run import load_tokenizer, read_metrics
+from train.run_folder import load_tokenizer, read_metrics
 
-SMALL = [
-    "--n-layer",
-    "1",
-    "--n-embd",
-    "32",
-    "--n-head",
-    "2",
-    "--n-ctx",
-    "16",
-    "--vocab-size",
-    "300",
-    "--batch-size",
-    "4",
-    "--eval-windows",
-    "8",
-    "--sample-tokens",
-    "4",
-    "--device",
-    "cpu",
-]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(corpus, out, *extra):
-    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *extra])
-
-
-def losses(run_dir):
-    return [(m["step"], m["loss"]) for m in read_metrics(run_dir) if "loss" in m]
+from .runs import SMALL, losses, pretrain_into, python
 
 
 def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
     """The folder holds config, tokenizer, checkpoints and metrics; validation perplexity ends
     below the unigram baseline the run prints."""
     out = tmp_path / "run"
-    run(
+    pretrain_into(
         corpus,
         out,
         "--steps",
@@ -81,7 +51,7 @@ def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
 def test_normalize_trains_a_tokenizer_on_gpt1_prepared_text(corpus, tmp_path):
     """--normalize gpt1: the run's tokenizer lower-cases and splits words, and says so on disk."""
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "2", "--eval-every", "1000", "--normalize", "gpt1")
+    pretrain_into(corpus, out, "--steps", "2", "--eval-every", "1000", "--normalize", "gpt1")
     assert json.loads((out / "tokenizer" / "tokenizer_config.json").read_text()) == {"normalizer": "gpt1"}
     tokenizer = load_tokenizer(out / "tokenizer")
     assert tokenizer.decode(tokenizer.encode("The CAT's hill.")) == "the cat 's hill ."
@@ -90,7 +60,9 @@ def test_normalize_trains_a_tokenizer_on_gpt1_prepared_text(corpus, tmp_path):
 def test_resume_continues_with_the_same_losses(corpus, tmp_path):
     """Resuming from the checkpoint at step 10 gives losses 11..20 identical to the run that went on."""
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "20", "--eval-every", "100", "--save-every", "10", "--log-every", "1")
+    pretrain_into(
+        corpus, out, "--steps", "20", "--eval-every", "100", "--save-every", "10", "--log-every", "1"
+    )
     uninterrupted = losses(out)
     pretrain.main(["--resume", str(out / "checkpoints" / "10"), "--device", "cpu"])
     assert losses(out) == uninterrupted
@@ -101,7 +73,7 @@ def test_resuming_to_the_checkpoints_own_step_reports_what_the_run_has(corpus, t
     """--resume at step 2 with --steps 2 trains nothing: the closing lines say that no validation
     pass is logged (none ran by step 2) and still give the baseline, a sample and the folder."""
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "4", "--eval-every", "100", "--save-every", "2")
+    pretrain_into(corpus, out, "--steps", "4", "--eval-every", "100", "--save-every", "2")
     capsys.readouterr()
     pretrain.main(["--resume", str(out / "checkpoints" / "2"), "--steps", "2", "--device", "cpu"])
     printed = capsys.readouterr().out
@@ -117,7 +89,7 @@ def test_a_cache_folder_that_cannot_be_written_costs_a_warning_not_the_run(
     they are not cached."""
     (tmp_path / "a file").write_text("not a folder")
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a file"))
-    run(corpus, tmp_path / "run", "--steps", "2")
+    pretrain_into(corpus, tmp_path / "run", "--steps", "2")
     printed = capsys.readouterr()
     assert checkpoint_steps(tmp_path / "run") == [2] and "tokens (not cached in " in printed.out
     [warning] = [line for line in printed.err.splitlines() if "token cache" in line]
@@ -143,8 +115,8 @@ def test_gradient_accumulation_gives_the_losses_of_one_pass(corpus, tmp_path):
         "--eval-every",
         "100",
     ]
-    run(corpus, tmp_path / "one", *extra, "--lr", "1e-3")
-    run(corpus, tmp_path / "four", *extra, "--lr", "1e-3", "--grad-accum", "4")
+    pretrain_into(corpus, tmp_path / "one", *extra, "--lr", "1e-3")
+    pretrain_into(corpus, tmp_path / "four", *extra, "--lr", "1e-3", "--grad-accum", "4")
     one, four = losses(tmp_path / "one"), losses(tmp_path / "four")
     assert [step for step, _ in four] == [step for step, _ in one] == list(range(1, 21))
     for (step, a), (_, b) in zip(four, one):
@@ -176,9 +148,7 @@ def test_a_bf16_run_follows_the_fp32_loss_curve(corpus, tmp_path):
 def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     """SIGINT stops the run within seconds after saving a checkpoint; --resume finishes it."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [
-        sys.executable,
         "-m",
         "train.pretrain",
         "--data",
@@ -193,9 +163,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
         "--save-every",
         "100000",
     ]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = python(*command, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 60
     while len(losses(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
         time.sleep(0.2)
@@ -214,7 +182,7 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
     checkpoint before it stays."""
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
-        run(
+        pretrain_into(
             corpus,
             out,
             "--steps",
@@ -264,7 +232,7 @@ def test_bad_input_is_a_message_naming_it(corpus, tmp_path, capsys, make_input, 
 
 def test_a_truncated_checkpoint_is_named_when_resuming(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "4", "--save-every", "2", "--eval-every", "100")
+    pretrain_into(corpus, out, "--steps", "4", "--save-every", "2", "--eval-every", "100")
     weights = out / "checkpoints" / "4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(SystemExit) as stop:
@@ -275,9 +243,9 @@ def test_a_truncated_checkpoint_is_named_when_resuming(corpus, tmp_path, capsys)
 def test_weights_of_another_shape_are_refused_with_their_names(corpus, tmp_path, capsys):
     """--init-from a run whose model is wider names the parameters that do not fit."""
     wide = tmp_path / "wide"
-    run(corpus, wide, "--steps", "2", "--eval-every", "100", "--n-embd", "48")
+    pretrain_into(corpus, wide, "--steps", "2", "--eval-every", "100", "--n-embd", "48")
     with pytest.raises(SystemExit) as stop:
-        run(corpus, tmp_path / "narrow", "--steps", "2", "--init-from", str(wide))
+        pretrain_into(corpus, tmp_path / "narrow", "--steps", "2", "--init-from", str(wide))
     error = capsys.readouterr().err
     assert stop.value.code == 2 and "--init-from" in error and "tokens_embed.weight" in error
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from tinygpt import GPT
-from train.run import load_run
+from train.run_folder import load_run
 
 from .runs import tiny_run
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tinygpt.run_folder import TOKENIZER_FILES, is_step
 from train import evaluate, generate, pretrain
 from train.checkpoint import WEIGHT_FILES
-from train.run import RUN_FILES
+from train.run_folder import RUN_FILES
 
 from . import test_run_integrity
 from .test_run_integrity import new_run, snapshot

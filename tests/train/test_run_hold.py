@@ -5,7 +5,6 @@ a terminal is a plain line per --log-every steps, and a command called from Pyth
 signal handlers it installed."""
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -15,16 +14,15 @@ import time
 
 import pytest
 
-from train import finetune, loop, pretrain
+from train import finetune, lifecycle, pretrain
 from train.checkpoint import checkpoint_steps
-from train.loop import SIGNALS
-from train.run import check_free, hold_folder, release_folder
+from train.lifecycle import SIGNALS
+from train.run_folder import check_free, hold_folder, release_folder
 
 from . import test_finetune
-from .runs import ROOT, stopped
+from .runs import SMALL, losses, pretrain_into, python, stopped
 from .test_distributed_runs import mpiexec, run_job  # noqa: F401 (mpiexec is a fixture)
 from .test_finetune import FAST, finetune_run
-from .test_pretrain import SMALL, losses, run
 
 setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
 TEN_STEPS = ("--steps", "10", "--save-every", "5", "--eval-every", "5", "--log-every", "1")
@@ -39,12 +37,6 @@ def refused(capsys, main, argv):
     capsys.readouterr()
     code, err = stopped(capsys, main, argv)
     return code, err.strip().splitlines()
-
-
-def python(*args, **options):
-    """A Python process of this tree, its output piped."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, **options)
 
 
 @pytest.fixture
@@ -96,16 +88,16 @@ def test_a_second_run_on_a_held_folder_is_refused_at_once_and_a_killed_run_leave
 def test_a_folder_that_a_run_filled_since_it_was_checked_is_left_alone(corpus, tmp_path, capsys, monkeypatch):
     """Two runs started together on an empty --out, the first done before the second has read its
     data: the second is refused, the first's folder as it left it."""
-    out, checked, first = tmp_path / "run", loop.new_run, {}
+    out, checked, first = tmp_path / "run", lifecycle.new_run, {}
 
     def first_run_ends_meanwhile(*args):
-        monkeypatch.setattr(loop, "new_run", checked)
+        monkeypatch.setattr(lifecycle, "new_run", checked)
         run_dir = checked(*args)
-        run(corpus, out, "--steps", "2")
+        pretrain_into(corpus, out, "--steps", "2")
         first.update(files(out))
         return run_dir
 
-    monkeypatch.setattr(loop, "new_run", first_run_ends_meanwhile)
+    monkeypatch.setattr(lifecycle, "new_run", first_run_ends_meanwhile)
     status, lines = refused(
         capsys, pretrain.main, ["--data", str(corpus), "--out", str(out), *SMALL, "--seed", "1"]
     )
@@ -116,7 +108,7 @@ def test_a_folder_that_a_run_filled_since_it_was_checked_is_left_alone(corpus, t
 def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     """A process holding a folder (hold_folder) keeps every other from it, by name; killed, it holds
     nothing, and release_folder leaves no lock file."""
-    holding = "import sys, time; from train.run import hold_folder; hold_folder(sys.argv[1]); print(1)"
+    holding = "import sys, time; from train.run_folder import hold_folder; hold_folder(sys.argv[1]); print(1)"
     holding += "; time.sleep(60)"
     process = python("-c", holding, str(tmp_path))
     try:
@@ -134,11 +126,11 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
 
 HOLD = """
 import sys
-from train import distributed, loop
+from train import distributed, lifecycle
 
 group = distributed.start(True)
 with group.abort_on_error():
-    loop.Run(sys.argv[1], group, None, None, 1, "train.pretrain").hold()
+    lifecycle.Training(sys.argv[1], group, None, None, 1, "train.pretrain").hold()
 """
 
 
@@ -161,7 +153,7 @@ def test_a_torn_last_line_of_the_metrics_does_not_block_a_resume(corpus, tmp_pat
     """A run that died writing step 8's line (a full disk) after its checkpoint of step 5: the resume
     drops the torn line, saying so in one line, and logs the losses of the run never stopped."""
     out = tmp_path / "run"
-    run(corpus, out, *TEN_STEPS)
+    pretrain_into(corpus, out, *TEN_STEPS)
     uninterrupted = losses(out)
     shutil.rmtree(out / "checkpoints" / "10")
     lines = [
@@ -184,7 +176,7 @@ def test_a_metrics_line_that_cannot_be_read_is_named_before_anything_is_written(
     corpus, tmp_path, capsys, bad
 ):
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "2", "--log-every", "1")
+    pretrain_into(corpus, out, "--steps", "2", "--log-every", "1")
     metrics = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     (out / "metrics.jsonl").write_text(metrics[0] + bad + "\n" + "".join(metrics[1:]))
     before = files(out)
@@ -196,12 +188,12 @@ def test_a_metrics_line_that_cannot_be_read_is_named_before_anything_is_written(
 
 def test_overwrite_removes_only_what_runs_write_and_says_what_it_kept(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "4", "--save-every", "2")
+    pretrain_into(corpus, out, "--steps", "4", "--save-every", "2")
     mine = {"my_notes.md": "mine", "tokenizer/notes.txt": "how I made it", "checkpoints/README": "read me"}
     for name, text in mine.items():
         (out / name).write_text(text)
     capsys.readouterr()
-    run(corpus, out, "--steps", "2", "--seed", "1", "--overwrite")
+    pretrain_into(corpus, out, "--steps", "2", "--seed", "1", "--overwrite")
     assert {name: (out / name).read_text() for name in mine} == mine
     assert checkpoint_steps(out) == [2] and [step for step, _ in losses(out)] == [1, 2]
     kept = "checkpoints/README, tokenizer/notes.txt, my_notes.md"
@@ -212,7 +204,7 @@ def test_off_a_terminal_progress_is_a_plain_line_per_log_every_steps(corpus, tmp
     """stderr a file (as under pytest): a line at steps 5, 10, 15 and 20, and no carriage return. On
     a terminal the bar stays; TQDM_DISABLE turns both off."""
     steps = ["--steps", "20", "--log-every", "5", "--eval-every", "20", "--save-every", "20"]
-    run(corpus, tmp_path / "lines", *steps)
+    pretrain_into(corpus, tmp_path / "lines", *steps)
     printed = capsys.readouterr()
     lines = [line for line in printed.out.splitlines() if line.startswith("pretrain step")]
     assert [line.split(":")[0] for line in lines] == [f"pretrain step {n}/20" for n in (5, 10, 15, 20)]
@@ -222,14 +214,14 @@ def test_off_a_terminal_progress_is_a_plain_line_per_log_every_steps(corpus, tmp
     assert "\r" not in printed.err
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    run(corpus, tmp_path / "bar", *steps)
+    pretrain_into(corpus, tmp_path / "bar", *steps)
     printed = capsys.readouterr()
     assert "\r" in printed.err and "20/20" in printed.err and "pretrain step" not in printed.out
 
     monkeypatch.setenv("TQDM_DISABLE", "1")
     for terminal in (True, False):
         monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
-        run(corpus, tmp_path / f"quiet-{terminal}", *steps)
+        pretrain_into(corpus, tmp_path / f"quiet-{terminal}", *steps)
         printed = capsys.readouterr()
         assert "20/20" not in printed.err and "pretrain step" not in printed.out
 
@@ -243,7 +235,7 @@ def test_a_command_called_from_python_puts_back_the_signal_handlers(corpus, setu
 
     before = {number: signal.signal(number, mine) for number in SIGNALS}
     try:
-        run(corpus, tmp_path / "run", "--steps", "2")
+        pretrain_into(corpus, tmp_path / "run", "--steps", "2")
         assert [signal.getsignal(number) for number in SIGNALS] == [mine, mine]
         with pytest.raises(SystemExit):
             pretrain.main(["--resume", str(tmp_path / "run"), "--device", "cpu", "--steps", "1"])

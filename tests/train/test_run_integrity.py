@@ -15,7 +15,7 @@ from tinygpt import GPT
 from tinygpt.tokenizer import BPETokenizer
 from train import checkpoint, evaluate, finetune, generate, pretrain
 from train.checkpoint import checkpoint_steps
-from train.run import read_metrics
+from train.run_folder import read_metrics
 
 from . import test_finetune
 from .runs import stopped

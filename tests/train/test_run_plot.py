@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from train.run import append_metrics, loss_figure, plot_metrics
+from train.run_folder import append_metrics, loss_figure, plot_metrics
 
 PRETRAIN = [
     {"step": 1, "loss": 5.0, "lr": 1e-4},

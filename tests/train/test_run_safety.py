@@ -7,14 +7,13 @@ import math
 
 import pytest
 
-from train import evaluate, finetune, loop, pretrain
+from train import evaluate, finetune, lifecycle, pretrain
 from train.checkpoint import checkpoint_steps
-from train.run import read_metrics
+from train.run_folder import read_metrics
 
 from . import test_finetune
-from .runs import stopped, tiny_run
+from .runs import SMALL, losses, pretrain_into, stopped, tiny_run
 from .test_finetune import finetune_run
-from .test_pretrain import SMALL, losses, run
 
 TEN_STEPS = ("--steps", "10", "--eval-every", "5", "--save-every", "5", "--log-every", "1")
 
@@ -36,7 +35,7 @@ def test_an_existing_run_folder_is_refused_and_overwrite_replaces_it(corpus, tmp
     """The same command with another --seed into a finished run's folder: refused, every file as it
     was; with --overwrite: the run files are the new run's alone, other files left alone."""
     out = tmp_path / "run"
-    run(corpus, out, *TEN_STEPS)
+    pretrain_into(corpus, out, *TEN_STEPS)
     (out / "notes.txt").write_text("mine")
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     argv = ["--data", str(corpus), "--out", str(out), *SMALL, *TEN_STEPS, "--seed", "1"]
@@ -63,7 +62,7 @@ def test_overwrite_writes_nothing_before_every_input_is_checked(
     corpus, tmp_path, capsys, bad_input, expected
 ):
     out = tmp_path / "run"
-    run(corpus, out, *TEN_STEPS)
+    pretrain_into(corpus, out, *TEN_STEPS)
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     argv = ["--data", str(corpus), "--out", str(out), *SMALL, *TEN_STEPS, "--overwrite", *bad_input]
     assert expected in usage_error(capsys, pretrain.main, argv)
@@ -74,7 +73,7 @@ def test_resume_refuses_flags_that_would_change_the_run(corpus, tmp_path, capsys
     """--lr, --batch-size and --data given anew are named, with the run's values; nothing is written.
     The flags of one invocation (--device, --log-every, ...) and the run's own values pass."""
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "10", "--eval-every", "5", "--save-every", "5")
+    pretrain_into(corpus, out, "--steps", "10", "--eval-every", "5", "--save-every", "5")
     metrics = (out / "metrics.jsonl").read_bytes()
     argv = [
         "--resume",
@@ -103,7 +102,7 @@ def test_resume_refuses_flags_that_would_change_the_run(corpus, tmp_path, capsys
 
 def test_resume_refuses_data_that_changed_unless_allowed(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    run(corpus, out, "--steps", "10", "--eval-every", "5", "--save-every", "5")
+    pretrain_into(corpus, out, "--steps", "10", "--eval-every", "5", "--save-every", "5")
     corpus.write_text(corpus.read_text() + " A new sentence at the end.", encoding="utf-8")
     error = usage_error(
         capsys, pretrain.main, ["--resume", str(out / "checkpoints" / "5"), "--device", "cpu"]
@@ -132,7 +131,7 @@ def test_steps_past_a_finished_run_go_on_at_its_last_rate(corpus, tmp_path, caps
     """--steps 14 on a finished 10-step run: steps 11-14 at the rate of step 10 (the schedule keeps
     its total), not a jump back up; --steps below the run's step is a usage error."""
     out = tmp_path / "run"
-    run(corpus, out, *TEN_STEPS)
+    pretrain_into(corpus, out, *TEN_STEPS)
     pretrain.main(["--resume", str(out), "--device", "cpu", "--steps", "14", "--log-every", "1"])
     rates = [m["lr"] for m in read_metrics(out) if "loss" in m]
     assert len(rates) == 14 and rates[10:] == [rates[9]] * 4 and rates[9] < rates[1] / 10
@@ -148,13 +147,15 @@ def test_a_finite_divergence_stops_the_run_without_saving_it(corpus, tmp_path, e
     step, naming it, with no checkpoint of it or after it, and no OverflowError."""
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
-        run(corpus, out, "--steps", "40", "--lr", "1e3", "--save-every", "1", "--eval-every", eval_every)
+        pretrain_into(
+            corpus, out, "--steps", "40", "--lr", "1e3", "--save-every", "1", "--eval-every", eval_every
+        )
     message = str(stop.value.code)
     assert " became " in message and " at step " in message, message
     step = int(message.split(" at step ")[1].split(":")[0])
     assert checkpoint_steps(out) and checkpoint_steps(out)[-1] < step
     assert all(
-        all(abs(value) <= loop.MAX_LOSS for key, value in m.items() if "loss" in key)
+        all(abs(value) <= lifecycle.MAX_LOSS for key, value in m.items() if "loss" in key)
         for m in read_metrics(out)
     )
 
@@ -167,5 +168,5 @@ def test_the_perplexity_of_a_huge_loss_is_inf(tmp_path, monkeypatch, capsys):
         ["perplexity", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "text.txt")]
     )
     assert results["perplexity"] == math.inf and "perplexity     inf" in capsys.readouterr().out
-    assert loop.perplexity(1.4e7) == math.inf and loop.perplexity(2.0) == math.exp(2.0)
-    assert math.isnan(loop.perplexity(math.nan))
+    assert lifecycle.perplexity(1.4e7) == math.inf and lifecycle.perplexity(2.0) == math.exp(2.0)
+    assert math.isnan(lifecycle.perplexity(math.nan))

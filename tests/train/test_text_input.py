@@ -8,10 +8,9 @@ import re
 import pytest
 
 from train import data, evaluate, finetune, pretrain
-from train.run import load_tokenizer
+from train.run_folder import load_tokenizer
 
-from .runs import stopped, tiny_run
-from .test_pretrain import SMALL
+from .runs import SMALL, stopped, tiny_run
 
 
 def usage_error(capsys, main, argv):

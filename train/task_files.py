@@ -1,8 +1,9 @@
-"""Readers for the fine-tuning tasks' files -> examples in tinygpt.tasks' format, with label maps.
+"""Readers for the fine-tuning tasks' files -> examples in tinygpt.transformations' format, with label maps.
 
-Task names and file layouts are those of ../shared/data/README.md: GLUE's TSVs (sst2, cola, rte,
-qnli, mnli, stsb, mrpc), SNLI's JSONL (snli) and the Story Cloze CSV (rocstories). `jsonl` reads
-your own data, one JSON object per line, in any one of these layouts:
+Task names and file layouts are those of ../shared/data/README.md, each task's in its record
+(train/tasks.py): GLUE's TSVs (sst2, cola, rte, qnli, mnli, stsb, mrpc), SNLI's JSONL (snli) and the
+Story Cloze CSV (rocstories). `jsonl` reads your own data, one JSON object per line, in any one of
+these layouts:
 
     {"text", "label"}   {"premise", "hypothesis", "label"}   {"text_a", "text_b", "label" | "score"}
     {"context", "choices": [...], "label": the index of the right choice}
@@ -37,36 +38,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from tinygpt.files import UndecodableFiles, read_json, read_text
-from tinygpt.tasks import KINDS, kind_of
+from tinygpt.transformations import KINDS, kind_of
 
+from .tasks import TASKS, Tsv
 
-class Tsv(NamedTuple):
-    """A TSV layout: {example field: column name in the header}, the label names in id order
-    (None for a score), and for a file without a header its width (columns are then positions) and
-    the columns of its test file, which has a header."""
-
-    columns: dict
-    labels: tuple
-    width: int = None
-    test_columns: dict = None
-
-
-BINARY = ("0", "1")
-ENTAILMENT = ("entailment", "not_entailment")
-NLI = ("contradiction", "entailment", "neutral")
-TSV = {
-    "sst2": Tsv({"text": "sentence", "label": "label"}, BINARY),
-    # source, label, original label, sentence; test.tsv: index, sentence
-    "cola": Tsv({"text": 3, "label": 1}, BINARY, width=4, test_columns={"text": "sentence"}),
-    "rte": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "label"}, ENTAILMENT),
-    "qnli": Tsv({"premise": "question", "hypothesis": "sentence", "label": "label"}, ENTAILMENT),
-    "mnli": Tsv({"premise": "sentence1", "hypothesis": "sentence2", "label": "gold_label"}, NLI),
-    "stsb": Tsv({"text_a": "sentence1", "text_b": "sentence2", "score": "score"}, None),
-    "mrpc": Tsv({"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}, BINARY),
-}
 STORY_COLUMNS = (
     "InputStoryid",
     "InputSentence1",
@@ -77,8 +54,6 @@ STORY_COLUMNS = (
     "RandomFifthSentenceQuiz2",
     "AnswerRightEnding",
 )
-TASKS = (*TSV, "snli", "rocstories", "jsonl")
-METRICS = {"cola": ("mcc",), "stsb": ("pearson", "spearman"), "mrpc": ("accuracy", "f1")}
 NO_GOLD_LABEL = "no gold label ('-')"
 TARGETS = {"label", "score"}  # the fields an example to predict has not
 
@@ -115,10 +90,15 @@ class Dataset:
     @property
     def metrics(self):
         """Names of train.metrics' measures for this task."""
-        if self.task in METRICS:
-            return METRICS[self.task]
+        if TASKS[self.task].metrics:
+            return TASKS[self.task].metrics
         scores = self.kind == "similarity" and self.labels is None
         return ("pearson", "spearman") if scores else ("accuracy",)
+
+    @property
+    def main_metric(self):
+        """The metric that picks the best epoch of a fine-tune on this dataset."""
+        return TASKS[self.task].main or self.metrics[0]
 
 
 class BadRow(Exception):
@@ -139,31 +119,22 @@ def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors=
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: a folder, not a file of {task} examples")
-    reading = _Reading(path, skip_bad_rows)
-    if task in TSV:
-        tsv = TSV[task]
-        rows = reading.keep(_tsv_rows(path, tsv, encoding, errors))
-        kind, documented = kind_of(tsv.columns), tsv.labels
-    elif task == "snli":
-        rows = reading.keep(_converted(_lines(path, encoding, errors), _snli_example))
-        kind, documented = "entailment", NLI
-    elif task == "rocstories":
-        rows = reading.keep(_story_rows(path, encoding, errors))
-        kind, documented = "multiple_choice", None
+    reading, files, kind = _Reading(path, skip_bad_rows), TASKS[task].files, TASKS[task].kind
+    if isinstance(files, Tsv):
+        rows = reading.keep(_tsv_rows(path, encoding, errors, files))
     else:
-        rows = reading.keep(_converted(_lines(path, encoding, errors), _jsonl_example))
-        documented = None
+        rows = reading.keep(READERS[files](path, encoding, errors))
     if layout is not None:
         rows = reading.keep(_converted(rows, lambda example: _fits(example, layout)))
-    if task == "jsonl":  # the kind of the first row kept
+    if kind is None:  # each file's own (jsonl): the kind of its first row kept
         if not rows:
             raise ValueError(f"{path}: no examples")
         kind = kind_of(rows[0][1])
-    if task in ("snli", "jsonl") and rows:  # all rows labelled or none, and a jsonl file's of one layout
+    if rows:  # all rows labelled or none, and of one layout (a JSON line may have any fields)
         first = rows[0][1]
         rows = reading.keep(_converted(rows, lambda example: _same_layout(example, first)))
 
-    first, known = rows[0][1] if rows else {}, labels if labels is not None else documented
+    first, known = rows[0][1] if rows else {}, labels if labels is not None else TASKS[task].labels
     if "label" in first and kind != "multiple_choice":
         labels = list(known or sorted({e["label"] for _, e in rows}))
         class_ids = {label: i for i, label in enumerate(labels)}
@@ -237,7 +208,7 @@ def _with_label_id(example, ids):
 
 
 # ----- GLUE's TSVs ---------------------------------------------------------------------------
-def _tsv_rows(path, layout, encoding, errors):
+def _tsv_rows(path, encoding, errors, layout):
     """(line, example or refusal) for each row of a TSV file. Quoting is off (an RTE cell opens
     with a bare quote) and a BOM is dropped (MRPC has one)."""
     rows = _csv_rows(path, encoding, errors, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -336,6 +307,9 @@ def _lines(path, encoding, errors):
 
 
 # ----- JSON lines: SNLI and your own data ------------------------------------------------------
+def _json_lines(convert):
+    """A reader of JSON lines, each line turned into an example by `convert`."""
+    return lambda path, encoding, errors: _converted(_lines(path, encoding, errors), convert)
 
 
 def _json_object(text):
@@ -432,3 +406,12 @@ def _same_layout(example, first):
             f"{kind[type(first_label)]}: a file's labels are all strings or all integers"
         )
     return example
+
+
+# the readers of the files a Task names (train/tasks.py): (path, encoding, errors) -> (line, example or
+# refusal) for each row
+READERS = {
+    "snli": _json_lines(_snli_example),
+    "story_cloze": _story_rows,
+    "jsonl": _json_lines(_jsonl_example),
+}

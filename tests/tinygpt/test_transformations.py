@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinygpt.tasks import (
+from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.transformations import (
     IGNORE,
     SPECIAL_TOKENS,
     SpecialTokens,
@@ -18,7 +19,6 @@ from tinygpt.tasks import (
     single,
     transform,
 )
-from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 WORDS = "the cat sat on a mat dog ran far yes no".split()

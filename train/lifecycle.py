@@ -1,5 +1,5 @@
-"""The phases that train.pretrain and train.finetune share: start or resume, one optimizer step,
-checkpoint, and stop on Ctrl-C, SIGTERM or a loss that is no longer a number.
+"""A training run's lifecycle, the phases that train.pretrain and train.finetune share: start or
+resume, one optimizer step, checkpoint, and stop on Ctrl-C, SIGTERM or a loss that is no longer a number.
 
 Each module writes its own loop from these, nanoGPT-style: its batches, its losses, its log
 lines and its evaluation stay in the module; what a run does the same way in both lives here.
@@ -7,7 +7,6 @@ lines and its evaluation stay in the module; what a run does the same way in bot
 
 import argparse
 import contextlib
-import functools
 import json
 import math
 import os
@@ -31,7 +30,8 @@ from .checkpoint import (
     remove_partials,
     save_checkpoint,
 )
-from .run import (
+from .cli import SIGNALS
+from .run_folder import (
     append_metrics,
     check_free,
     check_new_run_folder,
@@ -62,29 +62,6 @@ ON_RESUME = (
     "keep_checkpoints",
 )
 MAX_LOSS = math.log(sys.float_info.max)  # the largest loss whose perplexity is a float
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a run handles (Interrupt)
-_returns = []  # the ExitStack of each command under way (see command), innermost last
-
-
-def command(main):
-    """main(argv) of a training command, which undoes when it returns, normally or by an exception,
-    what it set up for its run: SIGNALS' handlers are put back and the run folder it held is let go,
-    so that a caller in Python (a test, a notebook) gets its process back as it was."""
-
-    @functools.wraps(main)
-    def run(argv=None):
-        with contextlib.ExitStack() as stack:
-            for number in SIGNALS:
-                previous = signal.getsignal(number)
-                if previous is not None:  # None: set outside Python, and not to be put back from it
-                    stack.callback(signal.signal, number, previous)
-            _returns.append(stack)
-            try:
-                return main(argv)
-            finally:
-                _returns.pop()
-
-    return run
 
 
 class Interrupt:
@@ -155,7 +132,7 @@ def starting_weights(parser, path):
     return folder
 
 
-def resumed_args(parser, args, argv, may_change=(), data=(), resolved=(), renamed=None):
+def resumed_args(parser, args, may_change=(), data=(), resolved=(), renamed=None):
     """(args, run folder, model config, saved settings) of the run that --resume names: the settings
     it was started with (`renamed` {old name: name}), --resume as its checkpoint, and the flags of
     ON_RESUME and `may_change` as given now. Any other flag given with another value than the run's
@@ -180,7 +157,7 @@ def resumed_args(parser, args, argv, may_change=(), data=(), resolved=(), rename
         parser.error(f"--resume: {error}")
     if args.overwrite:
         parser.error("--overwrite starts a new run: it does not go with --resume")
-    given = flags_given(parser, argv, args)
+    given = flags_given(parser, args)
     free = {*ON_RESUME, *may_change, *(data if args.allow_data_change else ())}
     saved = {**settings, "out": run_dir}
     changed = [name for name in sorted(given - free) if getattr(args, name) != saved.get(name)]
@@ -213,11 +190,11 @@ def listed(value):
     return [] if value is None else value if isinstance(value, list) else [value]
 
 
-def flags_given(parser, argv, args):
-    """The names of the flags the command line `argv` gives, whatever their values: argv parsed again
+def flags_given(parser, args):
+    """The names of the flags the command line gives, whatever their values: it is parsed again
     onto a namespace that holds a marker for every name, which argparse keeps where no flag is given."""
     unset = object()
-    probe = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(args), unset)))
+    probe = parser.parse_args(parser.argv, argparse.Namespace(**dict.fromkeys(vars(args), unset)))
     return {name for name, value in vars(probe).items() if value is not unset}
 
 
@@ -273,15 +250,15 @@ class LossLog:
     to the whole batch's; `write` adds them up over the ranks.
     """
 
-    def __init__(self, run, unit):
-        self.run, self.rate_name = run, f"{unit}_per_s"  # unit: what the rate counts, e.g. tokens
+    def __init__(self, training, unit):
+        self.training, self.rate_name = training, f"{unit}_per_s"  # unit: what the rate counts, e.g. tokens
         self.pending = []  # (step, {name: this rank's share, an array}, items in the batch, fields)
         self.since = time.perf_counter()
 
     def add(self, step, losses, items, **fields):
         """One step's losses {name: array or number}, the items (tokens, examples) of its whole
         batch, and the other fields of its line in metrics.jsonl (the learning rate, ...)."""
-        self.pending.append((step, losses, items, {**fields, "elapsed": round(self.run.elapsed, 3)}))
+        self.pending.append((step, losses, items, {**fields, "elapsed": round(self.training.elapsed, 3)}))
 
     def write(self, progress):
         """Log the pending steps to metrics.jsonl and the progress bar; stop on a NaN or inf."""
@@ -293,9 +270,11 @@ class LossLog:
         shares = xp.stack(
             [xp.asarray(step_losses[name], dtype=xp.float64) for step_losses in losses for name in names]
         )
-        totals = self.run.group.sum(backend.to_host(shares)).reshape(len(steps), len(names))  # the one read
+        totals = self.training.group.sum(backend.to_host(shares)).reshape(
+            len(steps), len(names)
+        )  # the one read
         for step, row in zip(steps, totals):
-            self.run.stop_if_diverged(dict(zip(names, row.tolist())), step)
+            self.training.stop_if_diverged(dict(zip(names, row.tolist())), step)
         now = time.perf_counter()
         rate = sum(items) / (now - self.since)
         for step, row, step_fields in zip(steps, totals, fields):
@@ -305,8 +284,8 @@ class LossLog:
                 **step_fields,
                 self.rate_name: round(rate, 1),
             }
-            if self.run.group.main:
-                append_metrics(self.run.dir, record)
+            if self.training.group.main:
+                append_metrics(self.training.dir, record)
         postfix = {"loss": f"{record['loss']:.3f}", "lr": f"{record['lr']:.2e}"}
         postfix[self.rate_name] = f"{rate:,.0f}"
         progress.set_postfix(postfix)
@@ -328,8 +307,8 @@ def progress_bar(total, start, description, group):
     return bar
 
 
-# ----- the run ------------------------------------------------------------------------------------
-class Run:
+# ----- the training under way ---------------------------------------------------------------------
+class Training:
     """A training run under way: its folder, the job's ranks, the model and its optimizer, and
     the compute time so far (saved with every checkpoint)."""
 
@@ -342,7 +321,7 @@ class Run:
     def restore(self, parser, checkpoint, last_step=None):
         """Load the weights, Adam's state and the compute time of `checkpoint` (a usage error where
         it is past last_step); remove what a killed process left half-written and the metrics after
-        it, and set the checkpoints after it aside (run.set_aside). Returns its step, where the loop
+        it, and set the checkpoints after it aside (run_folder.set_aside). Returns its step, where the loop
         goes on."""
         try:
             state = load_checkpoint(checkpoint, self.model, self.optimizer)
@@ -385,15 +364,14 @@ class Run:
 
     def hold(self, overwrite=None):
         """Hold the run folder until the command returns (rank 0, which alone writes it; see
-        run.hold_folder) and, for a new run (`overwrite` given), check again that it may go there: a
+        run_folder.hold_folder) and, for a new run (`overwrite` given), check again that it may go there: a
         run may have filled it since new_run. Where it may not, every rank ends with a usage error."""
         refused = None
         if self.group.main:
             os.makedirs(self.dir, exist_ok=True)
             try:
                 descriptor = hold_folder(self.dir)
-                if _returns:  # let go when the command returns
-                    _returns[-1].callback(release_folder, self.dir, descriptor)
+                cli.on_return(release_folder, self.dir, descriptor)
                 if overwrite is not None:
                     check_new_run_folder(self.dir, overwrite)
             except ValueError as error:

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinygpt.tasks import encode_examples
 from tinygpt.tokenizer import GPT1Tokenizer
-from train import glue
-from train.glue import load_labels, read, save_labels
+from tinygpt.transformations import encode_examples
+from train import task_files
+from train.task_files import load_labels, read, save_labels
+from train.tasks import NLI, TASKS
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 GLUE = SHARED / "data" / "glue"
@@ -113,10 +114,10 @@ def test_snli_leaves_out_rows_without_a_gold_label_and_counts_them(tmp_path):
         {"premise": "A.", "hypothesis": "B.", "label": 2},
         {"premise": "E.", "hypothesis": "F.", "label": 0},
     ]
-    assert data.skipped == {glue.NO_GOLD_LABEL: 1}
+    assert data.skipped == {task_files.NO_GOLD_LABEL: 1}
 
 
-STORY_HEADER = ",".join(glue.STORY_COLUMNS)
+STORY_HEADER = ",".join(task_files.STORY_COLUMNS)
 
 
 def test_story_cloze_joins_the_four_sentences_and_offers_the_two_endings(tmp_path):
@@ -203,7 +204,7 @@ def test_a_glue_test_file_is_read_without_labels_keeping_its_index(tmp_path, tas
     path = write(tmp_path, "test.tsv", f"index\t{columns}\n7\t{cells}\n12\t{cells}\n")
     data = read(task, path)
     assert data.examples == [example, example] and data.ids == ["7", "12"] and not data.labelled
-    assert data.labels == (list(glue.TSV[task].labels) if glue.TSV[task].labels else None)
+    assert data.labels == (list(TASKS[task].labels) if TASKS[task].labels else None)
 
 
 def test_json_lines_without_labels_keep_their_ids(tmp_path):
@@ -221,7 +222,7 @@ def test_json_lines_without_labels_keep_their_ids(tmp_path):
     snli = write(tmp_path, "snli.jsonl", '{"sentence1": "A.", "sentence2": "B.", "pairID": "x"}\n' * 2)
     data = read("snli", snli)
     assert data.examples == [{"premise": "A.", "hypothesis": "B."}] * 2 and data.ids == [0, 1]
-    assert data.labels == list(glue.NLI)
+    assert data.labels == list(NLI)
     for task, text, why in [
         ("jsonl", '{"text": "a", "label": "x"}\n{"text": "b"}\n', "line 2: fields text differ"),
         ("snli", '{"sentence1": "A", "sentence2": "B"}\n' + SNLI_ROW, "line 2: fields"),
@@ -532,8 +533,8 @@ def test_the_real_snli_subset_counts_its_rows_without_gold_label():
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     data = read("snli", path)
     assert len(rows) == 1289
-    assert data.skipped == {glue.NO_GOLD_LABEL: sum(row["gold_label"] == "-" for row in rows)}
-    assert len(data.examples) == 1289 - data.skipped[glue.NO_GOLD_LABEL]
+    assert data.skipped == {task_files.NO_GOLD_LABEL: sum(row["gold_label"] == "-" for row in rows)}
+    assert len(data.examples) == 1289 - data.skipped[task_files.NO_GOLD_LABEL]
     kept = [row for row in rows if row["gold_label"] != "-"]
     assert [data.labels[e["label"]] for e in data.examples] == [row["gold_label"] for row in kept]
 
