@@ -186,7 +186,7 @@ def argument_problems(params, args, arrays=np.ndarray, device=None):
     """Why `args` do not fit a kernel's PTX parameters `params` (ptx_entries), in the emulator's words: their
     count; an array (of `arrays`, on `device` where given) only for a 64-bit integer (a pointer), NumPy
     scalars of the width and kind of the others. What a pointer points at, the PTX does not say."""
-    from .emulated import argument_problem
+    from ..emulator.kernels import argument_problem
 
     problems = [f"{len(args)} arguments for {len(params)} parameters"] if len(args) != len(params) else []
     for i, (arg, (ptx, width)) in enumerate(zip(args, params)):
