@@ -1,11 +1,12 @@
 """A small tensor and autograd engine on NumPy arrays or CuPy GPU arrays."""
 
 from . import backend, functional, nn, ops, optim, precision, random
-from .backend import cuda_available, manual_seed
+from .backend import cuda_available
 from .gradcheck import GradcheckError, gradcheck, jacobian_check  # ag.gradcheck: the function, as in torch
 from .kernels import use_reference
 from .kernels.sources import CudaSource
 from .precision import bfloat16, use_precision
+from .random import manual_seed
 from .tensor import Function, Tensor, is_grad_enabled, no_grad, tensor
 
 

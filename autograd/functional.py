@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import backend, masks, precision, random
+from . import backend, masks, precision, products, random
 from .attention import (  # noqa: F401 (offered as F.* with the rest)
     MultiHeadAttention,
     ScaledDotProductAttention,
@@ -55,7 +55,7 @@ class Linear(Function):
 
     The product is in x's type: it reads `weight_cast`, W in that type (under bf16, the copy W keeps:
     precision.kept_cast); dW and db are in W's own type. Every product is of two matrices, x's rows
-    stacked (rows, in): the form a GPU multiplies in bfloat16 and TF32 (backend.matmul).
+    stacked (rows, in): the form a GPU multiplies in bfloat16 and TF32 (products.matmul).
     """
 
     returns_new_arrays = True
@@ -66,7 +66,7 @@ class Linear(Function):
     def forward(ctx, x, weight, bias, weight_cast):
         ctx.x2 = x.reshape(-1, x.shape[-1])  # (rows, in)
         ctx.x_shape, ctx.weight_dtype, ctx.weight = x.shape, weight.dtype, weight_cast
-        out = backend.matmul(ctx.x2, ctx.weight)  # (rows, out), in x's type
+        out = products.matmul(ctx.x2, ctx.weight)  # (rows, out), in x's type
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], weight.shape[1])
@@ -76,8 +76,8 @@ class Linear(Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
         return (
-            backend.matmul(grad2, ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
-            backend.matmul(ctx.x2.T, grad2, dtype=ctx.weight_dtype) if need_w else None,
+            products.matmul(grad2, ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
+            products.matmul(ctx.x2.T, grad2, dtype=ctx.weight_dtype) if need_w else None,
             widened(grad2).sum(axis=0).astype(ctx.weight_dtype, copy=False) if need_b else None,
         )
 

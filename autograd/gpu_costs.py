@@ -12,7 +12,7 @@ category, bytes read, bytes written. The rules:
     parameter is const, else written (an output also read counts once); Adam's and clipping's kernels
     reach their tensors through tables of pointers, counted from the tensors' sizes (TABLES), and Adam's
     writes the bfloat16 copies its table of them points to (COPIES);
-  - a product (backend.matmul): one cuBLAS call, bfloat16 in and float32 out included (gemmEx); no bytes;
+  - a product (products.matmul): one cuBLAS call, bfloat16 in and float32 out included (gemmEx); no bytes;
   - a ufunc: one kernel, cupy_<ufunc>__<types>, inputs read and outputs written; a reduction: CUB's where
     CuPy's default accelerator takes it (all axes, or the trailing ones of a C-ordered array, in its own
     type: cupy/cuda/cub.pyx); else, over all axes of a contiguous array, CuPy's own two passes of CUB's
@@ -74,7 +74,7 @@ RADIX_TILE = (
     512  # keys CUB sorts in one tile: the 512 position ids did on an H100, the 4,096 token ids did not
 )
 CUB_OTHERS = CUB_SUMS | {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32)}
-PRODUCTS = {"product", "dot", "vdot", "inner", "tensordot", "einsum"}  # product: backend.matmul's
+PRODUCTS = {"product", "dot", "vdot", "inner", "tensordot", "einsum"}  # product: products.matmul's
 NOTHING = {"broadcast_to", "expand_dims", "swapaxes", "moveaxis", "transpose", "split", "squeeze"}
 NOTHING |= {"empty", "empty_like", "may_share_memory", "shares_memory", "result_type"}
 
@@ -127,7 +127,7 @@ def count_launches(run=True):
     """`with count_launches() as cost:` records in `cost`, a Count, each launch a GPU would make for the
     work of the emulated device inside the block (work on the CPU launches nothing; a block inside it
     counts its own work, which the outer one does not see). run=False: the project's kernels and
-    backend.matmul's products are checked but not run, their outputs left uninitialised (a GPT-1 step
+    products.matmul's products are checked but not run, their outputs left uninitialised (a GPT-1 step
     in seconds), and NumPy's warnings about the values computed from them silenced."""
     before, emulator.counter = emulator.counter, Count(run)
     try:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import backend, precision
+from . import backend, precision, random
 from . import functional as F
 from .tensor import Tensor
 
@@ -23,7 +23,7 @@ class Parameter(Tensor):
 
 def normal(shape, std):
     """A float32 Parameter drawn from N(0, std^2) with the CPU's default (seeded) generator."""
-    return Parameter(backend.default_generator("cpu").standard_normal(shape, dtype=np.float32) * std)
+    return Parameter(random.default_generator("cpu").standard_normal(shape, dtype=np.float32) * std)
 
 
 class Module:

@@ -7,7 +7,7 @@ Binary ops broadcast like numpy; `unbroadcast` sums a gradient back to its input
 import math
 from itertools import accumulate
 
-from . import backend
+from . import backend, products
 from .backend import get_array_module, scatter_add
 from .precision import bfloat16, widened
 from .tensor import Function
@@ -152,7 +152,7 @@ class MatMul(Function):
             grad_a = unbroadcast(_matmul(g2, xp.swapaxes(b2, -1, -2)), a2.shape).reshape(a.shape)
         if need_b:
             if b2.ndim == 2:  # (..., n, k) @ (k, m): one product of two matrices for b
-                grad_b = backend.matmul(_rows(a2).T, _rows(g2))
+                grad_b = products.matmul(_rows(a2).T, _rows(g2))
             else:
                 grad_b = unbroadcast(_matmul(xp.swapaxes(a2, -1, -2), g2), b2.shape)
             grad_b = grad_b.reshape(b.shape)
@@ -162,9 +162,9 @@ class MatMul(Function):
 def _matmul(a, b):
     """a @ b, numpy's matmul; a stack of matrices times a matrix as one product of two matrices (its
     rows stacked), and stacks of bfloat16 on a GPU multiplied in float32: CuPy's products of stacks
-    take no bfloat16 and ignore TF32 (backend.matmul)."""
+    take no bfloat16 and ignore TF32 (products.matmul)."""
     if a.ndim >= 2 and b.ndim == 2:
-        return backend.matmul(_rows(a), b).reshape(*a.shape[:-1], b.shape[1])
+        return products.matmul(_rows(a), b).reshape(*a.shape[:-1], b.shape[1])
     if a.dtype == bfloat16 and backend.on_gpu(a):
         return (widened(a) @ widened(b)).astype(bfloat16)
     return a @ b

@@ -23,7 +23,7 @@ import contextlib
 import ml_dtypes
 import numpy as np
 
-from . import backend
+from . import backend, products
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 POLICIES = ("fp32", "tf32", "bf16")
@@ -43,12 +43,12 @@ def use_precision(policy):
         raise ValueError(f"precision must be one of {', '.join(POLICIES)}, got {policy!r}")
     before = _policy
     _policy = before if policy is None else policy
-    tf32_before = backend.set_tf32(_policy == "tf32")
+    tf32_before = products.set_tf32(_policy == "tf32")
     try:
         yield _policy
     finally:
         _policy = before
-        backend.set_tf32(tf32_before)
+        products.set_tf32(tf32_before)
 
 
 def is_floating(dtype):

@@ -32,7 +32,7 @@ import secrets
 
 import numpy as np
 
-from . import threads
+from . import backend, emulator, threads
 
 MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)  # M0, M1
 WEYL = (0x9E3779B9, 0xBB67AE85)  # the key's increments (the golden ratio and sqrt(3) - 1, in 32 bits)
@@ -171,3 +171,32 @@ def restart_default(seed):
     """Make the default stream MaskStream(seed) at its first site (autograd.manual_seed does)."""
     global _default
     _default = MaskStream(seed)
+
+
+# Random numbers: one generator per device (the weights' initial values), seeded together by
+# manual_seed, which also restarts dropout's default mask stream (autograd/random.py).
+_generators = {}
+_seed = None
+
+
+def manual_seed(seed):
+    """Seed every device's default generator and dropout's default mask stream, so that init
+    and dropout are reproducible."""
+    global _seed
+    _seed = int(seed)
+    _generators.clear()
+    restart_default(_seed)
+
+
+def default_generator(device):
+    """The default random generator of a device (any name parse_device takes), numpy's (also the
+    emulated device's) or cupy's, seeded by manual_seed (the weights' initial values are drawn
+    from the CPU's)."""
+    device = backend.parse_device(device)
+    if device not in _generators:
+        if device in ("cpu", emulator.NAME):
+            _generators[device] = np.random.default_rng(_seed)
+        else:
+            with backend.cupy.cuda.Device(backend.gpu_index(device)):
+                _generators[device] = backend.cupy.random.default_rng(_seed)
+    return _generators[device]

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 import autograd as ag
-from autograd import backend
+from autograd import backend, products
 from autograd.emulator import ArrayModule, EmulatedArray, Linalg, host_view, on_device
 from autograd.kernels import adam, sources
 
@@ -165,8 +165,8 @@ def install(monkeypatch):
     monkeypatch.setattr(Device, "current", 0)
     monkeypatch.setattr(Device, "stack", [])
     monkeypatch.setattr(backend, "cupy", FakeCupy())
-    monkeypatch.setattr(backend, "_linalg", lambda: FakeLinalg, raising=False)
-    monkeypatch.setattr(backend, "_bfloat16_matmul_to_float32", bfloat16_matmul_to_float32, raising=False)
+    monkeypatch.setattr(products, "_linalg", lambda: FakeLinalg, raising=False)
+    monkeypatch.setattr(products, "_bfloat16_matmul_to_float32", bfloat16_matmul_to_float32, raising=False)
     monkeypatch.setattr(FakeLinalg, "compute_type", FakeLinalg.COMPUTE_TYPE_DEFAULT)
     monkeypatch.setattr(GpuArray, "products", [])
     # the launchers' caches keep device arrays and modules: the stand-in's own, for this test only
@@ -176,7 +176,7 @@ def install(monkeypatch):
         (sources, "module"),
         (sources, "loaded"),
         (sources, "_counters"),
-        (backend, "_compute_capability"),
+        (products, "_compute_capability"),
     )
     for owner, name in caches:
         cached = getattr(owner, name)

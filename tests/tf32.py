@@ -7,7 +7,7 @@ import contextlib
 
 import numpy as np
 
-from autograd import backend, emulator
+from autograd import emulator, products
 
 # The error of a TF32 product: each input rounded by 2**-11 at most, so 2**-10 of the sum of the
 # terms' sizes; four times that leaves room for float32's sums and for errors carried on.
@@ -18,7 +18,7 @@ def linalgs(device):
     """The routines that hold the compute type of `device`'s float32 products (none on the CPU)."""
     if device == emulator.NAME:
         return [emulator.Linalg]
-    return [backend._linalg()] if device.startswith("cuda") else []
+    return [products._linalg()] if device.startswith("cuda") else []
 
 
 def on(device):

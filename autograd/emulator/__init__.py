@@ -57,7 +57,7 @@ class Pointer(types.SimpleNamespace):
 
 class Linalg:
     """The compute type of the device's float32 matrix products, kept as CuPy keeps it: TF32 where
-    CUPY_TF32=1, read the first time it is asked for; set_compute_type changes it (backend.set_tf32)."""
+    CUPY_TF32=1, read the first time it is asked for; set_compute_type changes it (products.set_tf32)."""
 
     COMPUTE_TYPE_DEFAULT, COMPUTE_TYPE_TF32 = 1, 7  # CuPy's numbers
     compute_type = None  # not read yet
@@ -200,7 +200,7 @@ class ArrayModule(types.ModuleType):
 
 @counted
 def product(a, b, dtype):
-    """backend.matmul's a @ b in `dtype`: one cuBLAS call on a GPU (bfloat16 in and float32 out
+    """products.matmul's a @ b in `dtype`: one cuBLAS call on a GPU (bfloat16 in and float32 out
     included), NumPy's product and a cast here."""
     return (a @ b).astype(dtype, copy=False)
 

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .. import backend, buffers, masks, threads
+from .. import buffers, masks, products, threads
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from ..precision import bfloat16
@@ -173,7 +173,7 @@ def _kind(xp, dtype, width):
     _fits asks for them)."""
     if dtype == bfloat16:
         return "bf16"
-    tf32 = width in TILE_ROWS["tf32"] and backend.tf32_asked() and backend.tensor_cores(xp)
+    tf32 = width in TILE_ROWS["tf32"] and products.tf32_asked() and products.tensor_cores(xp)
     return "tf32" if tf32 else "fp32"
 
 
@@ -181,7 +181,7 @@ def _fits(array, d, e):
     """Whether the kernels take heads of q and k of width d and v of width e, in `array`'s type and
     device: up to 128 wide; bfloat16 on tensor cores only (sm_80 and later)."""
     xp = get_array_module(array)
-    return _kernel_width(d, e) is not None and (array.dtype != bfloat16 or backend.tensor_cores(xp))
+    return _kernel_width(d, e) is not None and (array.dtype != bfloat16 or products.tensor_cores(xp))
 
 
 def _launch(ctx, kernel, tile, n_rows, arrays):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
-from autograd import backend
+from autograd import backend, random
 from autograd.testing import arrays, indices, shapes
 from tests import fake_cuda
 
@@ -55,7 +55,7 @@ def test_every_function_that_takes_a_device_takes_every_name_of_one(monkeypatch,
     moved = backend.to_device(np.arange(3.0), name)
     assert backend.device_of(moved) == device and backend.to_host(moved).tolist() == [0.0, 1.0, 2.0]
     assert backend.device_of(backend.to_device(moved, name)) == device
-    assert backend.default_generator(name) is backend.default_generator(device)
+    assert random.default_generator(name) is random.default_generator(device)
     if device.startswith("cuda:"):
         assert fake_cuda.Device.current == backend.gpu_index(device)
 
@@ -66,24 +66,12 @@ def test_a_function_given_a_bad_device_names_the_argument(monkeypatch, call, nam
     fake_cuda.install(monkeypatch)
     args = (np.zeros(1), name) if call == "to_device" else (name,)
     with pytest.raises(ValueError, match=f"device.*{name}"):
-        getattr(backend, call)(*args)
+        getattr(random if call == "default_generator" else backend, call)(*args)
 
 
 def test_numpy_arrays_use_numpy():
     assert backend.get_array_module(np.ones(2), 3.0) is np
     assert backend.device_of(np.ones(2)) == "cpu"
-
-
-def test_manual_seed_makes_the_default_generator_repeat(device):
-    device = backend.parse_device(device)
-    backend.manual_seed(1234)
-    first = backend.to_host(backend.default_generator(device).random(5))
-    backend.manual_seed(1234)
-    again = backend.to_host(backend.default_generator(device).random(5))
-    backend.manual_seed(4321)
-    other = backend.to_host(backend.default_generator(device).random(5))
-    np.testing.assert_array_equal(first, again)
-    assert not np.array_equal(first, other)
 
 
 @given(arrays(shapes(), -4, 4))

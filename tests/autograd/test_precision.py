@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, precision
+from autograd import backend, precision, products
 from autograd import functional as F
 from autograd.optim import Adam
 from autograd.testing import arrays
@@ -49,7 +49,7 @@ def test_tf32_is_on_inside_its_block_and_off_after(monkeypatch):
         settings_made.append(on)
         return settings_made[-2] if len(settings_made) > 1 else False
 
-    monkeypatch.setattr(backend, "set_tf32", set_tf32)
+    monkeypatch.setattr(products, "set_tf32", set_tf32)
     with ag.use_precision("tf32"):
         with ag.use_precision("fp32"):
             pass

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend
+from autograd import backend, products
 from autograd import functional as F
 from tinygpt import GPT, GPTConfig
 
@@ -39,31 +39,31 @@ def test_a_gpu_step_multiplies_two_matrices_at_a_time(monkeypatch, policy):
     bf16 each multiplies bfloat16, and the weights' gradients come out in float32."""
     fake_cuda.install(monkeypatch)
     gpt_step("cuda:0", policy)
-    products = fake_cuda.GpuArray.products
-    assert len(products) == 3 * LINEARS
-    assert all(len(a) == len(b) == 2 for a, b in (p.shapes for p in products))
-    assert all((p.compute_type == TF32) == (policy == "tf32") for p in products)
+    made = fake_cuda.GpuArray.products
+    assert len(made) == 3 * LINEARS
+    assert all(len(a) == len(b) == 2 for a, b in (p.shapes for p in made))
+    assert all((p.compute_type == TF32) == (policy == "tf32") for p in made)
     if policy == "bf16":
-        assert all(p.dtypes[:2] == (ag.bfloat16, ag.bfloat16) for p in products)
-        assert sum(p.dtypes[2] == np.float32 for p in products) == LINEARS  # dW, one per layer
+        assert all(p.dtypes[:2] == (ag.bfloat16, ag.bfloat16) for p in made)
+        assert sum(p.dtypes[2] == np.float32 for p in made) == LINEARS  # dW, one per layer
     assert fake_cuda.FakeLinalg.compute_type != TF32  # given back after the step
 
 
 @pytest.mark.parametrize("policy", ["tf32", "bf16"])
 def test_a_cpu_steps_linear_layers_multiply_two_matrices_at_a_time(monkeypatch, policy):
     """On the CPU as well: the reference's linear layers (what a bf16 step runs there, and what a
-    GPU runs) multiply two matrices at a time through backend.matmul, one product forward and two
+    GPU runs) multiply two matrices at a time through products.matmul, one product forward and two
     backward each. (The CPU's fast path cuts its products into runs of rows, two matrices too.)"""
-    products, matmul = [], backend.matmul
+    made, matmul = [], products.matmul
 
     def recorded(a, b, dtype=None):
-        products.append((a.shape, b.shape))
+        made.append((a.shape, b.shape))
         return matmul(a, b, dtype)
 
-    monkeypatch.setattr(backend, "matmul", recorded)
+    monkeypatch.setattr(products, "matmul", recorded)
     with ag.use_reference(True):
         gpt_step("cpu", policy)
-    assert len(products) == 3 * LINEARS and all(len(a) == len(b) == 2 for a, b in products)
+    assert len(made) == 3 * LINEARS and all(len(a) == len(b) == 2 for a, b in made)
 
 
 @pytest.mark.parametrize("process_had", ["DEFAULT", "TF32"])
@@ -97,22 +97,22 @@ def test_bf16_weight_gradients_are_the_same_on_the_gpu_as_on_the_cpu(monkeypatch
 @settings(max_examples=10)
 @given(st.integers(1, 9), st.integers(1, 9), st.integers(1, 9), st.booleans(), st.integers(0, 2**32 - 1))
 def test_matmul_of_bfloat16_matrices_rounds_once_to_the_type_asked(m, k, n, transposed, seed):
-    """backend.matmul: bfloat16 inputs summed in float32, the result in float32 where asked (as
+    """products.matmul: bfloat16 inputs summed in float32, the result in float32 where asked (as
     is) or in bfloat16 (rounded once); a transposed operand reads the same."""
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((m, k)).astype(ag.bfloat16), rng.standard_normal((k, n)).astype(ag.bfloat16)
     if transposed:
         a = np.ascontiguousarray(a.T).T
     exact = a.astype(np.float32) @ b.astype(np.float32)
-    np.testing.assert_array_equal(backend.matmul(a, b, dtype=np.float32), exact)
+    np.testing.assert_array_equal(products.matmul(a, b, dtype=np.float32), exact)
     np.testing.assert_array_equal(
-        backend.matmul(a, b).view(np.uint16), exact.astype(ag.bfloat16).view(np.uint16)
+        products.matmul(a, b).view(np.uint16), exact.astype(ag.bfloat16).view(np.uint16)
     )
 
 
 def test_matmul_takes_two_matrices_only():
     with pytest.raises(ValueError, match=r"two matrices, not arrays of shapes \(2, 3, 4\) and \(4, 5\)"):
-        backend.matmul(np.ones((2, 3, 4)), np.ones((4, 5)))
+        products.matmul(np.ones((2, 3, 4)), np.ones((4, 5)))
 
 
 @pytest.mark.gpu
@@ -131,7 +131,7 @@ def test_a_gpus_bfloat16_product_written_in_float32_is_numpys(layout):
         on_gpu = [backend.cupy.asfortranarray(x) for x in on_gpu]
     if layout == "strided":
         on_gpu = [backend.cupy.repeat(x, 2, axis=1)[:, ::2] for x in on_gpu]
-    product = backend.matmul(*on_gpu, dtype=np.float32)
+    product = products.matmul(*on_gpu, dtype=np.float32)
     assert product.dtype == np.float32
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     assert (np.abs(backend.to_host(product) - exact) <= 1e-6 * scale).all()

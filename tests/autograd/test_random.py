@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, threads
 from autograd import functional as F
-from autograd.random import MaskStream, current, philox4x32_10, use_masks
+from autograd.random import MaskStream, current, default_generator, manual_seed, philox4x32_10, use_masks
 from autograd.testing import arrays, leaf
 from tests.autograd.test_kernels import assert_fast_equals_reference
 
@@ -340,3 +340,15 @@ def test_numpy_and_cupy_draw_the_same_masks(gpu_device, case):
         backend.to_host(MaskStream(seed, step, first_example).keep_mask(shape, p, cupy)),
         MaskStream(seed, step, first_example).keep_mask(shape, p, np),
     )
+
+
+def test_manual_seed_makes_the_default_generator_repeat(device):
+    device = backend.parse_device(device)
+    manual_seed(1234)
+    first = backend.to_host(default_generator(device).random(5))
+    manual_seed(1234)
+    again = backend.to_host(default_generator(device).random(5))
+    manual_seed(4321)
+    other = backend.to_host(default_generator(device).random(5))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)

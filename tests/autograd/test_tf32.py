@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import autograd as ag
-from autograd import backend, emulator
+from autograd import backend, emulator, products
 from tests import tf32
 
 EMULATED = emulator.NAME
@@ -50,7 +50,7 @@ def test_tf32_rounds_ties_away_from_zero():
 
 @given(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5), st.data())
 def test_a_float32_product_of_two_matrices_reads_tf32_inputs_in_a_tf32_block_only(m, k, n, data):
-    """backend.matmul on the emulated device: in a tf32 block, the float32 sums of the exact products
+    """products.matmul on the emulated device: in a tf32 block, the float32 sums of the exact products
     of the inputs rounded to TF32; outside one, of the inputs as they are. A product with one entry
     (a reduction on CuPy) is never rounded."""
     values = st.floats(-4, 4, width=32)
@@ -58,7 +58,7 @@ def test_a_float32_product_of_two_matrices_reads_tf32_inputs_in_a_tf32_block_onl
     on_device = [backend.to_device(x, EMULATED) for x in (a, b)]
     for policy in ("fp32", "tf32"):
         with tf32.off(EMULATED), ag.use_precision(policy):
-            product = backend.to_host(backend.matmul(*on_device))
+            product = backend.to_host(products.matmul(*on_device))
         rounded = policy == "tf32" and m * n > 1
         a64, b64 = ((nearest_tf32(x) if rounded else x).astype(np.float64) for x in (a, b))
         # float32's rounding of each product and sum (and what underflows), far below TF32's 2**-11
