@@ -249,7 +249,7 @@ def check_model(parser, args):
         )
 
 
-def run_as_subcommand(*names):
+def hand_to_evaluate(*names):
     """python -m train.<module>, of a module that holds subcommands of train.evaluate: its one command
     run as python -m train.evaluate NAME, or a usage error naming its commands (status 2)."""
     if len(names) == 1:

@@ -170,4 +170,4 @@ def add_summary_command(commands):
 
 
 if __name__ == "__main__":
-    cli.run_as_subcommand("attention", "summary")
+    cli.hand_to_evaluate("attention", "summary")

@@ -185,4 +185,4 @@ def add_predict_command(commands):
 
 
 if __name__ == "__main__":
-    cli.run_as_subcommand("predict")
+    cli.hand_to_evaluate("predict")

@@ -157,4 +157,4 @@ def add_zeroshot_command(commands):
 
 
 if __name__ == "__main__":
-    cli.run_as_subcommand("zeroshot")
+    cli.hand_to_evaluate("zeroshot")
