@@ -172,3 +172,40 @@ def test_a_wrong_sign_in_your_own_cuda_kernel_fails_on_the_emulated_device(your_
         AssertionError, match=r"gradient of x \(float32 on cuda-emulated\): fast path and reference"
     ):
         your_own_op["test_fast_softplus"]("cuda-emulated")
+
+
+def test_your_own_command_counts_words_and_names_a_file_it_cannot_read(tmp_path):
+    (tmp_path / "count_words.py").write_text(snippets("Fine-tuning")["count_words.py"])
+    (tmp_path / "text.txt").write_text("the cat sat on the mat\n", encoding="utf-8")
+    (tmp_path / "latin.txt").write_bytes("café".encode("latin-1"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = functools.partial(subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = run([sys.executable, "count_words.py", "--data", "text.txt"])
+    assert done.returncode == 0 and done.stdout == "6 words\n", done.stderr
+    for name in ("missing.txt", "latin.txt"):
+        done = run([sys.executable, "count_words.py", "--data", name])
+        assert done.returncode == 2 and done.stderr.startswith("python count_words.py: error: --data: ")
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_your_own_task_is_read_and_fine_tuned(tmp_path):
+    from tests.train.runs import tiny_run
+
+    (tmp_path / "finetune_reviews.py").write_text(snippets("Fine-tuning")["finetune_reviews.py"])
+    tiny_run(tmp_path / "pretrained")
+    rows = ["a good film\t1", "a bad film\t0", "the cat sat on the mat\t1", "the dog sat on the log\t0"]
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / name).write_text("review\tliked\n" + "\n".join(rows * 4) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = ["--init-from", "pretrained", "--task", "reviews", "--train", "train.tsv", "--dev", "dev.tsv"]
+    argv += ["--out", "out", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
+    done = subprocess.run(
+        [sys.executable, "finetune_reviews.py", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "config.json").is_file() and "accuracy" in done.stdout + done.stderr
