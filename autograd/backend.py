@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from . import emulator
+from . import emulator, host_reads
 
 try:
     import cupy
@@ -143,37 +143,13 @@ def to_device(array, device, dtype=None):
         return cupy.asarray(array, dtype=dtype)
 
 
-# Reads from a device to the host. Each one makes the host wait until the GPU has finished all
-# the work queued before it, so a training step should make none; they all go through to_host,
-# which counts them, so that a test can check that a step makes none.
-_host_reads = 0
-
-
 def to_host(array):
-    """A host (NumPy) array with the same values. Every call counts as one read, whatever the
-    array's device: a test on the CPU sees the reads that a run on a GPU would make."""
-    global _host_reads
-    _host_reads += 1
+    """A host (NumPy) array with the same values. Every call counts as one read (autograd/host_reads.py),
+    whatever the array's device: a test on the CPU sees the reads that a run on a GPU would make."""
+    host_reads.one_more()
     if on_gpu(array):
         return array.get()
     return np.asarray(array)
-
-
-def host_reads():
-    """How many times to_host has been called in this process."""
-    return _host_reads
-
-
-class count_host_reads:
-    """`with count_host_reads() as reads: ...`, then `reads.count` is the number of to_host calls
-    made in the block."""
-
-    def __enter__(self):
-        self.start = _host_reads
-        return self
-
-    def __exit__(self, *exc_info):
-        self.count = _host_reads - self.start
 
 
 def erf(x):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend, emulator, kernels
+from autograd import backend, emulator, host_reads, kernels
 from autograd import functional as F
 from autograd.optim import Adam, clip_grad_norm
 from tests import tf32
@@ -21,7 +21,7 @@ def test_its_arrays_stay_on_it_and_come_back_as_counted_reads():
     assert backend.get_array_module(x.data) is emulator.xp
     made = [x.xp.exp(x.data), x.data.sum(), x.xp.zeros(3), x.data[0] * 2, x.xp.stack([x.data, x.data])]
     assert all(backend.device_of(a) == EMULATED for a in made)  # a sum is a 0-d device array, as CuPy's
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         host = x.numpy()
     assert reads.count == 1 and type(host) is np.ndarray
     np.testing.assert_array_equal(host, np.arange(6.0).reshape(2, 3))

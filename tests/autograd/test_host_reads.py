@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend
+from autograd import backend, host_reads
 from autograd import functional as F
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
@@ -41,7 +41,7 @@ def training_step(model, optimizer, batch):
 def test_a_training_step_reads_nothing_from_the_device(device):
     model = small_gpt(device)
     optimizer = Adam(model.parameters(), lr=1e-3)
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         for seed in range(2):
             training_step(model, optimizer, token_batch(seed))
     assert reads.count == 0
@@ -51,7 +51,7 @@ def test_a_read_in_the_step_is_counted(device):
     """The counter is live inside the step: the zero above is not for want of counting."""
     model = small_gpt(device)
     optimizer = Adam(model.parameters(), lr=1e-3)
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         loss = training_step(model, optimizer, token_batch())
         loss.item()
     assert reads.count == 1
@@ -63,7 +63,7 @@ def test_a_fine_tuning_step_reads_nothing_from_the_device(device):
     optimizer = Adam(head.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     batch = collate([[list(rng.integers(0, VOCAB, size=n))] for n in (5, 8, 3)], [0, 2, 1])
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         loss, _, _ = head.loss(batch, lm_coef=0.5)
         loss.backward()
         clip_grad_norm(head.parameters(), 1.0)
@@ -74,7 +74,7 @@ def test_a_fine_tuning_step_reads_nothing_from_the_device(device):
 def test_clip_grad_norm_returns_the_norm_as_a_0d_array_on_the_device(device):
     param = ag.nn.Parameter(ag.tensor(np.zeros(2), device=device).data)
     param.grad = param.xp.asarray(np.array([3.0, 4.0], dtype=np.float32))
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         norm = clip_grad_norm([param], 1.0)
     assert reads.count == 0
     assert norm.shape == () and backend.device_of(norm) == param.device
@@ -84,18 +84,18 @@ def test_clip_grad_norm_returns_the_norm_as_a_0d_array_on_the_device(device):
 
 def test_item_numpy_and_repr_are_counted(device):
     x = ag.tensor([1.0, 2.0], device=device)
-    before = backend.host_reads()
-    with backend.count_host_reads() as reads:
+    before = host_reads.total()
+    with host_reads.counting() as reads:
         x.numpy()
         x.sum().item()
         repr(x)
-    assert reads.count == 3 and backend.host_reads() == before + 3
+    assert reads.count == 3 and host_reads.total() == before + 3
 
 
 def test_host_ids_are_checked_before_they_move_and_cost_no_read(device):
     """Ids and targets given on the host are checked there: with today's messages, and no read."""
     model = small_gpt(device)
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {VOCAB}\), got -1\.\.3$"):
             model(np.array([[0, 3, -1]]))
         with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {VOCAB}\), got 0\.\.{VOCAB}$"):
@@ -111,7 +111,7 @@ def test_host_ids_are_checked_before_they_move_and_cost_no_read(device):
 def test_ids_already_on_the_gpu_are_not_read_back(gpu_device):
     model = small_gpt(gpu_device)
     ids = backend.to_device(token_batch(), backend.parse_device(gpu_device))
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         loss = F.cross_entropy(model(ids[:, :-1]), ids[:, 1:])
         loss.backward()
     assert reads.count == 0
@@ -119,7 +119,7 @@ def test_ids_already_on_the_gpu_are_not_read_back(gpu_device):
 
 def test_moving_an_array_to_the_host_is_a_counted_read(gpu_device):
     on_gpu = backend.to_device(np.ones(3), backend.parse_device(gpu_device))
-    with backend.count_host_reads() as reads:
+    with host_reads.counting() as reads:
         backend.to_device(on_gpu, "cpu")
         ag.tensor(on_gpu, device="cpu")
         backend.to_device(np.ones(3), "cpu")  # already there: no read

@@ -1,10 +1,10 @@
 """On a GPU every read of a device value on the host makes the host wait for the GPU: a training
 step of train.pretrain and train.finetune reads nothing, and a log line reads all the losses
-pending since the last one at once (backend.count_host_reads counts the reads, on numpy too)."""
+pending since the last one at once (autograd.host_reads counts the reads, on numpy too)."""
 
 import pytest
 
-from autograd import backend
+from autograd import host_reads
 from train import finetune, lifecycle, pretrain
 
 from .runs import pretrain_into
@@ -39,7 +39,7 @@ def counting_step(function, reads):
     """`function`, adding the host reads of each call to reads["step"]."""
 
     def counted(*args, **kwargs):
-        with backend.count_host_reads() as counter:
+        with host_reads.counting() as counter:
             result = function(*args, **kwargs)
         reads["step"] += counter.count
         return result
@@ -52,7 +52,7 @@ def counting_log(write, reads):
 
     def counted(log, progress):
         pending = bool(log.pending)
-        with backend.count_host_reads() as counter:
+        with host_reads.counting() as counter:
             write(log, progress)
         if pending:
             reads["log"].append(counter.count)
