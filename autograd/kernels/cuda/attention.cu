@@ -60,6 +60,28 @@ struct Attention {
     TG_DEVICE const float* head_bias(const float* bias, int bh, int width) const {
         return bias == nullptr ? nullptr : bias + (bh % n_head) * width;
     }
+    // Head bh's biases of q, k and v.
+    struct Biases {
+        const float *q, *k, *v;
+    };
+    TG_DEVICE Biases head_biases(int bh) const {
+        return {head_bias(q_bias, bh, d), head_bias(k_bias, bh, d), head_bias(v_bias, bh, e)};
+    }
+    // q, k, v and o (y, or dy) moved to head bh's first element.
+    template <typename In, typename Out>
+    TG_DEVICE void to_head(int bh, In*& q_, In*& k_, In*& v_, Out*& o_) const {
+        q_ += head_start(q, bh);
+        k_ += head_start(k, bh);
+        v_ += head_start(v, bh);
+        o_ += head_start(o, bh);
+    }
+    // The same, and lse and dot (an entry per query) moved to its first row.
+    template <typename In>
+    TG_DEVICE void to_head(int bh, In*& q_, In*& k_, In*& v_, In*& o_, const float*& lse, const float*& dot) const {
+        to_head(bh, q_, k_, v_, o_);
+        lse += static_cast<long long>(bh) * n_queries;
+        dot += static_cast<long long>(bh) * n_queries;
+    }
     // Query t sees keys 0 .. t + S - T: the T queries are the last T of the S positions.
     TG_DEVICE bool sees(int t, int s) const { return s < n_keys && (!causal || s <= t + n_keys - n_queries); }
     // The keys that queries before `query_end` may see: 0 .. keys_end - 1.
@@ -160,13 +182,9 @@ __device__ void attention_forward(const Attention& a, const T* q, const T* k, co
     constexpr int RM = BR / 16, CN = BC / 8, EN = D / 8;
     __shared__ float sq[BR][D + 1], sk[BC][D + 1], sv[BC][D], sp[BR][BC + 1];
     const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    out += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, out);
     out_float += a.head_start(a.o, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const int n_tiles = (a.n_queries + BR - 1) / BR;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * BR;
@@ -262,16 +280,10 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
     __shared__ float sk[BC][D + 1], sv[BC][D + 1], sq[BR][D + 1], sg[BR][D + 1];
     __shared__ float sw[BC][BR + 1], sds[BC][BR + 1], sl[BR], sdot[BR];
     const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    grad += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, grad, lse, dot);
     grad_k += a.head_start(a.k, bh);
     grad_v += a.head_start(a.v, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
-    lse += static_cast<long long>(bh) * a.n_queries;
-    dot += static_cast<long long>(bh) * a.n_queries;
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const int n_tiles = (a.n_keys + BC - 1) / BC;
     for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
         const int k0 = tile * BC;
@@ -336,15 +348,9 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
     constexpr int RM = BR / 16, CN = BC / 8, EN = D / 8;
     __shared__ float sq[BR][D + 1], sg[BR][D + 1], sk[BC][D + 1], sv[BC][D + 1], sds[BR][BC + 1];
     const int tx = threadIdx.x % 8, ty = threadIdx.x / 8, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    grad += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, grad, lse, dot);
     grad_q += a.head_start(a.q, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
-    lse += static_cast<long long>(bh) * a.n_queries;
-    dot += static_cast<long long>(bh) * a.n_queries;
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const int n_tiles = (a.n_queries + BR - 1) / BR;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
         const int q0 = tile * BR;
@@ -690,13 +696,9 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
     alignas(16) __shared__ E sq[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
     __shared__ KeepBits<MMA_ROWS, BC> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    out += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, out);
     out_float += a.head_start(a.o, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const float scale_base2 = a.scale * LOG2_E;  // e^x = 2^(x log2 e)
     const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
@@ -782,16 +784,10 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
     __shared__ float sl[BR], sdot[BR];
     __shared__ KeepBits<BR, MMA_ROWS> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    grad += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, grad, lse, dot);
     grad_k += a.head_start(a.k, bh);
     grad_v += a.head_start(a.v, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
-    lse += static_cast<long long>(bh) * a.n_queries;
-    dot += static_cast<long long>(bh) * a.n_queries;
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const float scale_base2 = a.scale * LOG2_E;
     const int n_tiles = (a.n_keys + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = blockIdx.y; tile < n_tiles; tile += static_cast<int>(gridDim.y)) {
@@ -856,15 +852,9 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
     alignas(16) __shared__ E sq[MMA_ROWS * LD], sg[MMA_ROWS * LD], sk[BC * LD], sv[BC * LD];
     __shared__ KeepBits<MMA_ROWS, BC> keep;
     const int warp = threadIdx.x / 32, bh = blockIdx.x;
-    q += a.head_start(a.q, bh);
-    k += a.head_start(a.k, bh);
-    v += a.head_start(a.v, bh);
-    grad += a.head_start(a.o, bh);
+    a.to_head(bh, q, k, v, grad, lse, dot);
     grad_q += a.head_start(a.q, bh);
-    const float *q_bias = a.head_bias(a.q_bias, bh, a.d), *k_bias = a.head_bias(a.k_bias, bh, a.d),
-                *v_bias = a.head_bias(a.v_bias, bh, a.e);
-    lse += static_cast<long long>(bh) * a.n_queries;
-    dot += static_cast<long long>(bh) * a.n_queries;
+    const auto [q_bias, k_bias, v_bias] = a.head_biases(bh);
     const float scale_base2 = a.scale * LOG2_E;
     const int n_tiles = (a.n_queries + MMA_ROWS - 1) / MMA_ROWS;
     for (int tile = n_tiles - 1 - static_cast<int>(blockIdx.y); tile >= 0; tile -= static_cast<int>(gridDim.y)) {
