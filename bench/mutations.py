@@ -49,7 +49,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # as a script: the repository's autograd
 CUDA = Path("autograd/kernels/cuda")
-COPIED = ["autograd", "tinygpt", "train", "tests", "pyproject.toml"]
+COPIED = ["autograd", "tinygpt", "train", "tests", "docs", "pyproject.toml", "README.md"]  # tests read docs
 TESTS = "tests/autograd"
 # the kernel tests, by the sources they aim at; a mutation runs its source's first, then the others
 KERNEL_TESTS = {
