@@ -170,8 +170,6 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
 
     float64 on a GPU runs the reference paths, so on a GPU device the fast paths are checked too,
     as check_fast_paths does in float32. Returns what it ran, a line for each property."""
-    if not callable(fn):
-        raise TypeError(f"check_gradients: fn must be callable, not {fn!r}")
     unknown = set(tolerances) - {"eps", "atol", "rtol", "max_jacobian"}
     if unknown:
         raise TypeError(
@@ -184,7 +182,7 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
         named = len(_parameter_names(fn)) >= len(inputs)  # else gradcheck numbers them
         assert_gradients(fn, *inputs, names=names if named else None, **tolerances)
 
-    examples, paths = _property("gradients_of", fn, strategies, requires_grad, settings, gradients_agree)
+    examples, paths = _property("check_gradients", fn, strategies, requires_grad, settings, gradients_agree)
     report = [f"float64 on {device}: gradients match finite differences in {examples} examples ({paths})"]
     if backend.parse_device(device) != "cpu":
         report.append(_fast_paths(fn, strategies, device, (np.float32,), settings, requires_grad, {})[0])
@@ -203,8 +201,6 @@ def check_fast_paths(
     drawn output gradient. Within TOLERANCES for each dtype, or `tolerances` ({dtype name: (rtol,
     atol)}). Fails when no fast path ran at all: fn's ops have none for the device and dtypes, or
     their fits_<device> refused every example. Returns what it ran."""
-    if not callable(fn):
-        raise TypeError(f"check_fast_paths: fn must be callable, not {fn!r}")
     line, ran = _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, tolerances or {})
     if not ran:
         raise AssertionError(f"check_fast_paths: {line}")
@@ -227,7 +223,7 @@ def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, toleran
                 np.testing.assert_allclose(a, b, *limits[str(dtype)], err_msg=what)
 
     examples, paths = _property(
-        "fast_paths_of", fn, strategies, requires_grad, settings, fast_matches_reference
+        "check_fast_paths", fn, strategies, requires_grad, settings, fast_matches_reference
     )
     kinds = " and ".join(map(str, dtypes))
     if paths.startswith("no"):
@@ -284,13 +280,15 @@ def _inputs(values, wanted, device, dtype=np.float64):
     ]
 
 
-def _property(prefix, fn, strategies, requires_grad, settings, body):
+def _property(caller, fn, strategies, requires_grad, settings, body):
     """Run `body(values, wanted, names, data)` as a hypothesis property over the values `strategies`
     draw (spread where a strategy draws a tuple), `wanted` (which float arrays require grad: drawn
     or `requires_grad`), their names and hypothesis's data. Returns (how many examples ran, which
-    fast paths ran in them, in words)."""
+    fast paths ran in them, in words). `caller` names the property in its errors and its test."""
+    if not callable(fn):
+        raise TypeError(f"{caller}: fn must be callable, not {fn!r}")
     for i, strategy in enumerate(strategies):
-        _strategy(prefix, f"strategy {i}", strategy)
+        _strategy(caller, f"strategy {i}", strategy)
     parameters = _parameter_names(fn)
     keys = parameters if len(parameters) == len(strategies) else [f"input{i}" for i in range(len(strategies))]
     examples, before = [], kernels.fast_path_calls.copy()
@@ -305,7 +303,7 @@ def _property(prefix, fn, strategies, requires_grad, settings, body):
         examples.append(body(values, wanted, names, _draws))
 
     title = getattr(fn, "__name__", "")
-    prop.__name__ = f"{prefix}_{title if title.isidentifier() else 'fn'}"
+    prop.__name__ = f"{caller.removeprefix('check_')}_of_{title if title.isidentifier() else 'fn'}"
     test = given(_draws=st.data(), **dict(zip(keys, strategies)))(prop)
     (settings or hypothesis.settings(deadline=None))(test)()  # a first example may compile a kernel
     ran = kernels.fast_path_calls - before

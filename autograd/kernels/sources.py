@@ -111,9 +111,10 @@ def headed(code, path):
 
 def exported(name, function, dtype):
     """The name a source exports `function` under for arrays of `dtype`."""
-    if np.dtype(dtype) not in SUFFIXES:
-        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {np.dtype(dtype)}")
-    return f"{function}_{SUFFIXES[np.dtype(dtype)]}"
+    dtype = np.dtype(dtype)
+    if dtype not in SUFFIXES:
+        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
+    return f"{function}_{SUFFIXES[dtype]}"
 
 
 def compile_source(name, arch, text=None):
