@@ -299,13 +299,22 @@ def add_device_argument(parser):
     parser.add_argument("--device", type=device_name, default="auto", help=where)
 
 
-def add_command(commands, name, handle, **parser_options):
-    """A subcommand of python -m train.evaluate: its parser, which starts with --run and, when the
-    command line names it, calls handle(parser, args). The caller adds the other arguments."""
-    parser = commands.add_parser(name, **{"formatter_class": Help, **parser_options})
-    add_run_argument(parser)
-    parser.set_defaults(handler=lambda args: handle(parser, args))
-    return parser
+def subcommand(name, add_arguments, **parser_options):
+    """The decorator that makes body(parser, args) the command `name` of python -m train.evaluate: its
+    parser starts with --run, add_arguments(parser) adds the rest (parser_options: help, description).
+    The body gains add_to(commands), which evaluate's parser calls for each of its commands."""
+
+    def decorate(body):
+        def add_to(commands):
+            parser = commands.add_parser(name, **{"formatter_class": Help, **parser_options})
+            add_run_argument(parser)
+            add_arguments(parser)
+            parser.set_defaults(body=functools.partial(body, parser))
+
+        body.add_to = add_to
+        return body
+
+    return decorate
 
 
 def add_figure_arguments(parser, batch_size, batched):

@@ -6,9 +6,8 @@
     summary      parameters and FLOPs per token by layer (train/inspection.py)
     predict      a fine-tune's predictions on a file with or without labels (train/predict.py)
 
-Each command is an argparse subparser made by train.cli.add_command, which starts it with --run
-and registers its handler (see add_perplexity_command); a new one is a function like it, called in
-build_parser.
+Each command is a body(parser, args) under train.cli.subcommand (see perplexity below), which gives
+it a parser that starts with --run; a new one is such a body, listed in COMMANDS.
 """
 
 import math
@@ -19,13 +18,10 @@ from autograd import functional as F
 from autograd.functional import IGNORE_INDEX
 from autograd.tensor import no_grad
 
-from . import cli
-from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
+from . import cli, inspection, predict, zeroshot
+from .cli import add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch, read_texts
-from .inspection import add_attention_command, add_summary_command
 from .lifecycle import perplexity
-from .predict import add_predict_command
-from .zeroshot import add_zeroshot_command
 
 
 def read_tokens(paths, tokenizer, max_tokens=None, encoding="utf-8", errors="strict"):
@@ -78,6 +74,29 @@ def negative_log_likelihood(model, ids, batch_size):
     return total
 
 
+def perplexity_arguments(parser):
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="text files, folders of *.txt, or glob patterns",
+    )
+    cli.add_text_arguments(parser)
+    parser.add_argument(
+        "--max-tokens", type=positive_int, help="evaluate only the first N tokens (default: all of them)"
+    )
+    add_figure_arguments(parser, batch_size=8, batched="windows")
+
+
+@cli.subcommand(
+    "perplexity",
+    perplexity_arguments,
+    help="token perplexity and bits per byte on text files",
+    description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first "
+    "predicted once), and bits per byte (the negative log-likelihood in bits over the UTF-8 "
+    "bytes of the text), which compares models with different tokenizers.",
+)
 def perplexity_command(parser, args):
     check_json_folder(parser, args)
     model, tokenizer = open_run(parser, args.run, args.device)
@@ -102,38 +121,20 @@ def perplexity_command(parser, args):
     return results
 
 
-def add_perplexity_command(commands):
-    parser = add_command(
-        commands,
-        "perplexity",
-        perplexity_command,
-        help="token perplexity and bits per byte on text files",
-        description="Token perplexity over windows of n_ctx + 1 tokens (every token but the first "
-        "predicted once), and bits per byte (the negative log-likelihood in bits over the UTF-8 "
-        "bytes of the text), which compares models with different tokenizers.",
-    )
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="text files, folders of *.txt, or glob patterns",
-    )
-    cli.add_text_arguments(parser)
-    parser.add_argument(
-        "--max-tokens", type=positive_int, help="evaluate only the first N tokens (default: all of them)"
-    )
-    add_figure_arguments(parser, batch_size=8, batched="windows")
+COMMANDS = (
+    perplexity_command,
+    zeroshot.zeroshot_command,
+    inspection.attention_command,
+    inspection.summary_command,
+    predict.predict_command,
+)
 
 
 def build_parser():
     parser = cli.Parser(prog="python -m train.evaluate", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_perplexity_command(commands)
-    add_zeroshot_command(commands)
-    add_attention_command(commands)
-    add_summary_command(commands)
-    add_predict_command(commands)
+    for command in COMMANDS:
+        command.add_to(commands)
     return parser
 
 
@@ -144,7 +145,7 @@ def parse_args(argv):
 
 @cli.command(parse_args)
 def main(parser, args):
-    return args.handler(args)  # the subcommand's, which add_command registered
+    return args.body(args)  # the command's, bound to its parser by cli.subcommand
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 from autograd import backend
 
 from . import cli
-from .cli import add_command, add_device_argument, non_negative_int, open_run, positive_int
+from .cli import add_device_argument, non_negative_int, open_run, positive_int
 
 PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot]'"
 
@@ -61,6 +61,20 @@ def draw_attention(weights, labels, title, path):
     return figure
 
 
+def attention_arguments(parser):
+    parser.add_argument("--text", required=True, type=cli.text, help="the text to run through the model")
+    parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
+    parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
+    add_device_argument(parser)
+
+
+@cli.subcommand(
+    "attention",
+    attention_arguments,
+    help="heatmaps of the attention weights of every head of a layer",
+    description="Draw the attention weights of every head of one layer over the tokens of a text "
+    "(rows attend to columns; the causal mask leaves the upper triangle empty).",
+)
 def attention_command(parser, args):
     try:
         import matplotlib  # noqa: F401  (checked first: no point loading a model we cannot draw)
@@ -94,21 +108,6 @@ def attention_command(parser, args):
     return weights
 
 
-def add_attention_command(commands):
-    parser = add_command(
-        commands,
-        "attention",
-        attention_command,
-        help="heatmaps of the attention weights of every head of a layer",
-        description="Draw the attention weights of every head of one layer over the tokens of a text "
-        "(rows attend to columns; the causal mask leaves the upper triangle empty).",
-    )
-    parser.add_argument("--text", required=True, type=cli.text, help="the text to run through the model")
-    parser.add_argument("--layer", required=True, type=non_negative_int, help="the block, counted from 0")
-    parser.add_argument("--out", required=True, metavar="FILE.png", help="where to save the figure")
-    add_device_argument(parser)
-
-
 # ----- summary ---------------------------------------------------------------------------------
 def layer_summary(model, context=None):
     """Rows (name, parameters, matmul FLOPs, attention FLOPs) of a forward pass per token, at a
@@ -130,6 +129,22 @@ def layer_summary(model, context=None):
     return rows
 
 
+def summary_arguments(parser):
+    parser.add_argument(
+        "--context",
+        type=positive_int,
+        metavar="T",
+        help="the context length at which attention is counted (default: n_ctx)",
+    )
+
+
+@cli.subcommand(
+    "summary",
+    summary_arguments,
+    help="parameters and FLOPs per token, layer by layer",
+    description="A table of each layer's parameters and forward FLOPs per token: 2 per weight of each "
+    "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.",
+)
 def summary_command(parser, args):
     model, _ = open_run(parser, args.run, "cpu")
     config = model.config
@@ -150,23 +165,6 @@ def summary_command(parser, args):
         f"A training step costs about 3 times the forward pass."
     )
     return {"rows": rows, "total": total, "context": context}
-
-
-def add_summary_command(commands):
-    parser = add_command(
-        commands,
-        "summary",
-        summary_command,
-        help="parameters and FLOPs per token, layer by layer",
-        description="A table of each layer's parameters and forward FLOPs per token: 2 per weight of each "
-        "matmul, plus 2*2*T*d per layer for attention at a context of T tokens.",
-    )
-    parser.add_argument(
-        "--context",
-        type=positive_int,
-        metavar="T",
-        help="the context length at which attention is counted (default: n_ctx)",
-    )
 
 
 if __name__ == "__main__":

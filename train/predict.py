@@ -15,7 +15,7 @@ from tinygpt.transformations import encode_examples
 
 from . import cli, metrics
 from .checkpoint import check_finite, read_weights
-from .cli import add_command, add_device_argument, check_tokenizer_fits, positive_int
+from .cli import add_device_argument, check_tokenizer_fits, positive_int
 from .run_folder import load_tokenizer, read_config, run_folder_of
 from .task_files import load_labels
 from .tasks import TASKS
@@ -132,6 +132,34 @@ def output_path(args, task, layout):
     return os.path.join(args.out or run_folder_of(args.run), name)
 
 
+def predict_arguments(parser):
+    parser.add_argument("--task", choices=TASKS, help="the layout of --data (default: the run's task)")
+    parser.add_argument("--data", required=True, metavar="FILE", help="the examples to predict")
+    cli.add_task_file_arguments(parser)
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="the file to write, or a folder (default: the run's) for SST-2.tsv, MNLI-m.tsv... as "
+        "GLUE's submissions name them, or predictions.tsv / predictions.jsonl",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("glue", "jsonl"),
+        help="glue: index<TAB>prediction under a header; jsonl: {index, prediction, probabilities} "
+        "a line (default: glue for GLUE's tasks, else jsonl)",
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass")
+    add_device_argument(parser)
+
+
+@cli.subcommand(
+    "predict",
+    predict_arguments,
+    help="a fine-tune's predictions on a file, with or without labels (GLUE's test files)",
+    description="The predictions of a fine-tune's best epoch (or of one checkpoint of it) on a file, "
+    "labelled or not, each with its id (see train/task_files.py); for a labelled file, the task's "
+    "metrics too.",
+)
 def predict_command(parser, args):
     run_dir, weights, config, settings, labels = fine_tune_of(parser, args.run)
     task = args.task or settings["task"]
@@ -153,35 +181,6 @@ def predict_command(parser, args):
     figures = {"loss": loss, **metrics.compute(dataset.metrics, predictions, data.labels)}
     print(", ".join(f"{name} {value:.4f}" for name, value in figures.items()))
     return {"predictions": out, **figures}
-
-
-def add_predict_command(commands):
-    parser = add_command(
-        commands,
-        "predict",
-        predict_command,
-        help="a fine-tune's predictions on a file, with or without labels (GLUE's test files)",
-        description="The predictions of a fine-tune's best epoch (or of one checkpoint of it) on a file, "
-        "labelled or not, each with its id (see train/task_files.py); for a labelled file, the task's "
-        "metrics too.",
-    )
-    parser.add_argument("--task", choices=TASKS, help="the layout of --data (default: the run's task)")
-    parser.add_argument("--data", required=True, metavar="FILE", help="the examples to predict")
-    cli.add_task_file_arguments(parser)
-    parser.add_argument(
-        "--out",
-        metavar="PATH",
-        help="the file to write, or a folder (default: the run's) for SST-2.tsv, MNLI-m.tsv... as "
-        "GLUE's submissions name them, or predictions.tsv / predictions.jsonl",
-    )
-    parser.add_argument(
-        "--format",
-        choices=("glue", "jsonl"),
-        help="glue: index<TAB>prediction under a header; jsonl: {index, prediction, probabilities} "
-        "a line (default: glue for GLUE's tasks, else jsonl)",
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass")
-    add_device_argument(parser)
 
 
 if __name__ == "__main__":

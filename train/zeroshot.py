@@ -22,7 +22,7 @@ from autograd.tensor import no_grad
 from tinygpt.transformations import text_encoder
 
 from . import cli, metrics
-from .cli import add_command, add_figure_arguments, check_json_folder, open_run, positive_int, write_results
+from .cli import add_figure_arguments, check_json_folder, open_run, positive_int, write_results
 from .data import next_token_batch
 from .tasks import TASKS
 
@@ -86,6 +86,34 @@ def choice_predictions(model, encode, examples, batch_size):
     return means.argmax(axis=1)
 
 
+def zeroshot_arguments(parser):
+    parser.add_argument(
+        "--task",
+        required=True,
+        choices=[name for name, task in TASKS.items() if task.zeroshot],
+        help="the heuristic, and the layout of --data",
+    )
+    parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
+    cli.add_text_arguments(parser)
+    parser.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
+    parser.add_argument(
+        "--threshold",
+        type=cli.finite_float,
+        help="cola: the mean log-probability above which a sentence is acceptable "
+        "(default: the best for --data)",
+    )
+    first = "only the first N examples (default: all)"
+    parser.add_argument("--limit", type=positive_int, metavar="N", help=first)
+    add_figure_arguments(parser, batch_size=16, batched="sequences")
+
+
+@cli.subcommand(
+    "zeroshot",
+    zeroshot_arguments,
+    help="the paper's zero-shot heuristics on a labelled file",
+    description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
+    formatter_class=cli.RawDescriptionHelp,
+)
 def zeroshot_command(parser, args):
     rule = TASKS[args.task].zeroshot
     if args.threshold is not None and rule != "acceptability_threshold":
@@ -125,35 +153,6 @@ def zeroshot_command(parser, args):
         print(f"{name:10} {results[name]:.4f}")
     write_results(args, results)
     return results
-
-
-def add_zeroshot_command(commands):
-    parser = add_command(
-        commands,
-        "zeroshot",
-        zeroshot_command,
-        help="the paper's zero-shot heuristics on a labelled file",
-        description=__doc__.split("\n\n", 1)[1],  # this module's, laid out as it is
-        formatter_class=cli.RawDescriptionHelp,
-    )
-    parser.add_argument(
-        "--task",
-        required=True,
-        choices=[name for name, task in TASKS.items() if task.zeroshot],
-        help="the heuristic, and the layout of --data",
-    )
-    parser.add_argument("--data", required=True, metavar="FILE", help="labelled examples (a dev set)")
-    cli.add_text_arguments(parser)
-    parser.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
-    parser.add_argument(
-        "--threshold",
-        type=cli.finite_float,
-        help="cola: the mean log-probability above which a sentence is acceptable "
-        "(default: the best for --data)",
-    )
-    first = "only the first N examples (default: all)"
-    parser.add_argument("--limit", type=positive_int, metavar="N", help=first)
-    add_figure_arguments(parser, batch_size=16, batched="sequences")
 
 
 if __name__ == "__main__":

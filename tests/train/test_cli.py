@@ -14,7 +14,7 @@ import pytest
 import autograd as ag
 from autograd import backend
 from tinygpt import GPT, GPTConfig
-from train import evaluate, finetune, generate, pretrain, zeroshot
+from train import cli, evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run_folder import read_metrics
 
@@ -122,6 +122,23 @@ def test_a_module_of_subcommands_runs_its_command_or_names_them(module, expected
         assert (done.returncode, done.stdout, done.stderr) == (2, "", expected + "\n")
     else:
         assert done.returncode == 0 and done.stdout.startswith(expected)
+
+
+def test_a_subcommand_gets_a_parser_that_starts_with_run_and_its_body_bound_to_it(capsys):
+    def arguments(parser):
+        parser.add_argument("--words", type=int, default=3, help="how many")
+
+    @cli.subcommand("count", arguments, help="count words")
+    def count(parser, args):
+        return parser.prog, args.run, args.words
+
+    parser = cli.Parser(prog="evaluate")
+    count.add_to(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["count", "--run", "r", "--words", "5"])
+    assert args.body(args) == ("evaluate count", "r", 5)
+    with pytest.raises(SystemExit) as stopped_by:
+        parser.parse_args(["count", "--words", "5"])
+    assert stopped_by.value.code == 2 and "--run" in capsys.readouterr().err
 
 
 def parsers():
