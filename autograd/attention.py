@@ -74,12 +74,6 @@ class ScaledDotProductAttention(Function):
         dq = dS k / sqrt(d),   dk = dS^T q / sqrt(d)
     """
 
-    forward_cpu = attention_kernels.scaled_dot_product_forward_cpu
-    backward_cpu = attention_kernels.scaled_dot_product_backward_cpu
-    forward_gpu = attention_kernels.scaled_dot_product_forward_gpu
-    fits_gpu = attention_kernels.scaled_dot_product_fits_gpu
-    backward_gpu = attention_kernels.scaled_dot_product_backward_gpu
-
     @staticmethod
     def forward(ctx, q, k, v, causal, dropout_p, generator):
         ctx.shapes = q.shape, k.shape, v.shape
@@ -92,6 +86,12 @@ class ScaledDotProductAttention(Function):
             unbroadcast(g, shape) if need else None  # back to each input's own heads
             for g, shape, need in zip(grads, ctx.shapes, ctx.needs_input_grad)
         )
+
+    forward_cpu = attention_kernels.scaled_dot_product_forward_cpu
+    backward_cpu = attention_kernels.scaled_dot_product_backward_cpu
+    forward_gpu = attention_kernels.scaled_dot_product_forward_gpu
+    fits_gpu = attention_kernels.scaled_dot_product_fits_gpu
+    backward_gpu = attention_kernels.scaled_dot_product_backward_gpu
 
 
 def scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.0, generator=None):
@@ -124,11 +124,6 @@ class MultiHeadAttention(Function):
     like qkv, dqkv; db = the sum of dqkv's rows."""
 
     mixes_floats = True  # bfloat16 qkv, float32 bias
-    forward_cpu = attention_kernels.multi_head_forward_cpu
-    backward_cpu = attention_kernels.multi_head_backward_cpu
-    forward_gpu = attention_kernels.multi_head_forward_gpu
-    fits_gpu = attention_kernels.multi_head_fits_gpu
-    backward_gpu = attention_kernels.multi_head_backward_gpu
 
     @staticmethod
     def forward(ctx, qkv, bias, n_head, dropout_p, generator):
@@ -149,6 +144,12 @@ class MultiHeadAttention(Function):
         grad_qkv = grads.transpose(1, 3, 0, 2, 4).reshape(batch, time, 3 * width)  # (B, T, 3 D)
         db = None if ctx.bias is None else widened(grad_qkv).sum(axis=(0, 1)).astype(ctx.bias.dtype)
         return grad_qkv, db
+
+    forward_cpu = attention_kernels.multi_head_forward_cpu
+    backward_cpu = attention_kernels.multi_head_backward_cpu
+    forward_gpu = attention_kernels.multi_head_forward_gpu
+    fits_gpu = attention_kernels.multi_head_fits_gpu
+    backward_gpu = attention_kernels.multi_head_backward_gpu
 
 
 def multi_head_attention(qkv, n_head, dropout_p=0.0, generator=None, bias=None):

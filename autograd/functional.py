@@ -6,6 +6,7 @@ as whole-array formulas under the math they compute; the heavy ones name their f
 (autograd/kernels) beside them.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -72,16 +73,17 @@ class Linear(Function):
         return out.reshape(*x.shape[:-1], weight.shape[1])
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, column_sums=lambda rows: widened(rows).sum(axis=0)):
         need_x, need_w, need_b = ctx.needs_input_grad
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
         return (
             products.matmul(grad2, ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
             products.matmul(ctx.x2.T, grad2, dtype=ctx.weight_dtype) if need_w else None,
-            widened(grad2).sum(axis=0).astype(ctx.weight_dtype, copy=False) if need_b else None,
+            column_sums(grad2).astype(ctx.weight_dtype, copy=False) if need_b else None,
         )
 
-    forward_gpu, backward_gpu = forward, linear_kernels.backward_gpu  # the bias gradient by column sums
+    forward_gpu = forward  # the GPU's: the reference, with db summed in one kernel (column_sums.cu)
+    backward_gpu = staticmethod(functools.partial(backward, column_sums=linear_kernels.column_sums))
 
 
 def linear(x, weight, bias=None, weight_cast=None):

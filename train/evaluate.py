@@ -75,13 +75,8 @@ def negative_log_likelihood(model, ids, batch_size):
 
 
 def perplexity_arguments(parser):
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="text files, folders of *.txt, or glob patterns",
-    )
+    files = "text files, folders of *.txt, or glob patterns"
+    parser.add_argument("--data", required=True, nargs="+", metavar="FILE", help=files)
     cli.add_text_arguments(parser)
     parser.add_argument(
         "--max-tokens", type=positive_int, help="evaluate only the first N tokens (default: all of them)"

@@ -130,12 +130,8 @@ def layer_summary(model, context=None):
 
 
 def summary_arguments(parser):
-    parser.add_argument(
-        "--context",
-        type=positive_int,
-        metavar="T",
-        help="the context length at which attention is counted (default: n_ctx)",
-    )
+    context = "the context length at which attention is counted (default: n_ctx)"
+    parser.add_argument("--context", type=positive_int, metavar="T", help=context)
 
 
 @cli.subcommand(

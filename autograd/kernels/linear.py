@@ -5,7 +5,7 @@ launch of autograd/kernels/cuda/column_sums.cu, with no float32 copy of it."""
 
 import numpy as np
 
-from .. import backend, products, threads
+from .. import backend, threads
 from . import sources
 
 ROWS_PER_CHUNK = 32  # rows a block of column_sums' first pass adds: a GPT-1 step's 4,096 give 128 chunks
@@ -30,16 +30,6 @@ def backward_cpu(ctx, grad):
         threads.matmul(g2, weight.T).reshape(ctx.x_shape) if need_x else None,
         grad_weight,
         g2.sum(axis=0) if need_b else None,
-    )
-
-
-def backward_gpu(ctx, grad):
-    need_x, need_w, need_b = ctx.needs_input_grad
-    grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
-    return (
-        products.matmul(grad2, ctx.weight.T).reshape(ctx.x_shape) if need_x else None,
-        products.matmul(ctx.x2.T, grad2, dtype=ctx.weight_dtype) if need_w else None,
-        column_sums(grad2).astype(ctx.weight_dtype, copy=False) if need_b else None,
     )
 
 

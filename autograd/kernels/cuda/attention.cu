@@ -136,6 +136,21 @@ TG_DEVICE void load_rows(Tile* tile, const T* head, const float* bias, long long
     }
 }
 
+// A thread's results acc[RM][EN] times `scale` into rows r0 .. r0 + RM - 1 of one head (`row` elements apart),
+// columns tx, tx + 8, ...: those below n_rows and below the width.
+template <int RM, int EN, typename T>
+TG_DEVICE void store_rows(T* head, const float (&acc)[RM][EN], float scale, long long row, int r0, int n_rows,
+                          int width, int tx) {
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+        if (r0 + i >= n_rows) continue;
+#pragma unroll
+        for (int j = 0; j < EN; ++j) {
+            if (tx + 8 * j < width) store(head, (r0 + i) * row + tx + 8 * j, acc[i][j] * scale);
+        }
+    }
+}
+
 // acc[i][j] += sum over k < KN of A(i, k) B(k, j), from shared memory: A(i, k) = a[i * A_ROW + k * A_K],
 // B(k, j) = b[k * B_K + j * B_COL], a and b already at the thread's first row and column.
 template <int RM, int CN, int KN, int A_ROW, int A_K, int B_K, int B_COL>
@@ -324,17 +339,8 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
             multiply_add<RM, EN, BR, BR + 1, 1, D + 1, 8>(gv, &sw[ty * RM][0], &sg[0][tx]);
             multiply_add<RM, EN, BR, BR + 1, 1, D + 1, 8>(gk, &sds[ty * RM][0], &sq[0][tx]);
         }
-#pragma unroll
-        for (int i = 0; i < RM; ++i) {
-            const int key = k0 + ty * RM + i;
-            if (key >= a.n_keys) continue;
-#pragma unroll
-            for (int j = 0; j < EN; ++j) {
-                const int c = tx + 8 * j;
-                if (c < a.d) store(grad_k, key * a.k.row + c, gk[i][j] * a.scale);
-                if (c < a.e) store(grad_v, key * a.v.row + c, gv[i][j]);
-            }
-        }
+        store_rows(grad_k, gk, a.scale, a.k.row, k0 + ty * RM, a.n_keys, a.d, tx);
+        store_rows(grad_v, gv, 1.0f, a.v.row, k0 + ty * RM, a.n_keys, a.e, tx);
     }
 }
 
@@ -391,15 +397,7 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
             __syncthreads();
             multiply_add<RM, EN, BC, BC + 1, 1, D + 1, 8>(gq, &sds[ty * RM][0], &sk[0][tx]);
         }
-#pragma unroll
-        for (int i = 0; i < RM; ++i) {
-            const int t = q0 + ty * RM + i;
-            if (t >= a.n_queries) continue;
-#pragma unroll
-            for (int j = 0; j < EN; ++j) {
-                if (tx + 8 * j < a.d) store(grad_q, t * a.q.row + tx + 8 * j, gq[i][j] * a.scale);
-            }
-        }
+        store_rows(grad_q, gq, a.scale, a.q.row, q0 + ty * RM, a.n_queries, a.d, tx);
     }
 }
 
@@ -491,26 +489,18 @@ struct MmaTiles<float, 64> {
 };
 
 // 2^x and log2(x): the GPU's approximations (ex2.approx: within 2 units in the last place; lg2.approx: within about
-// 2^-22 absolutely); on the emulated device the exact values rounded once to float32, which the NumPy twin computes
-// too.
-TG_DEVICE float exp2_of(float x) {
+// 2^-22 absolutely), PTX `instruction`s of one float32; on the emulated device the `exact` values rounded once to
+// float32, which the NumPy twin computes too.
 #ifdef __CUDA_ARCH__
-    float y;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
+#define APPROXIMATION(instruction, exact)             \
+    float y;                                          \
+    asm(instruction " %0, %1;" : "=f"(y) : "f"(x));   \
+    return y
 #else
-    return static_cast<float>(exp2(static_cast<double>(x)));
+#define APPROXIMATION(instruction, exact) return static_cast<float>(exact(static_cast<double>(x)))
 #endif
-}
-TG_DEVICE float log2_of(float x) {
-#ifdef __CUDA_ARCH__
-    float y;
-    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return static_cast<float>(log2(static_cast<double>(x)));
-#endif
-}
+TG_DEVICE float exp2_of(float x) { APPROXIMATION("ex2.approx.f32", exp2); }
+TG_DEVICE float log2_of(float x) { APPROXIMATION("lg2.approx.f32", log2); }
 
 // The maximum and the sum over a quad (the 4 lanes that hold a row), in a fixed order.
 TG_DEVICE float quad_max(float x) {
@@ -685,6 +675,20 @@ struct KeepBits {
 TG_DEVICE int fragment_column(int n, int i) { return 8 * n + 2 * (threadIdx.x % 4) + i % 2; }
 TG_DEVICE int fragment_row(int i) { return threadIdx.x % 32 / 4 + 8 * (i / 2); }
 
+// A warp's results acc[N][4], as fragments of rows[2] (entry i in row rows[i / 2]), times `scale` into one head
+// (`row` elements apart): the entries below n_rows and below the width.
+template <int N, typename T>
+TG_DEVICE void store_fragments(T* head, const float (&acc)[N][4], float scale, long long row, const int (&rows)[2],
+                               int n_rows, int width) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = rows[i / 2], c = fragment_column(n, i);
+            if (r < n_rows && c < width) store(head, r * row + c, acc[n][i] * scale);
+        }
+}
+
 // Forward: y and L2 for one head per blockIdx.x and 64 queries at a time (the longest causal rows first), BC keys
 // a step. Per row: the running max m (base 2), this lane's part of the sum l, and y's accumulator, which shrink by
 // 2^(m_old - m_new) when m grows. y = acc * keep_scale / l, L2 = m + log2(l): the normaliser is the undropped sum.
@@ -829,15 +833,8 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
             multiply_fragments<Operands, BR, D>(gv, w, sg, LD);
             multiply_fragments<Operands, BR, D>(gk, ds, sq, LD);
         }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int key = keys[i / 2], c = fragment_column(n, i);
-                if (key >= a.n_keys) continue;
-                if (c < a.d) store(grad_k, key * a.k.row + c, gk[n][i] * a.scale);
-                if (c < a.e) store(grad_v, key * a.v.row + c, gv[n][i]);
-            }
+        store_fragments(grad_k, gk, a.scale, a.k.row, keys, a.n_keys, a.d);
+        store_fragments(grad_v, gv, 1.0f, a.v.row, keys, a.n_keys, a.e);
     }
 }
 
@@ -894,13 +891,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
             Operands::template pack<BC>(ds, s);
             multiply_fragments<Operands, BC, D>(gq, ds, sk, LD);
         }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int t = rows[i / 2], c = fragment_column(n, i);
-                if (t < a.n_queries && c < a.d) store(grad_q, t * a.q.row + c, gq[n][i] * a.scale);
-            }
+        store_fragments(grad_q, gq, a.scale, a.q.row, rows, a.n_queries, a.d);
     }
 }
 

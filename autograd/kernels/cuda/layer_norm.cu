@@ -245,65 +245,52 @@ __device__ void backward_blocks(const Source& source, const T* dout, const T* do
 #define SUMS_PARAMETERS float *scratch, unsigned int *counters, float *totals
 #define SUMS PartialSums{scratch, counters, totals}
 
-#define LAYER_NORM(suffix, T)                                                                                    \
-    extern "C" __global__ void layer_norm_forward_warps_##suffix(                                                \
-        const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, long long rows, int width, \
-        float eps) {                                                                                             \
-        forward_warps<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                  \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS_THREADS) layer_norm_backward_warps_##suffix(              \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, SUMS_PARAMETERS, \
-        long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_warps<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, SUMS, 2, rows, width,            \
-                          rows_per_chunk);                                                                       \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_forward_blocks_##suffix(              \
-        const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, long long rows, int width, \
-        float eps) {                                                                                             \
-        forward_blocks<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                 \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) layer_norm_backward_blocks_##suffix(             \
-        const T* x, const T* dout, const float* w, const float* mean, const float* rstd, T* dx, SUMS_PARAMETERS, \
-        long long rows, int width, int rows_per_chunk) {                                                         \
-        backward_blocks<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, SUMS, 2, rows, width,           \
-                           rows_per_chunk);                                                                      \
+// Each kernel below comes in two layouts (forward_warps or forward_blocks, and so on), bounded by its most threads,
+// and two types: KERNEL(layer_norm_forward, warps, f32) names layer_norm_forward_warps_f32.
+#define THREADS_warps WARPS_THREADS
+#define THREADS_blocks BLOCK_THREADS
+#define KERNEL(name, layout, suffix) \
+    extern "C" __global__ void __launch_bounds__(THREADS_##layout) name##_##layout##_##suffix
+
+#define LAYER_NORM(layout, suffix, T)                                                                                  \
+    KERNEL(layer_norm_forward, layout, suffix)(const T* x, const float* w, const float* b, T* out, float* mean,        \
+                                               float* rstd, long long rows, int width, float eps) {                    \
+        forward_##layout<T>(Plain<T>{x, nullptr, width}, w, b, out, mean, rstd, rows, width, eps);                     \
+    }                                                                                                                  \
+    KERNEL(layer_norm_backward, layout, suffix)(const T* x, const T* dout, const float* w, const float* mean,          \
+                                                const float* rstd, T* dx, SUMS_PARAMETERS, long long rows,             \
+                                                int width, int rows_per_chunk) {                                       \
+        backward_##layout<T>(Plain<T>{x, dx, width}, dout, nullptr, w, mean, rstd, SUMS, 2, rows, width,               \
+                             rows_per_chunk);                                                                          \
     }
-LAYER_NORM(f32, float)
-LAYER_NORM(bf16, bf16)
+LAYER_NORM(warps, f32, float)
+LAYER_NORM(warps, bf16, bf16)
+LAYER_NORM(blocks, f32, float)
+LAYER_NORM(blocks, bf16, bf16)
 
 // The residual kernels take, after their own arguments, the dropout's mask: its key (common.cuh), the rows
 // of one example and the scale 1 / (1 - p).
-#define MASK_PARAMETERS                                                                                    \
-    unsigned long long seed, unsigned int step, unsigned int site, unsigned int first_example,             \
+#define MASK_PARAMETERS                                                                                                \
+    unsigned long long seed, unsigned int step, unsigned int site, unsigned int first_example,                         \
         unsigned int threshold, long long rows_per_example, float scale
-#define RESIDUAL(T, x, y, bias, dx, dy)                                                                    \
-    Residual<T>{x, y, bias, dx, dy, width, MaskKey{seed, step, site, threshold}, rows_per_example,         \
+#define RESIDUAL(T, x, y, bias, dx, dy)                                                                                \
+    Residual<T>{x, y, bias, dx, dy, width, MaskKey{seed, step, site, threshold}, rows_per_example,                     \
                 first_example, scale}
 
-#define RESIDUAL_LAYER_NORM(suffix, T)                                                                           \
-    extern "C" __global__ void residual_layer_norm_forward_warps_##suffix(                                       \
-        const T* x, const T* y, const float* bias, const float* w, const float* b, T* out, float* mean,          \
-        float* rstd, long long rows, int width, float eps, MASK_PARAMETERS) {                                    \
-        forward_warps<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);    \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS_THREADS) residual_layer_norm_backward_warps_##suffix(     \
-        const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
-        const float* mean, const float* rstd, T* dx, T* dy, SUMS_PARAMETERS, long long rows, int width,          \
-        int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
-        backward_warps<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, SUMS, 3, rows, width,     \
-                          rows_per_chunk);                                                                       \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_forward_blocks_##suffix(     \
-        const T* x, const T* y, const float* bias, const float* w, const float* b, T* out, float* mean,          \
-        float* rstd, long long rows, int width, float eps, MASK_PARAMETERS) {                                    \
-        forward_blocks<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);   \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(BLOCK_THREADS) residual_layer_norm_backward_blocks_##suffix(    \
-        const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                \
-        const float* mean, const float* rstd, T* dx, T* dy, SUMS_PARAMETERS, long long rows, int width,          \
-        int rows_per_chunk, MASK_PARAMETERS) {                                                                   \
-        backward_blocks<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, SUMS, 3, rows, width,    \
-                           rows_per_chunk);                                                                      \
+#define RESIDUAL_LAYER_NORM(layout, suffix, T)                                                                         \
+    KERNEL(residual_layer_norm_forward, layout, suffix)(const T* x, const T* y, const float* bias, const float* w,     \
+                                                        const float* b, T* out, float* mean, float* rstd,              \
+                                                        long long rows, int width, float eps, MASK_PARAMETERS) {       \
+        forward_##layout<T>(RESIDUAL(T, x, y, bias, nullptr, nullptr), w, b, out, mean, rstd, rows, width, eps);       \
+    }                                                                                                                  \
+    KERNEL(residual_layer_norm_backward, layout, suffix)(                                                              \
+        const T* x, const T* y, const float* bias, const T* dout, const T* dout2, const float* w,                      \
+        const float* mean, const float* rstd, T* dx, T* dy, SUMS_PARAMETERS, long long rows, int width,                \
+        int rows_per_chunk, MASK_PARAMETERS) {                                                                         \
+        backward_##layout<T>(RESIDUAL(T, x, y, bias, dx, dy), dout, dout2, w, mean, rstd, SUMS, 3, rows, width,        \
+                             rows_per_chunk);                                                                          \
     }
-RESIDUAL_LAYER_NORM(f32, float)
-RESIDUAL_LAYER_NORM(bf16, bf16)
+RESIDUAL_LAYER_NORM(warps, f32, float)
+RESIDUAL_LAYER_NORM(warps, bf16, bf16)
+RESIDUAL_LAYER_NORM(blocks, f32, float)
+RESIDUAL_LAYER_NORM(blocks, bf16, bf16)

@@ -11,33 +11,29 @@
     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                              \
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3])
 
-#ifndef __CUDA_ARCH__
-// The emulated device's mma of `kind` (EMU_MMA_BF16 or EMU_MMA_TF32): a meeting of the warp's lanes.
+// One mma.sync `instruction`, on the operands above: inline PTX on a GPU; on the emulated device, a meeting of the
+// warp's lanes that computes the mma of `kind` (EMU_MMA_BF16 or EMU_MMA_TF32).
+#ifdef __CUDA_ARCH__
+#define MMA(instruction, kind) asm(instruction " " MMA_OPERANDS)
+#else
 inline void emulated_mma(int kind, float d[4], const unsigned int a[4], const unsigned int b[2], const float c[4]) {
     EmuMma lane{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}, {c[0], c[1], c[2], c[3]}, {}};
     emu_mma(kind, &lane);
     for (int i = 0; i < 4; ++i) d[i] = lane.d[i];
 }
+#define MMA(instruction, kind) emulated_mma(kind, d, a, b, c)
 #endif
 
 // m16n8k16 on bfloat16: a[4] and b[2] hold two bfloat16 each, the lower index in the low 16 bits (pack_bf16x2).
 __device__ __forceinline__ void mma_bf16_m16n8k16(float d[4], const unsigned int a[4], const unsigned int b[2],
                                                   const float c[4]) {
-#ifdef __CUDA_ARCH__
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 " MMA_OPERANDS);
-#else
-    emulated_mma(EMU_MMA_BF16, d, a, b, c);
-#endif
+    MMA("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", EMU_MMA_BF16);
 }
 
 // m16n8k8 on tf32: one number a register, rounded by tf32_of (the hardware does not read the low 13 bits).
 __device__ __forceinline__ void mma_tf32_m16n8k8(float d[4], const unsigned int a[4], const unsigned int b[2],
                                                  const float c[4]) {
-#ifdef __CUDA_ARCH__
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " MMA_OPERANDS);
-#else
-    emulated_mma(EMU_MMA_TF32, d, a, b, c);
-#endif
+    MMA("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", EMU_MMA_TF32);
 }
 
 // low and high rounded to bfloat16 (to nearest, ties to even) in one register, low in the low 16 bits. PTX's
