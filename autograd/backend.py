@@ -5,6 +5,7 @@ so one piece of code runs on the CPU (NumPy) and on an NVIDIA GPU (CuPy).
 """
 
 import contextlib
+import importlib
 import math
 
 import numpy as np
@@ -216,3 +217,14 @@ def segment_sum(values, segments, n_segments):
     ends = xp.searchsorted(segments, every, side="right")  # one past each segment's last row
     present = (ends > starts).reshape(per_row)
     return xp.where(present, sums[xp.maximum(ends - 1, 0)], 0)
+
+
+# Names this module held before products and seeding had modules of their own: still importable here.
+_MOVED = {name: "products" for name in ("matmul", "set_tf32", "tf32_asked", "tensor_cores")}
+_MOVED.update({name: "random" for name in ("manual_seed", "default_generator")})
+
+
+def __getattr__(name):
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autograd.{_MOVED[name]}"), name)

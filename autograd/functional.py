@@ -73,7 +73,7 @@ class Linear(Function):
         return out.reshape(*x.shape[:-1], weight.shape[1])
 
     @staticmethod
-    def backward(ctx, grad, column_sums=lambda rows: widened(rows).sum(axis=0)):
+    def backward(ctx, grad, *, column_sums=lambda rows: widened(rows).sum(axis=0)):
         need_x, need_w, need_b = ctx.needs_input_grad
         grad2 = grad.reshape(-1, grad.shape[-1])  # (rows, out)
         return (

@@ -188,6 +188,24 @@ def test_your_own_command_counts_words_and_names_a_file_it_cannot_read(tmp_path)
         assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_your_own_evaluate_command_reads_a_run_and_names_one_it_cannot(tmp_path):
+    from tests.train.runs import tiny_run
+    from train.run_folder import load_tokenizer
+
+    (tmp_path / "tokens.py").write_text(snippets("Fine-tuning")["tokens.py"])
+    tiny_run(tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = functools.partial(subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = run([sys.executable, "tokens.py", "tokens", "--run", "run", "--text", "the cat sat"])
+    expected = load_tokenizer(tmp_path / "run" / "tokenizer").encode("the cat sat")
+    assert done.returncode == 0 and done.stdout == f"{expected}\n", done.stderr
+    done = run([sys.executable, "tokens.py", "tokens", "--run", "missing", "--text", "a"])
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert "tokens: error: --run: missing: no such run or checkpoint folder" in done.stderr
+    done = run([sys.executable, "tokens.py", "perplexity", "--help"])
+    assert done.returncode == 0 and "--max-tokens" in done.stdout
+
+
 def test_your_own_task_is_read_and_fine_tuned(tmp_path):
     from tests.train.runs import tiny_run
 

@@ -175,17 +175,21 @@ def on_return(callback, *args):
 
 
 @contextlib.contextmanager
-def reading(parser, flag, named=True):
+def reading(parser, flag):
     """Around reading the files that `flag` gives: a file that does not decode, cannot be read or is
-    refused (an OSError, a ValueError) is a usage error that names `flag` (for the last two, only if
-    `named`) and, where the error names skip_bad_rows=True, the flag --skip-bad-rows."""
+    refused (an OSError, a ValueError) is a usage error that names `flag` (an OSError as "path: what
+    went wrong") and, where the error names skip_bad_rows=True, the flag --skip-bad-rows."""
     try:
         yield
     except UndecodableFiles as error:
         parser.error(f"{flag}: {error.advice(flags=True)}")
     except (OSError, ValueError) as error:
-        message = str(error).replace("skip_bad_rows=True", "--skip-bad-rows")
-        parser.error(f"{flag}: {message}" if named else message)
+        if isinstance(error, OSError) and error.filename is not None and error.strerror:
+            missing = isinstance(error, FileNotFoundError)
+            message = f"{error.filename}: {'no such file or folder' if missing else error.strerror}"
+        else:
+            message = str(error).replace("skip_bad_rows=True", "--skip-bad-rows")
+        parser.error(f"{flag}: {message}")
 
 
 @contextlib.contextmanager
@@ -309,7 +313,7 @@ def subcommand(name, add_arguments, **parser_options):
             parser = commands.add_parser(name, **{"formatter_class": Help, **parser_options})
             add_run_argument(parser)
             add_arguments(parser)
-            parser.set_defaults(body=functools.partial(body, parser))
+            parser.set_defaults(_subcommand=functools.partial(body, parser))  # a name no flag takes
 
         body.add_to = add_to
         return body
@@ -355,10 +359,8 @@ def open_run(parser, run, device):
     except (ValueError, RuntimeError) as error:
         parser.error(f"--device: {error}")
     backend.use_device(device)
-    try:
+    with reading(parser, "--run"):
         model, tokenizer = load_run(run, device)
-    except (OSError, ValueError) as error:
-        parser.error(f"--run: {error}")
     check_tokenizer_fits(parser, run, model.config.vocab_size, tokenizer)
     return model, tokenizer
 

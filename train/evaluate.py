@@ -116,13 +116,13 @@ def perplexity_command(parser, args):
     return results
 
 
-COMMANDS = (
+COMMANDS = [  # a launcher may add its own
     perplexity_command,
     zeroshot.zeroshot_command,
     inspection.attention_command,
     inspection.summary_command,
     predict.predict_command,
-)
+]
 
 
 def build_parser():
@@ -140,7 +140,7 @@ def parse_args(argv):
 
 @cli.command(parse_args)
 def main(parser, args):
-    return args.body(args)  # the command's, bound to its parser by cli.subcommand
+    return args._subcommand(args)  # the command's body, bound to its parser by cli.subcommand
 
 
 if __name__ == "__main__":

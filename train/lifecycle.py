@@ -108,7 +108,8 @@ def stop_on_os_error(run_dir):
 # ----- start or resume ---------------------------------------------------------------------------
 def new_run(parser, args, group, name):
     """The folder of a new run, --out or runs/<name>-<date>-<time>: a usage error where a run holds
-    it, or it is not empty, unless --overwrite (Run.begin empties it once every other check has passed)."""
+    it, or it is not empty, unless --overwrite (Training.begin empties it once every other check has
+    passed)."""
     run_dir = args.out or new_run_folder(name)
     try:
         if group.main:

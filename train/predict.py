@@ -87,7 +87,9 @@ def fine_tune_of(parser, run):
     usage error."""
     run_dir = run_folder_of(run)
     weights = run if os.path.isfile(os.path.join(run, WEIGHTS_FILE)) else os.path.join(run, "best")
-    try:
+    with cli.reading(parser, "--run"):
+        if not os.path.isdir(run):
+            raise FileNotFoundError(f"{run}: no such run or checkpoint folder")
         config, settings = read_config(run_dir)
         if not isinstance(settings, dict) or "has_labels" not in settings:
             raise ValueError(f"{run_dir} is not a fine-tuning run (its config.json has no task)")
@@ -99,8 +101,6 @@ def fine_tune_of(parser, run):
         if not isinstance(layout, list) or not all(isinstance(field, str) for field in layout):
             raise ValueError(f"{run_dir}/config.json: the layout {layout!r:.40} is not a list of fields")
         labels = load_labels(os.path.join(run_dir, "labels.json")) if settings["has_labels"] else None
-    except (OSError, ValueError) as error:
-        parser.error(f"--run: {error}")
     return run_dir, weights, config, settings, labels
 
 

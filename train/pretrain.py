@@ -177,7 +177,7 @@ def model_config(args, vocab_size):
 def read_tokens(parser, args, run_dir, group):
     """(tokenizer, token ids of the corpus, their hash): a resumed run's own tokenizer (on the data
     the run began on, unless --allow-data-change), else a new run's."""
-    with cli.reading(parser, "--data", named=False):
+    with cli.reading(parser, "--data"):
         texts = (
             data.read_corpus(args.data, args.encoding, args.errors) if args.data else data.default_corpus()
         )

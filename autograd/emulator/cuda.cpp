@@ -46,7 +46,7 @@ const char* const WARP_CALLS[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_
                                   "ldmatrix.x4", "ldmatrix.x4.trans"};
 
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
-enum Order { WRITTEN, REVERSED, SHUFFLED, WARPS, REVERSED_WARPS };  // EmuLaunch's order (emulator_kernels.ORDERS)
+enum Order { WRITTEN, REVERSED, SHUFFLED, WARPS, REVERSED_WARPS };  // EmuLaunch's order (emulator/kernels.py:ORDERS)
 
 struct Fiber {
     jmp_buf start;  // the top of its stack, where each CUDA thread it runs begins
@@ -558,7 +558,7 @@ extern "C" int emu_run(EmuLaunch* l, EmuCoordinates coordinates, void (*b)(void*
 }
 
 // Memory for a copy of an array argument of `bytes` bytes: a mapping of a PROT_NONE page, the bytes rounded
-// up to whole pages, and another PROT_NONE page. emulator_kernels.py puts the array at the end of the middle pages,
+// up to whole pages, and another PROT_NONE page. autograd/emulator/kernels.py puts the array at the end of the middle pages,
 // so that the first byte past it faults.
 EMU_EXPORT void* emu_map_guarded(size_t bytes) {
     size_t page = sysconf(_SC_PAGESIZE), middle = (bytes + page - 1) / page * page;

@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <utility>
 
-// ----- the launch, as emulator_kernels.py passes it (mirrored there as a ctypes Structure)
+// ----- the launch, as autograd/emulator/kernels.py passes it (mirrored there as a ctypes Structure)
 
 extern "C" {
 struct EmuLaunch {
@@ -68,7 +68,7 @@ constexpr int warpSize = 32;
 // ----- qualifiers
 
 #define __global__
-#define __launch_bounds__(...)  // read from the PTX by emulator_kernels.py, and enforced there
+#define __launch_bounds__(...)  // read from the PTX by autograd/emulator/kernels.py, and enforced there
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -130,7 +130,7 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize) {
 }
 
 // ----- atomics: the fibers of a launch take turns on one OS thread, so a read-modify-write is atomic as it
-// is; the order in which threads get to it is the scheduler's (see emulator_kernels.thread_orders).
+// is; the order in which threads get to it is the scheduler's (see autograd/emulator/kernels.py:thread_orders).
 
 template <typename T>
 struct emu_same {  // keeps the second argument of an atomic out of the deduction of T
@@ -220,12 +220,12 @@ inline long long min(long long a, int b) { return min(a, static_cast<long long>(
 inline long long max(int a, long long b) { return max(static_cast<long long>(a), b); }
 inline long long max(long long a, int b) { return max(a, static_cast<long long>(b)); }
 
-// ----- what emulator_kernels.py appends after the source for each extern "C" kernel K:
+// ----- what autograd/emulator/kernels.py appends after the source for each extern "C" kernel K:
 //   extern "C" int emu_launch_K(EmuLaunch* launch, void** args)   runs K with args[i] -> its i-th argument
 //   extern "C" void emu_params_K(char* out, size_t size)          K's parameters, from their C++ types
 namespace emu {
 
-// One parameter as emulator_kernels.py checks an argument against it: 'p' (a pointer) or 'v' (a value), then the
+// One parameter as autograd/emulator/kernels.py checks an argument against it: 'p' (a pointer) or 'v' (a value), then the
 // kind of the value or of what the pointer points at ('f' floating, 'i' signed, 'u' unsigned integer,
 // 'b' bool, 's' anything else, 'x' void), then its width in bytes: "pf4" is a float*, "vi8" a long long.
 template <typename T>

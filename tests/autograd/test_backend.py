@@ -179,3 +179,12 @@ def test_an_embedding_gradient_on_the_gpu_repeats_bit_for_bit(gpu_device):
     first = table_grad(gpu_device)
     np.testing.assert_array_equal(table_grad(gpu_device), first)
     np.testing.assert_allclose(first, table_grad("cpu"), rtol=1e-4, atol=1e-3)
+
+
+def test_names_that_moved_out_of_backend_are_still_importable_from_it():
+    from autograd import products
+    from autograd.backend import manual_seed, matmul, set_tf32
+
+    assert (matmul, set_tf32, manual_seed) == (products.matmul, products.set_tf32, random.manual_seed)
+    with pytest.raises(AttributeError, match="'autograd.backend' has no attribute 'no_such_name'"):
+        backend.no_such_name  # noqa: B018

@@ -135,7 +135,7 @@ def test_a_subcommand_gets_a_parser_that_starts_with_run_and_its_body_bound_to_i
     parser = cli.Parser(prog="evaluate")
     count.add_to(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["count", "--run", "r", "--words", "5"])
-    assert args.body(args) == ("evaluate count", "r", 5)
+    assert args._subcommand(args) == ("evaluate count", "r", 5)
     with pytest.raises(SystemExit) as stopped_by:
         parser.parse_args(["count", "--words", "5"])
     assert stopped_by.value.code == 2 and "--run" in capsys.readouterr().err

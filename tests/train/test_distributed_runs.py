@@ -23,29 +23,10 @@ from train import finetune, pretrain
 from train.checkpoint import checkpoint_steps, save_checkpoint
 from train.run_folder import read_metrics, save_tokenizer, write_config
 
-from .runs import ROOT
+from .runs import ROOT, SMALL
 
 TIMEOUT = 240  # seconds; a job still running then has hung
-SMALL = [
-    "--n-layer",
-    "1",
-    "--n-embd",
-    "32",
-    "--n-head",
-    "2",
-    "--n-ctx",
-    "16",
-    "--vocab-size",
-    "300",
-    "--batch-size",
-    "8",
-    "--eval-windows",
-    "8",
-    "--sample-tokens",
-    "4",
-    "--log-every",
-    "1",
-]
+STEP_OF_8 = ["--batch-size", "8", "--log-every", "1"]  # SMALL's run with 8 windows a step, each step logged
 
 
 @pytest.fixture
@@ -101,8 +82,7 @@ def pretrain_args(corpus, out, *extra):
         "--out",
         str(out),
         *SMALL,
-        "--device",
-        "cpu",
+        *STEP_OF_8,
         *extra,
     ]
 

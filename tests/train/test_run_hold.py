@@ -136,7 +136,7 @@ with group.abort_on_error():
 
 def test_two_ranks_are_refused_a_held_folder_without_waiting(mpiexec, held, tmp_path):  # noqa: F811
     """--resume of a held folder ends the job with the refusal; so does a folder held by the time
-    rank 0 takes it (Run.hold), every rank then leaving together, without MPI_Abort."""
+    rank 0 takes it (Training.hold), every rank then leaving together, without MPI_Abort."""
     out, holder = held
     before = files(out)
     resume = ["-m", "train.pretrain", "--distributed", "--resume", str(out), "--device", "cpu"]

@@ -457,3 +457,22 @@ def test_a_path_that_is_not_utf8_is_printed_escaped(tuned, tmp_path, capsys):
         ["predict", "--run", str(tuned / "tuned"), "--data", str(data), "--out", str(out), "--device", "cpu"]
     )
     assert out.exists() and f"in {tmp_path}/\\udcff.jsonl\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "perplexity", "zeroshot", "predict"])
+def test_a_missing_file_or_run_is_named_the_same_way_by_every_command(base, tuned, tmp_path, capsys, command):
+    run, tune, missing = str(base[0]), str(tuned / "tuned"), str(tmp_path / "missing")
+    out, cpu = ["--out", str(tmp_path / "out")], ["--device", "cpu"]
+    splits, sst2 = ["--task", "jsonl", "--train", missing, "--dev", missing, *out, *cpu], ["--task", "sst2"]
+    main, argv, flag = {
+        "pretrain": (pretrain.main, ["--data", missing, *out, *SMALL], "--data"),
+        "finetune": (finetune.main, ["--init-from", run, *splits], "--train"),
+        "perplexity": (evaluate.main, ["perplexity", "--run", run, "--data", missing, *cpu], "--data"),
+        "zeroshot": (evaluate.main, ["zeroshot", "--run", run, *sst2, "--data", missing], "--data"),
+        "predict": (evaluate.main, ["predict", "--run", tune, "--data", missing, *cpu], "--data"),
+    }[command]
+    assert one_line_error(capsys, main, argv).endswith(f"{flag}: {missing}: no such file or folder")
+    if command in ("perplexity", "predict"):  # these open the run before they read --data
+        argv[argv.index("--run") + 1] = missing
+        line = one_line_error(capsys, main, argv)
+        assert line.endswith(f"--run: {missing}: no such run or checkpoint folder")
