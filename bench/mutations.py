@@ -355,6 +355,8 @@ MUTATIONS = [
              "attention: a row's sum with a wrong shuffle offset"),
     Mutation("att-dk-scale", "attention.cu", "store_rows(grad_k, gk, a.scale,",
              "store_rows(grad_k, gk, 1.0f,", "attention's dk: the scale dropped"),
+    Mutation("att-dw-operand", "attention.cu", "(dw, u, w);\n}", "(dw, x, w);\n}",
+             "attention's backward on CUDA cores: dW's product reads the scores' rows, not dy's"),
     Mutation("att-dropout-scale-keys", "attention.cu",
              "const float grad_p = gwt[i][j] * dropout_scale;",
              "const float grad_p = gwt[i][j] * (kept ? 1.0f : 0.0f);",

@@ -169,6 +169,16 @@ TG_DEVICE void multiply_add(float (&acc)[RM][CN], const float* a, const float* b
     }
 }
 
+// The backward's two products over a tile's rows for thread (ty, tx)'s RM x CN block: s += x y^T (S, or S^T)
+// and dw += u w^T (dW = dy V^T, or dW^T), from shared tiles of rows D + 1 apart, x and u already at the
+// thread's first row, y and w at its first column.
+template <int RM, int CN, int D>
+TG_DEVICE void scores_and_dw(float (&s)[RM][CN], float (&dw)[RM][CN], const float* x, const float* y,
+                             const float* u, const float* w) {
+    multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, x, y);
+    multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(dw, u, w);
+}
+
 // The float32 y that the backward's D = rowsum(dy y) reads: a bfloat16 y keeps a float32 copy (from y rounded
 // to bfloat16, D would be off by that rounding, where the reference's rowsum(dP P) is float32 throughout); a
 // float32 y is its own.
@@ -317,8 +327,7 @@ __device__ void attention_backward_keys(const Attention& a, const T* q, const T*
             }
             __syncthreads();
             float st[RM][CN] = {}, gwt[RM][CN] = {};
-            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(st, &sk[ty * RM][0], &sq[tx * CN][0]);
-            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(gwt, &sv[ty * RM][0], &sg[tx * CN][0]);
+            scores_and_dw<RM, CN, D>(st, gwt, &sk[ty * RM][0], &sq[tx * CN][0], &sv[ty * RM][0], &sg[tx * CN][0]);
 #pragma unroll
             for (int j = 0; j < CN; ++j) {
                 const int col = tx * CN + j, t = q0 + col;
@@ -379,8 +388,7 @@ __device__ void attention_backward_queries(const Attention& a, const T* q, const
             load_rows<BC, D, D + 1>(&sv[0][0], v, v_bias, a.v.row, k0, a.n_keys, a.e);
             __syncthreads();
             float s[RM][CN] = {}, gw[RM][CN] = {};
-            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(s, &sq[ty * RM][0], &sk[tx * CN][0]);
-            multiply_add<RM, CN, D, D + 1, 1, 1, D + 1>(gw, &sg[ty * RM][0], &sv[tx * CN][0]);
+            scores_and_dw<RM, CN, D>(s, gw, &sq[ty * RM][0], &sk[tx * CN][0], &sg[ty * RM][0], &sv[tx * CN][0]);
 #pragma unroll
             for (int i = 0; i < RM; ++i) {
                 const int t = q0 + ty * RM + i;
@@ -620,6 +628,16 @@ TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const typename Operands::E
     }
 }
 
+// The backward's two products for a warp's 16 rows on tensor cores: s += x y^T (S, or S^T) and dw += u w^T
+// (dW = dy V^T, or dW^T), x and u at the warp's first row, y and w the whole tiles of N rows.
+template <typename Operands, int N, int D>
+TG_DEVICE void scores_and_dw_mma(float (&s)[N / 8][4], float (&dw)[N / 8][4], const typename Operands::Element* x,
+                                 const typename Operands::Element* y, const typename Operands::Element* u,
+                                 const typename Operands::Element* w, int ld) {
+    multiply_by_rows<Operands, N, D>(s, x, y, ld);
+    multiply_by_rows<Operands, N, D>(dw, u, w, ld);
+}
+
 // c += P Y for P (16 x KN) held as A fragments and the KN rows of y, over its N columns: y += W V.
 template <typename Operands, int KN, int N>
 TG_DEVICE void multiply_fragments(float (&c)[N / 8][4], const unsigned int (&p)[KN / Operands::K][4],
@@ -813,8 +831,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
             keep.draw(a, bh, q0, k0);
             __syncthreads();
             float st[BR / 8][4] = {}, gwt[BR / 8][4] = {}, wt[BR / 8][4], dst[BR / 8][4];  // S^T, dW^T, W^T, dS^T
-            multiply_by_rows<Operands, BR, D>(st, sk + 16 * warp * LD, sq, LD);
-            multiply_by_rows<Operands, BR, D>(gwt, sv + 16 * warp * LD, sg, LD);
+            scores_and_dw_mma<Operands, BR, D>(st, gwt, sk + 16 * warp * LD, sq, sv + 16 * warp * LD, sg, LD);
 #pragma unroll
             for (int n = 0; n < BR / 8; ++n)
 #pragma unroll
@@ -874,8 +891,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
             keep.draw(a, bh, q0, k0);
             __syncthreads();
             float s[BC / 8][4] = {}, gw[BC / 8][4] = {};
-            multiply_by_rows<Operands, BC, D>(s, sq + 16 * warp * LD, sk, LD);
-            multiply_by_rows<Operands, BC, D>(gw, sg + 16 * warp * LD, sv, LD);
+            scores_and_dw_mma<Operands, BC, D>(s, gw, sq + 16 * warp * LD, sk, sg + 16 * warp * LD, sv, LD);
 #pragma unroll
             for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
