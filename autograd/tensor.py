@@ -250,6 +250,19 @@ def _common_float_dtype(function, tensors):
     return dtypes.pop() if dtypes else None
 
 
+def _operator_and_reflection(op):
+    """Tensor's methods for `self - other` and its reflection `other - self` (Python calls x.__rsub__(2) for
+    2 - x), for the binary op named `op` in ops: a name, as ops is imported last."""
+
+    def operator(self, other):
+        return getattr(ops, op).apply(self, self._operand(other))
+
+    def reflection(self, other):
+        return getattr(ops, op).apply(self._operand(other), self)
+
+    return operator, reflection
+
+
 class Tensor:
     """An array (`.data`, numpy or cupy) with an optional gradient (`.grad`, same shape).
 
@@ -339,22 +352,15 @@ class Tensor:
             return other
         return backend.to_device(other, self.device, self.dtype)
 
-    # one line each, so the operators read as a table
-    # fmt: off
-    def __add__(self, other): return ops.Add.apply(self, self._operand(other))
-    def __radd__(self, other): return ops.Add.apply(self._operand(other), self)
-    def __sub__(self, other): return ops.Sub.apply(self, self._operand(other))
-    def __rsub__(self, other): return ops.Sub.apply(self._operand(other), self)
-    def __mul__(self, other): return ops.Mul.apply(self, self._operand(other))
-    def __rmul__(self, other): return ops.Mul.apply(self._operand(other), self)
-    def __truediv__(self, other): return ops.Div.apply(self, self._operand(other))
-    def __rtruediv__(self, other): return ops.Div.apply(self._operand(other), self)
-    def __pow__(self, other): return ops.Pow.apply(self, self._operand(other))
-    def __rpow__(self, other): return ops.Pow.apply(self._operand(other), self)
-    def __matmul__(self, other): return ops.MatMul.apply(self, self._operand(other))
-    def __rmatmul__(self, other): return ops.MatMul.apply(self._operand(other), self)
-    def __neg__(self): return ops.Neg.apply(self)
-    # fmt: on
+    __add__, __radd__ = _operator_and_reflection("Add")
+    __sub__, __rsub__ = _operator_and_reflection("Sub")
+    __mul__, __rmul__ = _operator_and_reflection("Mul")
+    __truediv__, __rtruediv__ = _operator_and_reflection("Div")
+    __pow__, __rpow__ = _operator_and_reflection("Pow")
+    __matmul__, __rmatmul__ = _operator_and_reflection("MatMul")
+
+    def __neg__(self):
+        return ops.Neg.apply(self)
 
     # comparisons give plain boolean tensors (masks for `where`), with no gradient
     def _compare(self, other, compare):
