@@ -2,8 +2,11 @@
 the tests of the modules that read one; a small pretraining run's flags; processes of this tree."""
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +31,31 @@ ROOT = Path(__file__).parents[2]
 # a pretraining run small enough for a test on the CPU
 SMALL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-ctx", "16", "--vocab-size", "300"]
 SMALL += ["--batch-size", "4", "--eval-windows", "8", "--sample-tokens", "4", "--device", "cpu"]
+# smaller still (16 wide, 2 windows a step, no sample), for the tests of user errors and run folders
+SMALLER = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
+SMALLER += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sample-tokens", "0"]
+
+
+def pretrain_argv(corpus, out, *extra, size=SMALL):
+    """The flags of a pretraining run of `size` (SMALL) on `corpus` into `out`, then `extra`."""
+    return ["--data", str(corpus), "--out", str(out), *size, *extra]
+
+
+def one_step_argv(corpus, out, *extra):
+    """The flags of a one-step SMALLER pretraining run on `corpus` into `out`, then `extra`."""
+    return pretrain_argv(corpus, out, "--steps", "1", *extra, size=SMALLER)
 
 
 def pretrain_into(corpus, out, *extra):
     """python -m train.pretrain, in this process: a SMALL run on `corpus` into `out`."""
-    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *extra])
+    pretrain.main(pretrain_argv(corpus, out, *extra))
+
+
+def copy_of_run(base, tmp_path, monkeypatch):
+    """A copy of the run of `base` (run folder, corpus, token cache) in tmp_path, on its token cache."""
+    monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
+    shutil.copytree(base[0], tmp_path / "run")
+    return tmp_path / "run"
 
 
 def losses(run_dir):
@@ -46,6 +69,25 @@ def python(*args, **options):
     return subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, env=env, **{"stdout": subprocess.PIPE, **options}
     )
+
+
+def wait_until_logged(out):
+    """Wait until the run into `out` has logged 3 lines to metrics.jsonl (3 steps, with --log-every
+    1), or for 60 s."""
+    deadline = time.time() + 60
+    while len(read_metrics(out)) < 3 and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def ctrl_c(out, *args):
+    """The output of python ARGS, a training run into `out`, sent SIGINT (Ctrl-C) once it has logged
+    3 lines; it must end with status 130."""
+    process = python(*args, stderr=subprocess.STDOUT, text=True)
+    wait_until_logged(out)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 130, output
+    return output
 
 
 def finished(*args, timeout=120):

@@ -18,7 +18,7 @@ from train import cli, evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run_folder import read_metrics
 
-from .runs import ROOT, SMALL, finished, stopped, tiny_run
+from .runs import ROOT, finished, pretrain_argv, pretrain_into, stopped, tiny_run
 
 PRETRAIN_ERRORS = [
     (["--n-embd", "30", "--n-head", "4"], "--n-embd 30"),
@@ -175,7 +175,7 @@ def test_resume_reads_the_warmup_of_an_older_run_folder(corpus, tmp_path):
     """config.json of a run from before --warmup-steps holds "warmup": a resume keeps its value."""
     out = tmp_path / "run"
     ten_steps = ["--steps", "10", "--save-every", "1", "--keep-checkpoints", "0", "--log-every", "1"]
-    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, *ten_steps, "--warmup-steps", "0"])
+    pretrain_into(corpus, out, *ten_steps, "--warmup-steps", "0")
     rates = learning_rates(out)
     config = json.loads((out / "config.json").read_text())
     config["settings"]["warmup"] = config["settings"].pop("warmup_steps")
@@ -234,7 +234,7 @@ def test_ctrl_c_while_evaluating_or_generating_is_one_line_and_status_130(
 
 def test_ctrl_c_while_the_tokenizer_trains_writes_no_run_folder(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(pretrain, "build_tokenizer", interrupt)
-    argv = ["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL]
+    argv = pretrain_argv(corpus, tmp_path / "run")
     assert interrupted(capsys, pretrain.main, argv) == (130, "interrupted\n")
     assert not (tmp_path / "run").exists()
 

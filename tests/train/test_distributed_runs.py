@@ -23,7 +23,7 @@ from train import finetune, pretrain
 from train.checkpoint import checkpoint_steps, save_checkpoint
 from train.run_folder import read_metrics, save_tokenizer, write_config
 
-from .runs import ROOT, SMALL
+from .runs import ROOT, pretrain_argv
 
 TIMEOUT = 240  # seconds; a job still running then has hung
 STEP_OF_8 = ["--batch-size", "8", "--log-every", "1"]  # SMALL's run with 8 windows a step, each step logged
@@ -73,18 +73,7 @@ def run_job(command, env):
 
 
 def pretrain_args(corpus, out, *extra):
-    return [
-        "-m",
-        "train.pretrain",
-        "--distributed",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *SMALL,
-        *STEP_OF_8,
-        *extra,
-    ]
+    return ["-m", "train.pretrain", "--distributed", *pretrain_argv(corpus, out, *STEP_OF_8, *extra)]
 
 
 def records(run_dir, key):

@@ -4,9 +4,6 @@ or are counted, and the label map is saved and reused."""
 
 import json
 import math
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -21,7 +18,7 @@ from train import finetune
 from train.checkpoint import checkpoint_steps, read_weights, save_checkpoint
 from train.run_folder import read_config, read_metrics, save_tokenizer, write_config
 
-from .runs import python
+from .runs import ctrl_c
 
 # the class of a text is the set its words come from
 WORD_SETS = ("cat mat sat hat".split(), "dog log fog end".split())
@@ -82,24 +79,16 @@ def setup(tmp_path_factory):
     return folder, model, tokenizer, train, dev
 
 
-def finetune_run(setup, out, *extra):
+def finetune_argv(setup, out, *extra):
+    """The flags of a FAST fine-tune of the setup's pre-trained run on its jsonl files into `out`,
+    then `extra` (made text)."""
     folder, _, _, train, dev = setup
-    finetune.main(
-        [
-            "--init-from",
-            str(folder / "pretrained"),
-            "--task",
-            "jsonl",
-            "--train",
-            str(train),
-            "--dev",
-            str(dev),
-            "--out",
-            str(out),
-            *FAST,
-            *map(str, extra),
-        ]
-    )
+    task = ["--init-from", str(folder / "pretrained"), "--task", "jsonl"]
+    return [*task, "--train", str(train), "--dev", str(dev), "--out", str(out), *FAST, *map(str, extra)]
+
+
+def finetune_run(setup, out, *extra):
+    finetune.main(finetune_argv(setup, out, *extra))
     return out
 
 
@@ -436,32 +425,8 @@ def test_each_kind_of_task_runs_and_reports_its_metrics(
 
 def test_ctrl_c_saves_a_checkpoint_that_resumes(setup, tmp_path):
     """SIGINT stops the run after the current step with a checkpoint; --resume carries on from it."""
-    folder, _, _, train, dev = setup
     out = tmp_path / "run"
-    command = [
-        "-m",
-        "train.finetune",
-        "--init-from",
-        str(folder / "pretrained"),
-        "--task",
-        "jsonl",
-        "--train",
-        str(train),
-        "--dev",
-        str(dev),
-        "--out",
-        str(out),
-        *FAST,
-        "--epochs",
-        "1000",
-    ]
-    process = python(*command, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 60
-    while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
-        time.sleep(0.1)
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=30)
-    assert process.returncode == 130, output
+    output = ctrl_c(out, "-m", "train.finetune", *finetune_argv(setup, out, "--epochs", 1000))
     step = checkpoint_steps(out)[-1]
     assert f"interrupted after step {step}" in output
     config = json.loads((out / "config.json").read_text())

@@ -19,7 +19,7 @@ from train.checkpoint import checkpoint_steps, load_checkpoint, read_weights
 from train.run_folder import read_config, read_metrics
 
 from . import test_finetune
-from .runs import SMALL, python
+from .runs import pretrain_argv, pretrain_into, python, wait_until_logged
 from .test_finetune import finetune_head, finetune_run
 
 KILL_STEPS = 300  # steps of the run killed again and again, each of them saved
@@ -31,7 +31,7 @@ def start(corpus, out, *extra):
     """A pretraining process on the test's corpus into `out`, its output to a file beside it."""
     command = ["-m", "train.pretrain", *extra]
     if not extra or extra[0] != "--resume":
-        command += ["--data", str(corpus), "--out", str(out), *SMALL]
+        command += pretrain_argv(corpus, out)
     log = open(out.parent / f"{out.name}.log", "a")
     return python(*command, stdout=log, stderr=subprocess.STDOUT)
 
@@ -39,9 +39,7 @@ def start(corpus, out, *extra):
 def signalled_in_training(corpus, out, number):
     """A long pretraining process into `out`, sent the signal `number` once it has logged 3 steps."""
     process = start(corpus, out, "--steps", "100000", "--log-every", "1", "--save-every", "100000")
-    deadline = time.time() + 60
-    while len(read_metrics(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until_logged(out)
     process.send_signal(number)
     return process
 
@@ -67,7 +65,7 @@ def test_a_run_killed_at_random_moments_resumes_to_the_same_bytes(corpus, tmp_pa
     (--save-every 1); each time the newest checkpoint loads. Finished, the run's weights, Adam's
     moments, losses and rates are those of a run that was never stopped, bit for bit."""
     steps = ["--steps", str(KILL_STEPS), "--save-every", "1", "--log-every", "1", "--eval-every", "50"]
-    pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "reference"), *SMALL, *steps])
+    pretrain_into(corpus, tmp_path / "reference", *steps)
     out, rng, kills = tmp_path / "killed", random.Random(16), 0
     while kills < 12 and not (checkpoint_steps(out) and checkpoint_steps(out)[-1] == KILL_STEPS):
         resuming = bool(checkpoint_steps(out))
@@ -163,7 +161,7 @@ def test_a_full_disk_or_read_only_folder_while_fine_tuning_is_one_line(
 
 def test_a_resume_removes_what_a_killed_save_left(corpus, tmp_path):
     out = tmp_path / "run"
-    pretrain.main(["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "4", "--save-every", "2"])
+    pretrain_into(corpus, out, "--steps", "4", "--save-every", "2")
     (out / "checkpoints" / ".partial-6-4242").mkdir()
     (out / "checkpoints" / ".partial-6-4242" / "config.json").write_text("{")
     config = json.loads((out / "config.json").read_text())
@@ -187,7 +185,7 @@ def test_a_signal_while_the_closing_sample_is_drawn_ends_the_run_at_once(
     monkeypatch.setattr(pretrain, "generate", sample_cut_short)
     began = time.time()
     with pytest.raises(SystemExit) as stop:
-        pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL, "--steps", "3"])
+        pretrain_into(corpus, tmp_path / "run", "--steps", "3")
     assert stop.value.code == 128 + number and time.time() - began < 25
     assert (tmp_path / "run" / "loss.png").exists() and checkpoint_steps(tmp_path / "run") == [3]
 

@@ -4,9 +4,6 @@ Ctrl-C, NaN losses and bad input."""
 import json
 import os
 import re
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +13,7 @@ from train import pretrain
 from train.checkpoint import checkpoint_steps
 from train.run_folder import load_tokenizer, read_metrics
 
-from .runs import SMALL, losses, pretrain_into, python
+from .runs import ctrl_c, losses, pretrain_argv, pretrain_into
 
 
 def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
@@ -148,28 +145,8 @@ def test_a_bf16_run_follows_the_fp32_loss_curve(corpus, tmp_path):
 def test_ctrl_c_saves_a_checkpoint_that_resumes(corpus, tmp_path):
     """SIGINT stops the run within seconds after saving a checkpoint; --resume finishes it."""
     out = tmp_path / "run"
-    command = [
-        "-m",
-        "train.pretrain",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *SMALL,
-        "--steps",
-        "100000",
-        "--log-every",
-        "1",
-        "--save-every",
-        "100000",
-    ]
-    process = python(*command, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 60
-    while len(losses(out) if (out / "metrics.jsonl").exists() else []) < 3 and time.time() < deadline:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=30)
-    assert process.returncode == 130, output
+    steps = ["--steps", "100000", "--log-every", "1", "--save-every", "100000"]
+    output = ctrl_c(out, "-m", "train.pretrain", *pretrain_argv(corpus, out, *steps))
     [step] = checkpoint_steps(out)
     assert step >= 3 and f"interrupted after step {step}" in output
     pretrain.main(["--resume", str(out), "--device", "cpu", "--steps", str(step + 2)])
@@ -225,7 +202,7 @@ def test_a_nan_loss_stops_the_run_and_names_the_step(corpus, tmp_path):
 )
 def test_bad_input_is_a_message_naming_it(corpus, tmp_path, capsys, make_input, expected):
     with pytest.raises(SystemExit) as stop:
-        pretrain.main(["--data", str(corpus), "--out", str(tmp_path / "run"), *SMALL, *make_input(tmp_path)])
+        pretrain_into(corpus, tmp_path / "run", *make_input(tmp_path))
     assert stop.value.code == 2
     assert expected in capsys.readouterr().err
 

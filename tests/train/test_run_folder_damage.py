@@ -22,7 +22,8 @@ from train.checkpoint import WEIGHT_FILES
 from train.run_folder import RUN_FILES
 
 from . import test_run_integrity
-from .test_run_integrity import new_run, snapshot
+from .runs import one_step_argv
+from .test_run_integrity import snapshot
 
 base = test_run_integrity.base  # the fixture: a pretraining run with checkpoints 1 to 4
 TAKEN = {*RUN_FILES, *TOKENIZER_FILES, *WEIGHT_FILES, "checkpoints", "tokenizer", "best", "cache"}
@@ -91,8 +92,8 @@ def commands(run, corpus, tmp):
         "resume": (pretrain.main, ["--resume", str(run), *resume], 4),
         "resume 1": (pretrain.main, ["--resume", str(run / "checkpoints" / "1"), *resume], 1),
         "resume 3": (pretrain.main, ["--resume", str(run / "checkpoints" / "3"), *resume], 3),
-        "init-from": (pretrain.main, ["--init-from", str(run), *new_run(corpus, tmp / "new")], 4),
-        "overwrite": (pretrain.main, new_run(corpus, run, "--overwrite"), None),
+        "init-from": (pretrain.main, ["--init-from", str(run), *one_step_argv(corpus, tmp / "new")], 4),
+        "overwrite": (pretrain.main, one_step_argv(corpus, run, "--overwrite"), None),
     }
 
 

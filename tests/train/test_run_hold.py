@@ -20,9 +20,9 @@ from train.lifecycle import SIGNALS
 from train.run_folder import check_free, hold_folder, release_folder
 
 from . import test_finetune
-from .runs import SMALL, losses, pretrain_into, python, stopped
+from .runs import losses, pretrain_argv, pretrain_into, python, stopped
 from .test_distributed_runs import mpiexec, run_job  # noqa: F401 (mpiexec is a fixture)
-from .test_finetune import FAST, finetune_run
+from .test_finetune import finetune_argv, finetune_run
 
 setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
 TEN_STEPS = ("--steps", "10", "--save-every", "5", "--eval-every", "5", "--log-every", "1")
@@ -44,7 +44,7 @@ def held(corpus, tmp_path):
     """(run folder, process): a pretraining run that holds its folder, stopped (SIGSTOP) once it
     has written a checkpoint; killed at the end."""
     out = tmp_path / "held"
-    argv = ["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "3000", "--save-every", "3"]
+    argv = pretrain_argv(corpus, out, "--steps", "3000", "--save-every", "3")
     process = python("-m", "train.pretrain", *argv, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
     while not checkpoint_steps(out) and process.poll() is None and time.time() < deadline:
@@ -64,13 +64,11 @@ def test_a_second_run_on_a_held_folder_is_refused_at_once_and_a_killed_run_leave
     that process is killed, --resume takes the folder."""
     out, holder = held
     before = files(out)
-    folder, _, _, train, dev = setup
-    tune = ["--init-from", str(folder / "pretrained"), "--task", "jsonl", "--train", str(train)]
     second = [
         (pretrain.main, "--resume", ["--resume", str(out), "--device", "cpu"]),
-        (pretrain.main, "--out", ["--data", str(corpus), "--out", str(out), *SMALL, "--overwrite"]),
-        (pretrain.main, "--out", ["--data", str(corpus), "--out", str(out), *SMALL]),
-        (finetune.main, "--out", [*tune, "--dev", str(dev), "--out", str(out), *FAST, "--overwrite"]),
+        (pretrain.main, "--out", pretrain_argv(corpus, out, "--overwrite")),
+        (pretrain.main, "--out", pretrain_argv(corpus, out)),
+        (finetune.main, "--out", finetune_argv(setup, out, "--overwrite")),
     ]
     for main, flag, argv in second:
         status, lines = refused(capsys, main, argv)
@@ -98,9 +96,7 @@ def test_a_folder_that_a_run_filled_since_it_was_checked_is_left_alone(corpus, t
         return run_dir
 
     monkeypatch.setattr(lifecycle, "new_run", first_run_ends_meanwhile)
-    status, lines = refused(
-        capsys, pretrain.main, ["--data", str(corpus), "--out", str(out), *SMALL, "--seed", "1"]
-    )
+    status, lines = refused(capsys, pretrain.main, pretrain_argv(corpus, out, "--seed", "1"))
     assert first and files(out) == first
     assert status == 2 and lines[-1].startswith(f"python -m train.pretrain: error: {out} is not empty")
 

@@ -18,12 +18,10 @@ from train.checkpoint import checkpoint_steps
 from train.run_folder import read_metrics
 
 from . import test_finetune
-from .runs import stopped
+from .runs import SMALLER, copy_of_run, one_step_argv, pretrain_argv, stopped
 from .test_checkpoint import trained_pair
 from .test_finetune import examples, finetune_run, write_jsonl
 
-SMALL = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
-SMALL += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sample-tokens", "0"]
 TEXT = "The cat sat on the mat and the dog sat on the log. " * 40
 
 setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
@@ -52,20 +50,14 @@ def base(tmp_path_factory):
     steps = ["--steps", "4", "--save-every", "1", "--keep-checkpoints", "0", "--log-every", "1"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINYGPT_CACHE", str(root / "cache"))
-        pretrain.main(["--data", str(root / "corpus.txt"), "--out", str(root / "run"), *SMALL, *steps])
+        pretrain.main(pretrain_argv(root / "corpus.txt", root / "run", *steps, size=SMALLER))
     return root / "run", root / "corpus.txt", root / "cache"
 
 
 @pytest.fixture
 def run(base, tmp_path, monkeypatch):
     """A copy of the base run, on its token cache."""
-    monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
-    shutil.copytree(base[0], tmp_path / "run")
-    return tmp_path / "run"
-
-
-def new_run(corpus, out, *extra):
-    return ["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "1", *extra]
+    return copy_of_run(base, tmp_path, monkeypatch)
 
 
 # ----- nothing a user made is deleted or overwritten unasked -------------------------------------
@@ -132,7 +124,7 @@ def test_overwrite_refuses_before_any_work_a_users_file_where_the_run_writes(bas
     (run / mine).parent.mkdir(exist_ok=True)
     (run / mine).write_text("mine")
     before = snapshot(run)
-    line = one_line(capsys, pretrain.main, new_run(base[1], run, "--overwrite"))
+    line = one_line(capsys, pretrain.main, one_step_argv(base[1], run, "--overwrite"))
     named = run / (mine if mine.startswith(("best", "checkpoints")) else "metrics.jsonl")
     assert line.startswith(f"python -m train.pretrain: error: --out: {named}: no run wrote this")
     assert snapshot(run) == before
@@ -149,7 +141,7 @@ def test_overwrite_refuses_a_link_where_the_run_writes_a_folder_and_empties_noth
     shutil.rmtree(run / linked, ignore_errors=True)
     (run / linked).symlink_to(theirs, target_is_directory=True)
     before = snapshot(theirs)
-    line = one_line(capsys, pretrain.main, new_run(base[1], run, "--overwrite"))
+    line = one_line(capsys, pretrain.main, one_step_argv(base[1], run, "--overwrite"))
     assert line.startswith(f"python -m train.pretrain: error: --out: {run / linked}: no run wrote this")
     assert snapshot(theirs) == before
 
@@ -193,7 +185,7 @@ def test_an_output_on_an_input_of_the_same_command_is_a_usage_error(
     if module == "pretrain":
         data = [] if flag == "--data" else ["--data", str(tmp_path / "corpus.txt")]
         (tmp_path / "corpus.txt").write_text(TEXT)
-        main, argv = pretrain.main, [*new_run(run / out, run / out, "--overwrite")[2:], *data, *given]
+        main, argv = pretrain.main, [*one_step_argv(run / out, run / out, "--overwrite")[2:], *data, *given]
     else:
         splits = {
             "--init-from": str(run if flag == "--init-from" else base[0]),
@@ -257,7 +249,7 @@ def commands(run, tmp_path):
         "resume": (pretrain.main, ["--resume", str(run), "--steps", "4", "--device", "cpu"]),
         "pretrain --init-from": (
             pretrain.main,
-            ["--init-from", str(run), *new_run(tmp_path / "text.txt", tmp_path / "p")],
+            ["--init-from", str(run), *one_step_argv(tmp_path / "text.txt", tmp_path / "p")],
         ),
         "finetune --init-from": (finetune.main, [*tune, "--epochs", "1", "--device", "cpu"]),
     }

@@ -12,7 +12,7 @@ from train.checkpoint import checkpoint_steps
 from train.run_folder import read_metrics
 
 from . import test_finetune
-from .runs import SMALL, losses, pretrain_into, stopped, tiny_run
+from .runs import losses, pretrain_argv, pretrain_into, stopped, tiny_run
 from .test_finetune import finetune_run
 
 TEN_STEPS = ("--steps", "10", "--eval-every", "5", "--save-every", "5", "--log-every", "1")
@@ -38,7 +38,7 @@ def test_an_existing_run_folder_is_refused_and_overwrite_replaces_it(corpus, tmp
     pretrain_into(corpus, out, *TEN_STEPS)
     (out / "notes.txt").write_text("mine")
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    argv = ["--data", str(corpus), "--out", str(out), *SMALL, *TEN_STEPS, "--seed", "1"]
+    argv = pretrain_argv(corpus, out, *TEN_STEPS, "--seed", "1")
     error = usage_error(capsys, pretrain.main, argv)
     assert f"--out: {out} is not empty" in error and "--overwrite" in error and "--resume" in error
     assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
@@ -64,7 +64,7 @@ def test_overwrite_writes_nothing_before_every_input_is_checked(
     out = tmp_path / "run"
     pretrain_into(corpus, out, *TEN_STEPS)
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
-    argv = ["--data", str(corpus), "--out", str(out), *SMALL, *TEN_STEPS, "--overwrite", *bad_input]
+    argv = pretrain_argv(corpus, out, *TEN_STEPS, "--overwrite", *bad_input)
     assert expected in usage_error(capsys, pretrain.main, argv)
     assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
 

@@ -10,7 +10,7 @@ import pytest
 from train import data, evaluate, finetune, pretrain
 from train.run_folder import load_tokenizer
 
-from .runs import SMALL, stopped, tiny_run
+from .runs import pretrain_argv, stopped, tiny_run
 
 
 def usage_error(capsys, main, argv):
@@ -47,7 +47,7 @@ def corpus_read(capsys, run_dir):
 def test_pretrain_names_every_file_that_does_not_decode_and_reads_it_as_told(books, tmp_path, capsys):
     folder, latin1 = books
     out = tmp_path / "run"
-    argv = ["--data", str(folder), "--out", str(out), *SMALL, "--steps", "2", "--eval-every", "2"]
+    argv = pretrain_argv(folder, out, "--steps", "2", "--eval-every", "2")
     error = usage_error(capsys, pretrain.main, argv)
     for path in latin1:
         assert f"{path}: line 1: not valid UTF-8 at byte 3" in error

@@ -21,11 +21,8 @@ from hypothesis import strategies as st
 from autograd.serialization import load_file, save_file
 from train import evaluate, finetune, generate, pretrain
 
-from .runs import stopped, tiny_run
+from .runs import SMALLER, copy_of_run, one_step_argv, pretrain_argv, stopped, tiny_run
 from .test_finetune import examples, write_jsonl
-
-SMALL = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--n-ctx", "16", "--batch-size", "2"]
-SMALL += ["--vocab-size", "300", "--device", "cpu", "--eval-windows", "1", "--sample-tokens", "0"]
 
 
 def one_line_error(capsys, main, argv, status=2):
@@ -58,20 +55,14 @@ def base(tmp_path_factory):
     cache = root / "cache"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINYGPT_CACHE", str(cache))
-        pretrain.main(["--data", str(corpus), "--out", str(root / "run"), *SMALL, "--steps", "1"])
+        pretrain.main(one_step_argv(corpus, root / "run"))
     return root / "run", corpus, cache
 
 
 @pytest.fixture
 def run(base, tmp_path, monkeypatch):
     """A copy of the base run, on the base run's token cache."""
-    monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
-    shutil.copytree(base[0], tmp_path / "run")
-    return tmp_path / "run"
-
-
-def new_run(corpus, out, *extra):
-    return ["--data", str(corpus), "--out", str(out), *SMALL, "--steps", "1", *extra]
+    return copy_of_run(base, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("flag", ["--tokenizer", "--gpt1-tokenizer"])
@@ -83,7 +74,7 @@ def test_a_missing_or_broken_tokenizer_is_a_usage_error(base, tmp_path, capsys, 
         folder.mkdir()
         for name in ("vocab.json", "merges.txt", "encoder_bpe_40000.json", "vocab_40000.bpe"):
             (folder / name).write_text("{not json")
-    line = one_line_error(capsys, pretrain.main, [*new_run(base[1], tmp_path / "out"), flag, str(folder)])
+    line = one_line_error(capsys, pretrain.main, one_step_argv(base[1], tmp_path / "out", flag, str(folder)))
     assert str(folder) in line and not (tmp_path / "out").exists()
 
 
@@ -111,7 +102,7 @@ def test_resuming_a_whole_fine_tune_whose_metrics_lost_its_epochs_reports_none(t
 def test_a_data_folder_holding_a_folder_named_like_a_text_file_is_a_usage_error(base, tmp_path, capsys):
     (tmp_path / "data" / "x.txt").mkdir(parents=True)
     (tmp_path / "data" / "a.txt").write_text("hello world " * 50)
-    line = one_line_error(capsys, pretrain.main, new_run(tmp_path / "data", tmp_path / "out"))
+    line = one_line_error(capsys, pretrain.main, one_step_argv(tmp_path / "data", tmp_path / "out"))
     assert f"{tmp_path / 'data' / 'x.txt'}: a folder, not a text file" in line
     assert not (tmp_path / "out").exists()
     argv = ["perplexity", "--run", str(base[0]), "--data", str(tmp_path / "data"), "--device", "cpu"]
@@ -122,7 +113,7 @@ def test_a_tokenizer_that_stops_short_says_so_and_the_run_records_what_it_built(
     base, tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setenv("TINYGPT_CACHE", str(base[2]))
-    pretrain.main(new_run(base[1], tmp_path / "out", "--vocab-size", "99999999"))
+    pretrain.main(one_step_argv(base[1], tmp_path / "out", "--vocab-size", "99999999"))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     built = config["model"]["vocab_size"]
     assert built < 1000 and config["settings"]["vocab_size"] == built
@@ -150,7 +141,7 @@ def test_a_file_of_another_layout_than_the_training_files_is_refused_row_by_row(
 @pytest.mark.parametrize("which", ["--data", "--out"])
 def test_a_name_too_long_is_a_usage_error(base, tmp_path, capsys, which):
     long = tmp_path / ("a" * 300)
-    argv = new_run(long, tmp_path / "out") if which == "--data" else new_run(base[1], long)
+    argv = one_step_argv(long, tmp_path / "out") if which == "--data" else one_step_argv(base[1], long)
     line = one_line_error(capsys, pretrain.main, argv)
     assert "File name too long" in line and not (tmp_path / "out").exists()
 
@@ -465,7 +456,7 @@ def test_a_missing_file_or_run_is_named_the_same_way_by_every_command(base, tune
     out, cpu = ["--out", str(tmp_path / "out")], ["--device", "cpu"]
     splits, sst2 = ["--task", "jsonl", "--train", missing, "--dev", missing, *out, *cpu], ["--task", "sst2"]
     main, argv, flag = {
-        "pretrain": (pretrain.main, ["--data", missing, *out, *SMALL], "--data"),
+        "pretrain": (pretrain.main, pretrain_argv(missing, tmp_path / "out", size=SMALLER), "--data"),
         "finetune": (finetune.main, ["--init-from", run, *splits], "--train"),
         "perplexity": (evaluate.main, ["perplexity", "--run", run, "--data", missing, *cpu], "--data"),
         "zeroshot": (evaluate.main, ["zeroshot", "--run", run, *sst2, "--data", missing], "--data"),
