@@ -63,12 +63,17 @@ def losses(run_dir):
     return [(m["step"], m["loss"]) for m in read_metrics(run_dir) if "loss" in m]
 
 
+def ctrl_c_as_in_a_terminal():
+    """SIGINT's default action, for a child process: pytest run as a shell's background job ignores
+    SIGINT, and its children would inherit that and carry on through a test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def python(*args, **options):
-    """A Python process of this tree (python ARGS), its output piped."""
+    """A Python process of this tree (python ARGS), its output piped, Ctrl-C stopping it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, env=env, **{"stdout": subprocess.PIPE, **options}
-    )
+    options = {"stdout": subprocess.PIPE, "preexec_fn": ctrl_c_as_in_a_terminal, **options}
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, **options)
 
 
 def wait_until_logged(out):

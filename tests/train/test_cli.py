@@ -18,7 +18,7 @@ from train import cli, evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run_folder import read_metrics
 
-from .runs import ROOT, finished, pretrain_argv, pretrain_into, stopped, tiny_run
+from .runs import ROOT, ctrl_c_as_in_a_terminal, finished, pretrain_argv, pretrain_into, stopped, tiny_run
 
 PRETRAIN_ERRORS = [
     (["--n-embd", "30", "--n-head", "4"], "--n-embd 30"),
@@ -252,8 +252,7 @@ def test_sigint_during_tokenizer_training_in_a_process(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C's own default: a shell's background job ignores SIGINT, and its children inherit that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     while not process.stdout.readline().startswith("training a byte-level BPE tokenizer"):
         pass
