@@ -215,10 +215,18 @@ def split(ids, val_fraction, n_ctx):
 
 def unigram_perplexity(train_ids, val_ids, vocab_size):
     """Perplexity of the validation tokens under the training tokens' unigram frequencies (add-one
-    smoothed): the baseline a language model must beat."""
-    counts = np.bincount(np.asarray(train_ids), minlength=vocab_size).astype(np.float64) + 1
+    smoothed): the baseline a language model must beat. The ids may be arrays or a prepared
+    dataset's Tokens, read block by block."""
+    counts = np.ones(vocab_size)
+    for block in blocks(train_ids):
+        counts += np.bincount(np.asarray(block), minlength=vocab_size)
     log_probs = np.log(counts / counts.sum())
-    return float(np.exp(-log_probs[np.asarray(val_ids)].mean()))
+    total = sum(float(log_probs[np.asarray(block)].sum()) for block in blocks(val_ids))
+    return float(np.exp(-total / len(val_ids)))
+
+
+def blocks(ids):
+    return ids.blocks() if hasattr(ids, "blocks") else [ids]
 
 
 def next_token_batch(rows):

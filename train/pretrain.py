@@ -17,7 +17,7 @@ from tinygpt import GPT, GPTConfig
 from tinygpt.generation import generate
 from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, GPT1Tokenizer
 
-from . import cli, data, distributed, lifecycle
+from . import cli, data, dataset, distributed, lifecycle
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
@@ -57,7 +57,10 @@ def parse_args(argv):
 
 def add_data_arguments(group):
     group.add_argument(
-        "--data", nargs="+", help="text files, folders of *.txt or globs (default: pydoc's topics)"
+        "--data",
+        nargs="+",
+        help="a dataset folder (python -m train.prepare), or text files, folders of *.txt or globs "
+        "(default: pydoc's topics)",
     )
     group.add_argument("--val-fraction", type=held_out, default=0.05, help="share of the tokens held out")
     trained = "(default: the --init-from run's, else one trained on the data)"
@@ -175,8 +178,10 @@ def model_config(args, vocab_size):
 
 
 def read_tokens(parser, args, run_dir, group):
-    """(tokenizer, token ids of the corpus, their hash): a resumed run's own tokenizer (on the data
-    the run began on, unless --allow-data-change), else a new run's."""
+    """(tokenizer, token ids of the corpus or a prepared Dataset, their hash): a resumed run's own
+    tokenizer (on the data the run began on, unless --allow-data-change), else a new run's."""
+    if args.data and len(args.data) == 1 and dataset.is_dataset(args.data[0]):
+        return read_dataset(parser, args, run_dir, group)
     with cli.reading(parser, "--data"):
         texts = (
             data.read_corpus(args.data, args.encoding, args.errors) if args.data else data.default_corpus()
@@ -199,10 +204,42 @@ def read_tokens(parser, args, run_dir, group):
     return tokenizer, ids, digest
 
 
+def read_dataset(parser, args, run_dir, group):
+    """read_tokens of a folder train.prepare wrote: its tokenizer, which must be the run's (a resumed
+    run's, --tokenizer's, --gpt1-tokenizer's or --init-from's where given), and its shards, mapped."""
+    folder = args.data[0]
+    with cli.reading(parser, "--data"):
+        prepared = dataset.Dataset(folder)
+        tokenizer = load_tokenizer(os.path.join(folder, "tokenizer"))
+        init_from = (
+            args.init_from and not args.resume and os.path.join(run_folder_of(args.init_from), "tokenizer")
+        )
+        named = [("--resume", args.resume and os.path.join(run_dir, "tokenizer")), ("--init-from", init_from)]
+        named += [("--tokenizer", args.tokenizer), ("--gpt1-tokenizer", args.gpt1_tokenizer)]
+        for flag, path in named:
+            if path and os.path.isdir(path):
+                other = (
+                    GPT1Tokenizer.from_folder(path) if flag == "--gpt1-tokenizer" else load_tokenizer(path)
+                )
+                if data.tokenizer_fingerprint(other) != prepared.fingerprint:
+                    parser.error(
+                        f"--data: {folder} was prepared with another tokenizer than {flag}'s ({path}); "
+                        f"prepare it with that tokenizer: python -m train.prepare --tokenizer {path} ..."
+                    )
+    group.check_same("corpus or tokenizer", prepared.digest.encode())
+    lifecycle.check_data(parser, args, prepared.digest)
+    print(f"{len(prepared.train) + len(prepared.val):,} tokens (prepared in {folder})")
+    return tokenizer, prepared, prepared.digest
+
+
 def cut_windows(parser, args, ids, n_ctx):
-    """(training windows, validation windows): the corpus's last --val-fraction is held out."""
+    """(training windows, validation windows): the corpus's last --val-fraction is held out, or the
+    documents a prepared dataset holds out."""
     try:
-        train_ids, val_ids = data.split(ids, args.val_fraction, n_ctx)
+        if isinstance(ids, dataset.Dataset):
+            train_ids, val_ids = ids.train, ids.val
+        else:
+            train_ids, val_ids = data.split(ids, args.val_fraction, n_ctx)
         train, val = (
             data.Windows(train_ids, n_ctx, "training data"),
             data.Windows(val_ids, n_ctx, "validation data"),

@@ -87,7 +87,7 @@ def count_words(texts, pattern, special_tokens, normalize=None):
     return counts
 
 
-def learn_merges(word_counts, num_merges):
+def learn_merges(word_counts, num_merges, on_merge=None):
     """Learn up to `num_merges` merges from {word: count}; returns [(left bytes, right bytes)].
 
     Each step merges the pair with the highest count; ties go to the smallest pair in byte order
@@ -95,7 +95,8 @@ def learn_merges(word_counts, num_merges):
     Words are counted once. After each merge only the words that held the pair are rewritten, and
     only their pair counts change (an index pair -> words finds them). The best pair comes from a
     max-heap whose entries go stale when a count changes; a stale entry is skipped when popped.
-    Stops early when no pair is left (every word is a single token).
+    Stops early when no pair is left (every word is a single token). `on_merge(1)`, if given,
+    hears of each merge.
     """
     words = [list(word.encode("utf-8")) for word in word_counts]  # token ids; ids 0-255 are bytes
     freqs = list(word_counts.values())
@@ -119,6 +120,8 @@ def learn_merges(word_counts, num_merges):
         if pair_counts.get(pair) != -negative_count:
             continue  # stale: this pair's count changed after the entry was pushed
         merges.append((left_bytes, right_bytes))
+        if on_merge:
+            on_merge(1)
         new_id = len(token_bytes)
         token_bytes.append(left_bytes + right_bytes)
 
@@ -195,11 +198,27 @@ class BPETokenizer(Tokenizer):
                 f"{len(special_tokens)} special tokens alone need {smallest}"
             )
         word_counts = count_words(texts, pattern, special_tokens, make_normalizer(normalizer))
+        return cls.train_from_counts(word_counts, vocab_size, special_tokens, pattern, normalizer)
+
+    @classmethod
+    def train_from_counts(
+        cls,
+        word_counts,
+        vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        pattern=GPT2_PATTERN,
+        normalizer=None,
+        on_merge=None,
+    ):
+        """train() from {word: count}, the words as `pattern` cut them (count_words); a corpus
+        counted in parts is the sum of the parts' counts. `on_merge(1)` hears of each merge."""
+        special_tokens = list(special_tokens)
         if not word_counts:
             raise ValueError("the training corpus is empty: no text to learn from")
+        smallest = 256 + len(special_tokens)
         merges = [
             (bytes_to_token(left), bytes_to_token(right))
-            for left, right in learn_merges(word_counts, vocab_size - smallest)
+            for left, right in learn_merges(word_counts, vocab_size - smallest, on_merge)
         ]
         vocab = {char: byte for byte, char in enumerate(BYTE_TO_CHAR)}
         for left, right in merges:

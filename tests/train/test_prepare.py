@@ -1,0 +1,275 @@
+"""train.prepare: the ids of a prepared dataset are each document's encoding, whatever the chunks,
+pieces and workers; a killed prepare goes on to the same bytes; a new file moves no other
+document; bad input is one line."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from train import corpus, dataset, prepare, pretrain
+
+GPT1_FILES = Path(__file__).parents[2].parent / "shared" / "data" / "gpt1-bpe"
+TEXT = ["The cat sat on the mat.\nIt was warm; the dog & cat slept.\n\nA new day <b> &amp; more.\n"]
+BPE = BPETokenizer.train(TEXT * 3, 300)
+NORMALIZED = BPETokenizer.train(TEXT * 3, 300, normalizer="gpt1")
+TOKENIZERS = [BPE, NORMALIZED] + ([GPT1Tokenizer.from_folder(GPT1_FILES)] if GPT1_FILES.is_dir() else [])
+PIECES = [
+    "a",
+    "Z",
+    ".",
+    ",",
+    "'",
+    "!",
+    "<",
+    ">",
+    "&amp;",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\r",
+    "é",
+    "’",
+]
+PIECES += ["It's", "don't", "\u00a0", "…", "日本", "😀", "Mr.", "_start_", "--", "..."]
+documents = st.lists(st.sampled_from(PIECES), min_size=1, max_size=40).map("".join)
+
+
+def prepared_ids(folder):
+    """{path: [the ids of each document]} of a prepared dataset, read through its manifest."""
+    data = dataset.Dataset(str(folder))
+    return {
+        source["path"]: [
+            np.concatenate([data.shard(key)[start:end] for key, start, end in document["ranges"]]).tolist()
+            for document in source["documents"]
+        ]
+        for source in data.manifest["sources"]
+    }
+
+
+def whole_documents(path, paragraphs):
+    """The documents of a file, read whole: as prepare defines them."""
+    text = Path(path).read_bytes().decode("utf-8").removeprefix("\ufeff")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return [part for part in corpus.PARAGRAPH_BREAK.split(text) if part] if paragraphs else [text]
+
+
+def run_prepare(*argv):
+    with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"}):
+        prepare.main([*map(str, argv)])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    files=st.lists(st.lists(documents, min_size=1, max_size=4), min_size=1, max_size=3),
+    tokenizer=st.sampled_from(TOKENIZERS),
+    paragraphs=st.booleans(),
+    chunk_bytes=st.integers(1, 64),
+    piece_bytes=st.integers(1, 16),
+    bom=st.booleans(),
+)
+def test_the_ids_of_each_document_are_its_encoding_however_it_is_cut(
+    tmp_path_factory, files, tokenizer, paragraphs, chunk_bytes, piece_bytes, bom
+):
+    folder = tmp_path_factory.mktemp("prepare")
+    tokenizer_dir = folder / "tokenizer"
+    tokenizer.save(tokenizer_dir)
+    flag = "--gpt1-tokenizer" if isinstance(tokenizer, GPT1Tokenizer) else "--tokenizer"
+    for number, texts in enumerate(files):
+        text = ("\n\n" if paragraphs else "").join(texts)
+        (folder / f"{number}.txt").write_bytes(("\ufeff" if bom else "").encode() + text.encode())
+    with (
+        mock.patch.object(corpus, "CHUNK_BYTES", chunk_bytes),
+        mock.patch.object(corpus, "PIECE_BYTES", piece_bytes),
+    ):
+        run_prepare(
+            "--data",
+            *sorted(folder.glob("*.txt")),
+            "--out",
+            folder / "data",
+            flag,
+            tokenizer_dir,
+            "--workers",
+            1,
+            "--documents",
+            "paragraphs" if paragraphs else "files",
+        )
+    start = [tokenizer.special_tokens["_start_"]]
+    for path, ids in prepared_ids(folder / "data").items():
+        expected = [start + tokenizer.encode(text) for text in whole_documents(path, paragraphs)]
+        assert ids == expected, path
+
+
+def test_plan_cuts_a_file_only_between_two_visible_characters(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"ab\ncd\n ef\n\nhi\xc3\xa9\njk\nlm")  # cuts before the 1st and last "\n"
+    with mock.patch.object(corpus, "CHUNK_BYTES", 1):
+        _, chunks = corpus.plan_chunks(path, "utf-8")
+    assert [(start, end) for start, end, _ in chunks] == [(0, 2), (2, 18), (18, 21)]
+    with mock.patch.object(corpus, "CHUNK_BYTES", 1):
+        _, chunks = corpus.plan_chunks(path, "utf-16")  # "\n" may sit inside a character: never cut
+    assert [(start, end) for start, end, _ in chunks] == [(0, 21)]
+
+
+def corpus_of(folder, files=12, lines=300, seed=0):
+    """Small text files of made-up sentences."""
+    rng = random.Random(seed)
+    words = "the cat dog sat on mat warm day night bird sang tree river ran".split()
+    folder.mkdir(exist_ok=True)
+    for number in range(files):
+        sentences = [" ".join(rng.choices(words, k=8)).capitalize() + "." for _ in range(lines)]
+        (folder / f"{number:02}.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return folder
+
+
+def folder_bytes(folder):
+    """{relative path: bytes} of every file of a dataset but its lock."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(Path(folder).rglob("*"))
+        if path.is_file() and path.name != ".lock"
+    }
+
+
+def prepare_argv(data, out, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "train.prepare",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--vocab-size",
+        "300",
+        *extra,
+    ]
+
+
+def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp_path, capsys):
+    data = corpus_of(tmp_path / "text")
+    with mock.patch.object(corpus, "CHUNK_BYTES", 4000):
+        run_prepare("--data", data, "--out", tmp_path / "one", "--vocab-size", 300, "--workers", 1)
+        run_prepare("--data", data, "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2)
+    one = folder_bytes(tmp_path / "one")
+    assert one == folder_bytes(tmp_path / "two")
+    assert sum(name.endswith(".bin") for name in one) > 12  # files cut into several chunks
+    out = capsys.readouterr().out
+    assert "counting words" in out and "encoding" in out and "val:" in out
+    pretrain.main(
+        [
+            "--data",
+            str(tmp_path / "one"),
+            "--steps",
+            "2",
+            "--n-layer",
+            "1",
+            "--n-embd",
+            "16",
+            "--n-head",
+            "2",
+            "--n-ctx",
+            "16",
+            "--batch-size",
+            "2",
+            "--eval-windows",
+            "1",
+            "--sample-tokens",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
+    assert "prepared in" in capsys.readouterr().out
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("val_loss" in m for m in metrics)
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
+    data = corpus_of(tmp_path / "text", files=60)
+    began = time.monotonic()
+    subprocess.run(prepare_argv(data, tmp_path / "whole"), capture_output=True, check=True)
+    took = time.monotonic() - began
+    process = subprocess.Popen(
+        prepare_argv(data, tmp_path / "cut", "--workers", "2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(random.Random(how).uniform(0.3, 0.7) * took)  # counting words, or encoding
+    process.send_signal(how)
+    assert process.wait(timeout=60) != 0  # stopped before its end
+    subprocess.run(prepare_argv(data, tmp_path / "cut"), capture_output=True, check=True)
+    assert folder_bytes(tmp_path / "cut") == folder_bytes(tmp_path / "whole")
+
+
+def test_a_new_file_moves_no_other_document_and_only_it_is_encoded(tmp_path, capsys):
+    data = corpus_of(tmp_path / "text", files=30)
+    run_prepare("--data", data, "--out", tmp_path / "set", "--vocab-size", 300, "--workers", 1)
+    before = dataset.read_manifest(tmp_path / "set")
+    shards_before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "set" / "shards").iterdir()}
+    (data / "new.txt").write_text("A new file, with its own words.\n", encoding="utf-8")
+    capsys.readouterr()
+    run_prepare("--data", data, "--out", tmp_path / "set", "--vocab-size", 300, "--workers", 1)
+    assert "encoding: 0.0 of 0.0MB" in capsys.readouterr().out  # 33 bytes
+    after = dataset.read_manifest(tmp_path / "set")
+    splits = {s["path"]: [d["split"] for d in s["documents"]] for s in after["sources"]}
+    assert {
+        s["path"]: [d["split"] for d in s["documents"]] for s in before["sources"]
+    }.items() <= splits.items()
+    kept = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "set" / "shards").iterdir()}
+    assert shards_before.items() <= kept.items() and len(kept) == len(shards_before) + 2
+    assert {
+        s["val"] for s in [{"val": d["split"] == "val"} for s in after["sources"] for d in s["documents"]]
+    } == {True, False}
+
+
+def test_bad_input_is_one_line_naming_what_to_do(tmp_path, capsys):
+    data = corpus_of(tmp_path / "text", files=3)
+    (data / "bad.txt").write_bytes(b"fine\nline two \xff here\n")
+    (data / "empty.txt").write_bytes(b"")
+    (data / "notes.md").write_text("skipped")
+    out = tmp_path / "set"
+    with pytest.raises(SystemExit) as stop:
+        run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert stop.value.code == 2
+    said = capsys.readouterr()
+    assert "bad.txt: line 2: not valid UTF-8 at byte 14" in said.err and "--errors replace" not in said.out
+    assert "empty.txt (empty)" in said.out and "notes.md (not *.txt)" in said.out
+    os.remove(data / "bad.txt")
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    with pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", out, "--vocab-size", 400, "--workers", 1)
+    assert "another tokenizer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", out, "--workers", 0)
+    with pytest.raises(SystemExit):
+        run_prepare("--data", tmp_path / "nothing", "--out", tmp_path / "x")
+    assert "no such file or folder" in capsys.readouterr().err
+    shard = next((out / "shards").glob("*.bin"))
+    shard.write_bytes(shard.read_bytes()[:-2] + b"\x00\x00")  # damaged, same size
+    data_set = dataset.Dataset(str(out))
+    with pytest.raises(ValueError, match="damaged.*train.prepare again"):
+        for key in data_set.manifest["shards"]:
+            data_set.shard(key)
+    capsys.readouterr()
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert f"{shard.name}: damaged" in capsys.readouterr().out
+    assert all(dataset.Dataset(str(out)).shard(key) is not None for key in data_set.manifest["shards"])

@@ -1,0 +1,349 @@
+"""python -m train.prepare: text files -> a dataset folder that train.pretrain memory-maps.
+
+On every core, in bounded memory: --workers processes count the words (for a BPE trained here)
+and encode the corpus, a chunk of a file each at a time; no file is read whole. A Ctrl-C, a kill
+or a crash loses only the chunks under way: the same command again goes on from the finished
+shards, and after files are added, removed or edited it encodes only theirs.
+"""
+
+import fcntl
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+from tqdm import tqdm
+
+from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+
+from . import cli, corpus, data, dataset, shards
+from .cli import add_text_arguments, positive_int
+from .pretrain import SMALLEST_VOCAB, held_out, vocab_size
+from .run_folder import load_tokenizer
+
+EVERY = 5.0  # seconds between progress lines off a terminal
+
+
+def parse_args(argv):
+    groups = {
+        "data": add_data_arguments,
+        "tokenizer": add_tokenizer_arguments,
+        "the work": add_work_arguments,
+    }
+    parser = cli.grouped_parser("python -m train.prepare", __doc__, groups)
+    args = parser.parse_args(argv)
+    if args.tokenizer and args.gpt1_tokenizer:
+        parser.error("give --tokenizer or --gpt1-tokenizer, not both")
+    if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
+        parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    cli.check_writable(parser, "--out", args.out)
+    cli.check_apart_from_inputs(parser, "--out", args.out, args)
+    return parser, args
+
+
+def add_data_arguments(group):
+    group.add_argument("--data", nargs="+", required=True, help="text files, folders or globs")
+    group.add_argument("--out", required=True, help="the dataset folder (made, or gone on with)")
+    group.add_argument(
+        "--extensions", nargs="+", default=[".txt"], help="the files read below a folder (default: .txt)"
+    )
+    documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
+    group.add_argument("--documents", choices=["files", "paragraphs"], default="files", help=documents)
+    group.add_argument("--val-fraction", type=held_out, default=0.05, help="share of the documents held out")
+    add_text_arguments(group)
+
+
+def add_tokenizer_arguments(group):
+    group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: one trained here)")
+    group.add_argument(
+        "--gpt1-tokenizer", help="a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
+    )
+    group.add_argument("--vocab-size", type=vocab_size, default=2048, help="of a tokenizer trained here")
+    group.add_argument(
+        "--normalize", choices=["gpt1"], help="a tokenizer trained here sees text as GPT-1's did"
+    )
+    sample = "train the BPE on an even sample of about this many bytes of the corpus (default: all of it)"
+    group.add_argument("--tokenizer-sample", type=positive_int, metavar="BYTES", help=sample)
+
+
+def add_work_arguments(group):
+    cores = len(os.sched_getaffinity(0))
+    group.add_argument("--workers", type=positive_int, default=cores, help=f"processes (default: {cores})")
+    group.add_argument("--overwrite", action="store_true", help="start --out afresh (another tokenizer)")
+
+
+class Progress:
+    """One phase's progress: a tqdm bar on a terminal; off one, a plain line every EVERY seconds."""
+
+    def __init__(self, phase, total, unit):
+        off = not sys.stderr.isatty() or bool(os.environ.get("TQDM_DISABLE"))
+        self.bar = tqdm(total=total, desc=phase, unit=unit, unit_scale=True, disable=off, dynamic_ncols=True)
+        self.phase, self.unit, self.total, self.done = phase, unit, total, 0
+        self.began = self.shown = time.monotonic()
+
+    def update(self, n):
+        self.bar.update(n)
+        self.done += n
+        if self.bar.disable and time.monotonic() - self.shown >= EVERY:
+            self.shown = time.monotonic()
+            print(self.line(), flush=True)
+
+    def line(self):
+        seconds = max(time.monotonic() - self.began, 1e-9)
+        rate = self.done / seconds
+        left = f", {(self.total - self.done) / rate:.0f} s left" if rate and self.done < self.total else ""
+        scale, unit = (2**20, f"M{self.unit}") if self.unit == "B" else (1, f" {self.unit}")
+        done, total = f"{self.done / scale:,.1f}", f"{self.total / scale:,.1f}{unit}"
+        return f"{self.phase}: {done} of {total} ({rate / scale:,.1f}{unit}/s{left})"
+
+    def close(self):
+        self.bar.close()
+        if self.bar.disable:
+            print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
+
+
+def run_tasks(function, tasks, workers, progress, tokenizer_dir=None):
+    """function(task) for every task, in `workers` processes (in this one for 1), each result handed
+    to progress(result) as it comes. Workers ignore Ctrl-C; this process stops them."""
+    if workers == 1 or len(tasks) <= 1:
+        shards.load_worker(tokenizer_dir)
+        for task in tasks:
+            progress(function(task))
+        return
+    context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
+    with context.Pool(min(workers, len(tasks)), initializer=start_worker, initargs=(tokenizer_dir,)) as pool:
+        for result in pool.imap_unordered(function, tasks):
+            progress(result)
+
+
+def start_worker(tokenizer_dir):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shards.load_worker(tokenizer_dir)
+
+
+def plan(args, files, previous):
+    """{path: its record}: size, time, SHA-256 and chunks, read again only where the size or the
+    time differs from the previous manifest's (or the settings that cut chunks)."""
+    known = {source["path"]: source for source in (previous or {}).get("sources", [])}
+    same_cuts = previous and [previous.get(k) for k in ("encoding", "documents")] == [
+        args.encoding,
+        args.documents,
+    ]
+    records, todo = {}, []
+    for path in files:
+        stat = os.stat(path)
+        record = {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        old = known.get(path)
+        if same_cuts and old and (old["size"], old["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns):
+            records[path] = {**record, "sha256": old["sha256"], "chunks": old["chunks"]}
+        else:
+            records[path], todo = record, todo + [path]
+    progress = Progress("reading", sum(records[path]["size"] for path in todo), "B")
+    for path in todo:
+        digest, chunks = corpus.plan_chunks(
+            path, args.encoding, args.documents == "paragraphs", progress.update
+        )
+        records[path].update(sha256=digest, chunks=[list(chunk) for chunk in chunks])
+    progress.close()
+    return records
+
+
+def build_tokenizer(args, records):
+    """The dataset's tokenizer (saved in --out/tokenizer before any encoding): the one given, the
+    one --out holds already for the same request, or a BPE trained on the corpus."""
+    folder, request_path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
+    given = args.tokenizer and load_tokenizer(args.tokenizer)
+    given = given or (args.gpt1_tokenizer and GPT1Tokenizer.from_folder(args.gpt1_tokenizer))
+    request = (
+        {"fingerprint": data.tokenizer_fingerprint(given)}
+        if given
+        else {"vocab_size": args.vocab_size, "normalizer": args.normalize, "sample": args.tokenizer_sample}
+    )
+    if os.path.isfile(request_path):
+        with open(request_path, encoding="utf-8") as file:
+            held = json.load(file)
+        if held["request"] == request:
+            return load_tokenizer(folder)
+        raise ValueError(
+            f"--out {args.out} holds a dataset of another tokenizer ({held['request']}); "
+            "pass --overwrite to start it afresh, or another --out"
+        )
+    tokenizer = given or train_tokenizer(args, records)
+    shutil.rmtree(folder + ".partial", ignore_errors=True)
+    tokenizer.save(folder + ".partial")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(folder + ".partial", folder)
+    shards.write_whole(request_path, json.dumps({"request": request}).encode())
+    return tokenizer
+
+
+def train_tokenizer(args, records):
+    """A byte-level BPE of --vocab-size: words counted by the workers, chunk by chunk (on an even
+    sample of chunks with --tokenizer-sample), then merged here."""
+    chunks = [(path, start, end) for path, record in records.items() for start, end, _ in record["chunks"]]
+    total = sum(end - start for _, start, end in chunks)
+    if args.tokenizer_sample and args.tokenizer_sample < total:
+        chunks = chunks[:: math.ceil(total / args.tokenizer_sample)]
+        print(f"training the BPE on a sample: {sum(e - s for _, s, e in chunks):,} of {total:,} bytes")
+    counts_dir = os.path.join(args.out, "counts")
+    os.makedirs(counts_dir, exist_ok=True)
+    settings = (args.encoding, args.errors, args.normalize)
+    tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
+    counts, sizes = Counter(), {task[2]: task[0][2] - task[0][1] for task in tasks}
+    progress = Progress("counting words", sum(sizes.values()), "B")
+
+    def add(path):
+        counts.update(shards.read_counts(path))
+        os.remove(path)
+        progress.update(sizes[path])
+
+    run_tasks(shards.count_chunk_words, tasks, args.workers, add)
+    progress.close()
+    merging = Progress("merging", args.vocab_size - SMALLEST_VOCAB, "merges")
+    tokenizer = BPETokenizer.train_from_counts(
+        counts, args.vocab_size, normalizer=args.normalize, on_merge=merging.update
+    )
+    merging.close()
+    args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
+    return tokenizer
+
+
+def encode(args, records, tokenizer):
+    """Encode every chunk whose shard is not there whole; returns ({path: its shards' keys}, dtype)."""
+    folder = os.path.join(args.out, "shards")
+    os.makedirs(folder, exist_ok=True)
+    dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
+    how = (args.encoding, args.errors, args.documents == "paragraphs", dtype.name)
+    settings = [data.tokenizer_fingerprint(tokenizer), *how]
+    keys, tasks = {}, []
+    for path, record in records.items():
+        keys[path] = [shards.chunk_key(settings, record["sha256"], chunk) for chunk in record["chunks"]]
+        for chunk, key in zip(record["chunks"], keys[path]):
+            problem = shards.shard_problem(folder, key, dtype.itemsize, full=True)
+            if problem not in (None, "missing"):
+                print(f"{os.path.join(folder, key)}.bin: damaged ({problem}); writing it again")
+            if problem:
+                tasks.append(((path, *chunk), how, folder, key))
+    progress = Progress("encoding", sum(task[0][2] - task[0][1] for task in tasks), "B")
+    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, os.path.join(args.out, "tokenizer"))
+    progress.close()
+    return keys, dtype
+
+
+def documents_of(record, keys, shard_records, args):
+    """The documents of one file, from the parts its shards hold: their hash (the file's, or with
+    --documents paragraphs the text's), split and ranges."""
+    documents = []
+    for key in keys:
+        for start, end, digest, begins in shard_records[key]["parts"]:
+            if begins or not documents:
+                documents.append({"ranges": []})
+            documents[-1]["sha256"] = digest if args.documents == "paragraphs" else record["sha256"]
+            ranges = documents[-1]["ranges"]
+            if ranges and ranges[-1][0] == key and ranges[-1][2] == start:
+                ranges[-1][2] = end
+            else:
+                ranges.append([key, start, end])
+    for document in documents:
+        document["split"] = dataset.split_of(document["sha256"], args.val_fraction)
+    return documents
+
+
+def write_manifest(args, records, keys, tokenizer, dtype):
+    """Write manifest.json (whole, or not at all), then remove the shards it does not name."""
+    folder = os.path.join(args.out, "shards")
+    shard_records = {key: shards.read_record(folder, key) for path in keys for key in keys[path]}
+    manifest = {
+        "format": dataset.FORMAT,
+        "tokenizer": data.tokenizer_fingerprint(tokenizer),
+        "dtype": dtype.name,
+        **{name: getattr(args, name) for name in ("documents", "val_fraction", "encoding", "errors")},
+        "shards": {
+            key: {k: record[k] for k in ("tokens", "sha256")} for key, record in shard_records.items()
+        },
+        "sources": [
+            {**record, "documents": documents_of(record, keys[path], shard_records, args)}
+            for path, record in records.items()
+        ],
+    }
+    shards.write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
+    for name in os.listdir(folder):
+        if name.split(".")[0] not in shard_records:
+            os.remove(os.path.join(folder, name))
+    shutil.rmtree(os.path.join(args.out, "counts"), ignore_errors=True)
+    return manifest
+
+
+def check_unchanged(records):
+    """A ValueError naming a file that changed or vanished while it was read."""
+    for path, record in records.items():
+        stat = os.stat(path) if os.path.exists(path) else None
+        if stat is None or (stat.st_size, stat.st_mtime_ns) != (record["size"], record["mtime_ns"]):
+            how = "vanished" if stat is None else "changed"
+            raise ValueError(f"{path}: {how} while it was prepared; run the same command again")
+
+
+def hold(folder):
+    """Hold folder/.lock (an flock that dies with this process): one prepare per dataset folder."""
+    lock = open(os.path.join(folder, ".lock"), "a")  # noqa: SIM115 (held until the process ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(f"{folder}: another prepare is writing this dataset") from None
+    cli.on_return(lock.close)
+
+
+def summary(manifest, seconds):
+    """The closing lines: documents and tokens in each split, the shards, the time."""
+    counts = {"train": [0, 0], "val": [0, 0]}
+    for source in manifest["sources"]:
+        for document in source["documents"]:
+            counts[document["split"]][0] += 1
+            counts[document["split"]][1] += sum(end - start for _, start, end in document["ranges"])
+    for split, (documents, tokens) in counts.items():
+        print(f"{split}: {documents:,} documents, {tokens:,} tokens")
+    print(f"{len(manifest['shards']):,} shards of {manifest['dtype']} ids, in {seconds:.1f} s")
+
+
+def interrupt(*_):
+    raise KeyboardInterrupt
+
+
+@cli.command(parse_args)
+def main(parser, args):
+    began = time.monotonic()
+    with cli.reading(parser, "--data"):
+        files, skipped = corpus.find_sources(args.data, tuple(args.extensions))
+    for path, why in skipped[:20]:
+        print(f"not read: {path} ({why})")
+    if len(skipped) > 20:
+        print(f"not read: {len(skipped) - 20:,} more files")
+    if not files:
+        parser.error(f"--data: no text to read in {' '.join(args.data)}")
+    os.makedirs(args.out, exist_ok=True)
+    with cli.reading(parser, "--out"):
+        hold(args.out)
+    if args.overwrite:
+        for name in (dataset.MANIFEST, "tokenizer.json", "tokenizer", "shards"):
+            path = os.path.join(args.out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.path.exists(path) and os.remove(path)
+    previous = dataset.read_manifest(args.out)
+    signal.signal(signal.SIGTERM, interrupt)  # a kill stops the workers as Ctrl-C does
+    with cli.reading(parser, "--data"):
+        records = plan(args, files, previous)
+        tokenizer = build_tokenizer(args, records)
+        keys, dtype = encode(args, records, tokenizer)
+        check_unchanged(records)
+    manifest = write_manifest(args, records, keys, tokenizer, dtype)
+    summary(manifest, time.monotonic() - began)
+    print(f"dataset: {args.out} (train on it: python -m train.pretrain --data {args.out})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""What one worker of train.prepare does with one chunk of a file: count its words (to train a
+BPE), or encode it into a shard of token ids.
+
+A shard is two files named by the key of its chunk (the file's content, the byte range, the
+tokenizer and the settings): `<key>.bin`, the ids as raw uint16 or uint32, and `<key>.json`, their
+count and SHA-256 and, for each document part the chunk holds, its token range, the SHA-256 of
+its document's text up to its end, and whether it begins the document. Each is written
+whole through a temporary file, the .json last: a shard whose .json is there is finished.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+from collections import Counter
+
+import numpy as np
+
+from tinygpt.tokenizer import SPECIAL_TOKENS
+from tinygpt.tokenizer.bpe import GPT2_PATTERN, count_words, make_normalizer
+
+from . import corpus
+from .corpus import document_parts
+from .run_folder import load_tokenizer
+
+SEPARATOR = "_start_"  # begins every document: the token that begins every fine-tuning input too
+_worker = {}  # what a worker process loads once: the tokenizer
+
+
+def chunk_key(settings, source_digest, chunk):
+    """The name of a chunk's shard: a hash of everything its ids depend on."""
+    return hashlib.sha256(json.dumps([settings, source_digest, list(chunk)]).encode()).hexdigest()[:32]
+
+
+def load_worker(tokenizer_dir):
+    """Pool initializer: load the tokenizer once per process."""
+    _worker["tokenizer"] = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+
+
+def count_chunk_words(task):
+    """{word: count} of one chunk (path, start, end, encoding, errors, normalizer), as BPE training
+    counts them (tinygpt.tokenizer.bpe.count_words); written to `out` as JSON, returning its path."""
+    (path, start, end), (encoding, errors, normalizer), out = task
+    counts = count_words(
+        corpus.read_pieces(path, start, end, encoding, errors),
+        GPT2_PATTERN,
+        SPECIAL_TOKENS,
+        make_normalizer(normalizer),
+    )
+    write_whole(out, json.dumps(counts, ensure_ascii=False).encode())
+    return out
+
+
+def read_counts(path):
+    with open(path, encoding="utf-8") as file:
+        return Counter(json.load(file))
+
+
+def encode_chunk(task):
+    """Encode one chunk into its shard (folder/key.bin and .json); returns the number of bytes read.
+
+    A part that begins a document is `_start_` and encode(text); a part that goes on with the
+    document of the part before it (it begins at a cut, "\\n" after a visible character) gets the
+    ids the rest of the document's encoding gives it: those after an anchor's in encode(anchor +
+    text), the anchor "<" where one came before in the document (GPT-1's unicode fix decodes HTML
+    entities only until a line holds one), else "a".
+    """
+    (path, start, end, after_angle), (encoding, errors, paragraphs, dtype), folder, key = task
+    tokenizer = _worker["tokenizer"]
+    separator = tokenizer.special_tokens.get(SEPARATOR)
+    ids, parts, angle, text_hash = [], [], after_angle, hashlib.sha256()
+    for text, begins in document_parts(
+        corpus.read_pieces(path, start, end, encoding, errors), paragraphs, start == 0
+    ):
+        first = len(ids)
+        if begins:
+            ids += [
+                np.array([] if separator is None else [separator], dtype),
+                np.array(tokenizer.encode(text), dtype),
+            ]
+            angle, text_hash = "<" in text, hashlib.sha256()
+        else:
+            anchor = "<" if angle else "a"
+            ids.append(np.array(tokenizer.encode(anchor + text)[len(tokenizer.encode(anchor)) :], dtype))
+            angle = angle or "<" in text
+        text_hash.update(text.encode())
+        offset = parts[-1][1] if parts else 0
+        parts.append([offset, offset + sum(map(len, ids[first:])), text_hash.hexdigest(), begins])
+    tokens = np.concatenate(ids) if ids else np.zeros(0, dtype)
+    write_whole(os.path.join(folder, f"{key}.bin"), tokens.tobytes())
+    record = {"tokens": len(tokens), "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(), "parts": parts}
+    write_whole(os.path.join(folder, f"{key}.json"), json.dumps(record).encode())
+    return end - start
+
+
+def write_whole(path, data):
+    """Write `data` to `path` whole or not at all (through path.partial-<pid>)."""
+    temporary = f"{path}.partial-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as error:  # a full disk: name the file
+        raise OSError(error.errno, error.strerror, path) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+
+
+def read_record(folder, key):
+    with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as file:
+        return json.load(file)
+
+
+def shard_problem(folder, key, itemsize, full=False):
+    """None where the shard `key` is whole; else what is wrong with it. The cheap check reads its
+    .json and the size of its .bin; `full` also hashes the ids."""
+    try:
+        with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as file:
+            record = json.load(file)
+        size = os.path.getsize(os.path.join(folder, f"{key}.bin"))
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, ValueError) as error:
+        return f"unreadable ({error})"
+    if not isinstance(record, dict) or size != record.get("tokens", -1) * itemsize:
+        return f"{size:,} bytes where its record promises {record.get('tokens', 0) * itemsize:,}"
+    if full and file_digest(os.path.join(folder, f"{key}.bin")) != record.get("sha256"):
+        return "its ids do not match their SHA-256"
+    return None
+
+
+def file_digest(path):
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
