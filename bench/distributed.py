@@ -108,7 +108,7 @@ def main(args):
     runs = sides(args)
     folder = Path(tempfile.mkdtemp(prefix="tinygpt-bench-distributed-"))
     os.environ["TINYGPT_CACHE"] = str(folder / "cache")
-    texts = data.read_corpus(args.data) if args.data else data.default_corpus()
+    texts = data.read_texts(args.data) if args.data else data.default_corpus()
     BPETokenizer.train(texts, args.vocab_size).save(str(folder / "tokenizer"))
     common = [
         "--tokenizer",

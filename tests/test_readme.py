@@ -1,5 +1,5 @@
 """What the README promises a new user: the quick start's install, snippets that run as written,
-the token cache, and the top-level modules the package installs."""
+the cache of prepared text, and the top-level modules the package installs."""
 
 import ast
 import builtins
@@ -63,13 +63,13 @@ def test_each_python_snippet_defines_every_name_it_uses(text):
         assert used - defined == set()
 
 
-def test_the_token_cache_is_where_the_readme_says(tmp_path, monkeypatch):
+def test_the_prepared_text_is_cached_where_the_readme_says(tmp_path, monkeypatch):
     monkeypatch.delenv("TINYGPT_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert data.cache_dir() == str(tmp_path / ".cache" / "tinygpt")
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "elsewhere"))
     assert data.cache_dir() == str(tmp_path / "elsewhere")
-    assert "`~/.cache/tinygpt/tokens/`" in README and "`TINYGPT_CACHE`" in README
+    assert "`~/.cache/tinygpt/datasets/<hash>/`" in README and "`TINYGPT_CACHE`" in README
 
 
 def test_the_readme_names_the_top_level_modules_and_asks_for_a_virtual_environment():

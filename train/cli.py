@@ -105,6 +105,13 @@ finite_float = argument_type(float, math.isfinite, "a finite number")
 seed = argument_type(int, lambda n: 0 <= n < 2**64, "an integer in [0, 2^64)")  # dropout's masks take 64 bits
 
 
+SMALLEST_VOCAB = 256 + 3  # a byte-level BPE's 256 bytes and the paper's three task tokens
+vocab_size = argument_type(
+    int, lambda n: n >= SMALLEST_VOCAB, f"an integer >= {SMALLEST_VOCAB} (256 bytes + the special tokens)"
+)
+held_out = argument_type(float, lambda p: 0 < p < 1, "a number in (0, 1)")
+
+
 def utf8_text(value):
     """value itself, where it is text: a lone surrogate (bytes of argv that did not decode) is not."""
     value.encode()  # a UnicodeEncodeError, a ValueError, for a lone surrogate

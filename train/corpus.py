@@ -24,7 +24,8 @@ PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or mo
 def find_sources(paths, extensions=(".txt",)):
     """(files to read, [(path, why it is not read)]) of files, folders and globs, each list sorted:
     a file named is read whatever its name; below a folder, the files ending in `extensions`.
-    Links below a folder and empty files are not read, and are named."""
+    Links below a folder and empty files (or only whitespace) are not read, and are named; a folder
+    named like a text file is a ValueError."""
     files, skipped = set(), []
     for path in map(str, paths):
         if any(char in path for char in "*?["):
@@ -36,6 +37,8 @@ def find_sources(paths, extensions=(".txt",)):
             skipped += passed
         elif Path(path).is_dir():
             for below in sorted(Path(path).rglob("*")):
+                if below.is_dir() and below.name.endswith(tuple(extensions)):
+                    raise ValueError(f"{below}: a folder, not a text file (rename it: every *.txt is read)")
                 if below.is_symlink():
                     skipped.append((str(below), "a link"))
                 elif below.is_file() and not below.name.endswith(tuple(extensions)):
@@ -46,9 +49,18 @@ def find_sources(paths, extensions=(".txt",)):
             files.add(path)
         else:
             raise FileNotFoundError(2, "no such file or folder", path)
-    empty = sorted(path for path in files if Path(path).stat().st_size == 0)
+    empty = sorted(path for path in files if blank(path))
     skipped += [(path, "empty") for path in empty]
     return sorted(files - set(empty)), sorted(set(skipped))
+
+
+def blank(path):
+    """Whether a file holds nothing but ASCII whitespace (read until its first other byte)."""
+    with open(path, "rb") as file:
+        while block := file.read(PIECE_BYTES):
+            if not block.isspace():
+                return False
+    return True
 
 
 def cuttable(encoding):
@@ -58,17 +70,22 @@ def cuttable(encoding):
     return name in ("utf-8", "utf-8-sig") or len(bytes(range(256)).decode(name, "replace")) == 256
 
 
-def plan_chunks(path, encoding, paragraphs=False, on_bytes=lambda n: None):
-    """(the file's SHA-256, [(start, end, after_angle)]): byte ranges that tile the file, each
-    ending at the first cut at least CHUNK_BYTES after its start ("x|\\ny"; with `paragraphs`,
-    "x|\\n\\ny", so that every chunk begins a document), or at the file's end; after_angle: whether a
-    "<" comes before the range (GPT-1's unicode fix keeps HTML entities after one). `on_bytes(n)`
-    hears of every n bytes read."""
+def plan_chunks(path, encoding, paragraphs=False, on_bytes=lambda n: None, errors="strict"):
+    """(the file's SHA-256, [(start, end, after_angle)], None or why it does not decode): byte
+    ranges that tile the file, each ending at the first cut at least CHUNK_BYTES after its start
+    ("x|\\ny"; with `paragraphs`, "x|\\n\\ny", so that every chunk begins a document), or at the
+    file's end; after_angle: whether a "<" comes before the range (GPT-1's unicode fix keeps HTML
+    entities after one). With errors="strict" the file is decoded too, and its first byte that
+    does not decode named. `on_bytes(n)` hears of every n bytes read."""
     digest, chunks, offset, tail, angle = hashlib.sha256(), [[0, None, False]], 0, b"", False
     target = CHUNK_BYTES if cuttable(encoding) else float("inf")
+    decoder, lines, problem = codecs.getincrementaldecoder(encoding)(), 1, None
     with open(path, "rb") as file:
         while block := file.read(PIECE_BYTES):
             digest.update(block)
+            if errors == "strict" and not problem:
+                problem = _decoding_problem(decoder, block, offset, lines, file.peek(1) == b"")
+                lines += block.count(b"\n")
             if offset + len(block) > target:
                 for i in _cuts_in(tail + block, paragraphs):
                     if (cut := offset - len(tail) + i) >= target:
@@ -80,7 +97,20 @@ def plan_chunks(path, encoding, paragraphs=False, on_bytes=lambda n: None):
     for chunk, following in zip(chunks, chunks[1:]):
         chunk[1] = following[0]
     chunks[-1][1] = offset
-    return digest.hexdigest(), [tuple(chunk) for chunk in chunks]
+    problem = problem and f"{path}: {problem.replace('ENCODING', encoding.upper())}"
+    return digest.hexdigest(), [tuple(chunk) for chunk in chunks], problem
+
+
+def _decoding_problem(decoder, block, offset, lines, final):
+    """Where `block` (at `offset`, after `lines` - 1 line ends) does not decode, or None."""
+    waiting = len(decoder.getstate()[0])
+    try:
+        decoder.decode(block, final)
+    except UnicodeDecodeError as error:
+        byte = offset - waiting + error.start
+        line = lines + block.count(b"\n", 0, max(byte - offset, 0))
+        return f"line {line}: not valid ENCODING at byte {byte} ({error.reason})"
+    return None
 
 
 def _cuts_in(data, paragraphs):

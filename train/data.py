@@ -1,47 +1,53 @@
-"""Pretraining data: text -> one cached array of token ids -> batches of contiguous windows.
-
-The corpus is tokenized once and kept as a binary file of ids (memory-mapped when read back),
-named by a hash of the text and of the tokenizer, so the next run with the same pair skips the
-work. The file opens with a header (a magic string, the number of ids, a SHA-256 of their bytes),
-so that one cut short by a crash or a full disk, or damaged since, is noticed, named in a warning,
-and written again. As in the paper, the model trains on contiguous windows of n_ctx + 1 tokens (inputs and
-next-token targets). The order of the windows is a function of (seed, epoch) alone, so the
-batch of any step can be rebuilt, which is what makes resuming exact.
+"""Pretraining data: token ids (a prepared dataset's, see train.prepare) -> batches of contiguous
+windows; the default corpus; the unigram baseline. As in the paper, the model trains on
+contiguous windows of n_ctx + 1 tokens (inputs and next-token targets). The order of the windows
+is a function of (seed, epoch) alone, so the batch of any step can be rebuilt, which is what makes
+resuming exact.
 """
 
-import contextlib
-import glob
 import hashlib
 import os
-import struct
-import time
-import warnings
+import shutil
+import tempfile
 
 import numpy as np
 
 from autograd.functional import IGNORE_INDEX
 from tinygpt.files import read_text_files
 
-CACHE_MAGIC = b"tinygpt-tokens-1"
-CACHE_HEADER = struct.Struct("<16sQ32s")  # the magic string, the number of ids, the SHA-256 of their bytes
-
 
 def default_corpus():
-    """Text that ships with Python itself (the pydoc topics), for a run that needs no download."""
+    """Text that ships with Python itself, for a run that needs no download: pydoc's help topics."""
     from pydoc_data.topics import topics
 
-    return ["\n\n".join(topics[name] for name in sorted(topics))]
+    return [topics[name] for name in sorted(topics)]
 
 
-def read_corpus(paths, encoding="utf-8", errors="strict"):
-    """The texts of files, folders (every *.txt below) and globs, as tinygpt.files.read_text_files
-    reads them: line ends made "\\n", the files that do not decode all named in one error."""
-    texts = read_texts(paths, encoding, errors)
-    if not texts:
-        raise ValueError(f"no text files found in {', '.join(map(str, paths))}")
-    if not any(text.strip() for text in texts):
-        raise ValueError(f"the corpus in {', '.join(map(str, paths))} is empty")
-    return texts
+def default_corpus_folder():
+    """A folder of the default corpus, a file a topic (a document each), written once into the
+    cache; a temporary folder where the cache cannot be written."""
+    texts = default_corpus()
+    folder = os.path.join(
+        cache_dir(), "pydoc-topics", hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    )
+    partial = f"{folder}.partial-{os.getpid()}"
+    try:
+        if not os.path.isdir(folder):
+            write_texts(partial, texts)
+            os.replace(partial, folder)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not os.path.isdir(folder):  # not another process's, written meanwhile: the cache is not writable
+            folder = tempfile.mkdtemp(prefix="tinygpt-topics-")
+            write_texts(folder, texts)
+    return folder
+
+
+def write_texts(folder, texts):
+    os.makedirs(folder, exist_ok=True)
+    for number, text in enumerate(texts):
+        with open(os.path.join(folder, f"{number:03}.txt"), "w", encoding="utf-8") as file:
+            file.write(text)
 
 
 def read_texts(paths, encoding="utf-8", errors="strict"):
@@ -78,79 +84,6 @@ def cache_dir():
     return os.environ.get("TINYGPT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tinygpt"))
 
 
-def tokenize_corpus(texts, tokenizer, cache=None):
-    """All texts encoded and joined into one 1-D array of ids (uint16 or uint32), cached on disk.
-
-    Returns (ids, path of the cache file, whether it was reused).
-    """
-    digest = hashlib.sha256(tokenizer_fingerprint(tokenizer).encode())
-    for text in texts:
-        digest.update(hashlib.sha256(text.encode("utf-8")).digest())
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    folder = cache or os.path.join(cache_dir(), "tokens")
-    path = os.path.join(folder, f"{digest.hexdigest()[:32]}.{np.dtype(dtype).name}")
-    if os.path.isfile(path):
-        ids, problem = read_token_cache(path, dtype)
-        if problem is None:
-            return ids, path, True
-        warnings.warn(
-            f"{path}: not a whole token cache ({problem}); tokenizing the corpus again", stacklevel=2
-        )
-    ids = np.fromiter((i for text in texts for i in tokenizer.encode(text)), dtype=dtype)
-    write_token_cache(path, ids)
-    return ids, path, False
-
-
-def write_token_cache(path, ids):
-    """Write the cache file whole (through a .partial-<pid> file) or not at all: a folder that cannot
-    take it (a full disk, a file in its way, no permission) is a warning, and the run goes on without."""
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        remove_orphans(os.path.dirname(path))
-        with open(temporary, "wb") as f:
-            f.write(CACHE_HEADER.pack(CACHE_MAGIC, len(ids), hashlib.sha256(ids).digest()))
-            f.write(memoryview(ids))
-        os.replace(temporary, path)
-    except OSError as error:
-        reason = error.strerror or error
-        warnings.warn(f"{path}: cannot write the token cache ({reason}); going on without it", stacklevel=3)
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-
-
-def read_token_cache(path, dtype):
-    """(the ids of a cache file, memory-mapped, None), or (None, what is wrong with the file)."""
-    with open(path, "rb") as f:
-        header = f.read(CACHE_HEADER.size)
-    if len(header) < CACHE_HEADER.size or not header.startswith(CACHE_MAGIC):
-        return None, "no header: damaged, or written by an older tinygpt"
-    _, count, checksum = CACHE_HEADER.unpack(header)
-    size, expected = os.path.getsize(path), CACHE_HEADER.size + count * np.dtype(dtype).itemsize
-    if size != expected:
-        return None, f"{size:,} bytes where its header promises {expected:,}"
-    ids = np.memmap(path, dtype=dtype, mode="r", offset=CACHE_HEADER.size, shape=(count,))
-    if hashlib.sha256(ids).digest() != checksum:
-        return None, "its ids do not match their checksum"
-    return ids, None
-
-
-def remove_orphans(folder, minutes=10):
-    """Remove the .partial-<pid> files whose writer is gone (no such process, or the file untouched
-    for `minutes`): a process killed while writing leaves one, and nothing else would remove it."""
-    for partial in glob.glob(os.path.join(glob.escape(folder), "*.partial-*")):
-        try:
-            if time.time() - os.path.getmtime(partial) < minutes * 60:
-                os.kill(int(partial.rpartition("-")[2]), 0)  # signal 0: only asks whether the process exists
-                continue
-        except ProcessLookupError:
-            pass  # its writer is gone
-        except (OSError, ValueError, OverflowError):
-            continue  # another user's live process, a file removed meanwhile, or a name not ours
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-
-
 class Windows:
     """Contiguous windows of n_ctx + 1 tokens over an array of ids, served in batches.
 
@@ -172,7 +105,7 @@ class Windows:
         return self.ids[start : start + self.n_ctx + 1]
 
     def batch(self, indices):
-        return np.stack([self.window(i) for i in indices]).astype(np.int64)
+        return np.stack([np.asarray(self.window(i)) for i in indices]).astype(np.int64)
 
     def order(self, seed, epoch):
         """The window order of one epoch: a permutation fixed by (seed, epoch)."""

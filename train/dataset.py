@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 
@@ -47,6 +48,27 @@ def manifest_digest(manifest):
     return hashlib.sha256(json.dumps([manifest["shards"], manifest["sources"]]).encode()).hexdigest()
 
 
+def check_manifest(manifest):
+    """{"train": ranges, "val": ranges} of a manifest, each range [shard, start, end] inside its
+    shard; an error (KeyError, TypeError, ValueError) where the manifest is not of that shape."""
+    if manifest.get("format") != FORMAT or manifest["dtype"] not in ("uint16", "uint32"):
+        raise ValueError(f"format {manifest.get('format')!r}, dtype {manifest.get('dtype')!r}")
+    for key, record in manifest["shards"].items():
+        if not re.fullmatch("[0-9a-f]{32}", key) or type(record["tokens"]) is not int or record["tokens"] < 0:
+            raise ValueError(f"shard {key!r}: {record!r}")
+        str.encode(record["sha256"])
+    ranges = {"train": [], "val": []}
+    for document in (document for source in manifest["sources"] for document in source["documents"]):
+        for key, start, end in document["ranges"]:
+            if not (
+                type(start) is type(end) is int and 0 <= start <= end <= manifest["shards"][key]["tokens"]
+            ):
+                raise ValueError(f"range {[key, start, end]!r}")
+        ranges[document["split"]] += document["ranges"]
+    str.encode(manifest["tokenizer"])
+    return ranges
+
+
 class Dataset:
     """A prepared folder's manifest, and its splits as Tokens. Opening checks each shard cheaply (it
     is there, its size); a shard is hashed whole the first time a run reads from it."""
@@ -59,11 +81,14 @@ class Dataset:
                 self.manifest = json.load(file)
             except ValueError as error:
                 raise ValueError(f"{path}: not a readable manifest ({error})") from None
-        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a manifest of {FORMAT}; prepare the dataset again")
+        try:
+            ranges = check_manifest(self.manifest)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"{path}: not a manifest train.prepare wrote ({error!r}); prepare again"
+            ) from None
         self.dtype = np.dtype(self.manifest["dtype"])
-        shards = self.manifest["shards"]
-        for key, record in shards.items():
+        for key, record in self.manifest["shards"].items():
             bin_path = os.path.join(folder, "shards", f"{key}.bin")
             size = os.path.getsize(bin_path) if os.path.exists(bin_path) else None
             if size != record["tokens"] * self.dtype.itemsize:
@@ -75,10 +100,6 @@ class Dataset:
         self._checked = set()
         self.digest = manifest_digest(self.manifest)
         self.fingerprint = self.manifest["tokenizer"]
-        ranges = {"train": [], "val": []}
-        for source in self.manifest["sources"]:
-            for document in source["documents"]:
-                ranges[document["split"]] += document["ranges"]
         self.train = Tokens(self, ranges["train"])
         self.val = Tokens(self, ranges["val"])
 
@@ -96,7 +117,8 @@ class Dataset:
 
 
 class Tokens:
-    """The ids of a list of [shard, start, end] ranges, read as one array: len(), [a:b], blocks()."""
+    """The ids of [shard, start, end] ranges, read as one 1-D array: len(), a slice (another
+    Tokens, nothing read yet), np.asarray() (the ids read), blocks() (range by range)."""
 
     def __init__(self, dataset, ranges):
         self.dataset, self.ranges = dataset, ranges
@@ -106,16 +128,22 @@ class Tokens:
         return int(self.ends[-1]) if len(self.ends) else 0
 
     def __getitem__(self, index):
-        start, stop, _ = index.indices(len(self))
-        pieces, first = [], int(np.searchsorted(self.ends, start, side="right"))
-        for key, begin, end in self.ranges[first:]:
-            before = int(self.ends[first] - (end - begin))  # where this range starts in the whole
-            if before >= stop:
+        start, stop, step = index.indices(len(self))
+        if step != 1:
+            raise ValueError("Tokens: a slice with a step")
+        ranges, first = [], int(np.searchsorted(self.ends, start, side="right"))
+        for (key, begin, end), ends_at in zip(self.ranges[first:], self.ends[first:]):
+            begins_at = int(ends_at) - (end - begin)  # where this range starts in the whole
+            if begins_at >= stop:
                 break
-            ids = self.dataset.shard(key)
-            pieces.append(ids[begin + max(start - before, 0) : begin + min(stop - before, end - begin)])
-            first += 1
-        return np.concatenate(pieces) if pieces else np.zeros(0, self.dataset.dtype)
+            ranges.append(
+                [key, begin + max(start - begins_at, 0), begin + min(stop - begins_at, end - begin)]
+            )
+        return Tokens(self.dataset, ranges)
+
+    def __array__(self, dtype=None, copy=None):
+        ids = np.concatenate(list(self.blocks())) if self.ranges else np.zeros(0, self.dataset.dtype)
+        return ids if dtype is None else ids.astype(dtype)
 
     def blocks(self):
         """The ids range by range."""

@@ -6,7 +6,10 @@ or a crash loses only the chunks under way: the same command again goes on from 
 shards, and after files are added, removed or edited it encodes only theirs.
 """
 
+import argparse
+import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import multiprocessing
@@ -14,17 +17,19 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
+import warnings
 from collections import Counter
 
 import numpy as np
 from tqdm import tqdm
 
+from tinygpt.files import UndecodableFiles
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import cli, corpus, data, dataset, shards
 from .cli import add_text_arguments, positive_int
-from .pretrain import SMALLEST_VOCAB, held_out, vocab_size
 from .run_folder import load_tokenizer
 
 EVERY = 5.0  # seconds between progress lines off a terminal
@@ -55,7 +60,9 @@ def add_data_arguments(group):
     )
     documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
     group.add_argument("--documents", choices=["files", "paragraphs"], default="files", help=documents)
-    group.add_argument("--val-fraction", type=held_out, default=0.05, help="share of the documents held out")
+    group.add_argument(
+        "--val-fraction", type=cli.held_out, default=0.05, help="share of the documents held out"
+    )
     add_text_arguments(group)
 
 
@@ -64,7 +71,7 @@ def add_tokenizer_arguments(group):
     group.add_argument(
         "--gpt1-tokenizer", help="a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
     )
-    group.add_argument("--vocab-size", type=vocab_size, default=2048, help="of a tokenizer trained here")
+    group.add_argument("--vocab-size", type=cli.vocab_size, default=2048, help="of a tokenizer trained here")
     group.add_argument(
         "--normalize", choices=["gpt1"], help="a tokenizer trained here sees text as GPT-1's did"
     )
@@ -104,27 +111,27 @@ class Progress:
 
     def close(self):
         self.bar.close()
-        if self.bar.disable:
+        if self.bar.disable and self.total:
             print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
 
 
 def run_tasks(function, tasks, workers, progress, tokenizer_dir=None):
     """function(task) for every task, in `workers` processes (in this one for 1), each result handed
-    to progress(result) as it comes. Workers ignore Ctrl-C; this process stops them."""
+    to progress(result) as it comes. The workers ignore Ctrl-C from birth: this process stops them."""
     if workers == 1 or len(tasks) <= 1:
         shards.load_worker(tokenizer_dir)
         for task in tasks:
             progress(function(task))
         return
     context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
-    with context.Pool(min(workers, len(tasks)), initializer=start_worker, initargs=(tokenizer_dir,)) as pool:
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
+    try:
+        pool = context.Pool(min(workers, len(tasks)), shards.load_worker, (tokenizer_dir,))
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    with pool:
         for result in pool.imap_unordered(function, tasks):
             progress(result)
-
-
-def start_worker(tokenizer_dir):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    shards.load_worker(tokenizer_dir)
 
 
 def plan(args, files, previous):
@@ -144,21 +151,26 @@ def plan(args, files, previous):
             records[path] = {**record, "sha256": old["sha256"], "chunks": old["chunks"]}
         else:
             records[path], todo = record, todo + [path]
-    progress = Progress("reading", sum(records[path]["size"] for path in todo), "B")
+    progress, problems = Progress("reading", sum(records[path]["size"] for path in todo), "B"), []
     for path in todo:
-        digest, chunks = corpus.plan_chunks(
-            path, args.encoding, args.documents == "paragraphs", progress.update
+        paragraphs = args.documents == "paragraphs"
+        digest, chunks, problem = corpus.plan_chunks(
+            path, args.encoding, paragraphs, progress.update, args.errors
         )
         records[path].update(sha256=digest, chunks=[list(chunk) for chunk in chunks])
+        problems += [problem] if problem else []
     progress.close()
+    if problems:
+        raise UndecodableFiles(problems)
     return records
 
 
-def build_tokenizer(args, records):
-    """The dataset's tokenizer (saved in --out/tokenizer before any encoding): the one given, the
-    one --out holds already for the same request, or a BPE trained on the corpus."""
+def build_tokenizer(args, records, given=None):
+    """The dataset's tokenizer (saved in --out/tokenizer before any encoding): the one `given` or
+    named by the flags, the one --out holds already for the same request, or a BPE trained on the
+    corpus."""
     folder, request_path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
-    given = args.tokenizer and load_tokenizer(args.tokenizer)
+    given = given or (args.tokenizer and load_tokenizer(args.tokenizer))
     given = given or (args.gpt1_tokenizer and GPT1Tokenizer.from_folder(args.gpt1_tokenizer))
     request = (
         {"fingerprint": data.tokenizer_fingerprint(given)}
@@ -170,7 +182,7 @@ def build_tokenizer(args, records):
             held = json.load(file)
         if held["request"] == request:
             return load_tokenizer(folder)
-        raise ValueError(
+        raise OtherTokenizer(
             f"--out {args.out} holds a dataset of another tokenizer ({held['request']}); "
             "pass --overwrite to start it afresh, or another --out"
         )
@@ -191,6 +203,8 @@ def train_tokenizer(args, records):
     if args.tokenizer_sample and args.tokenizer_sample < total:
         chunks = chunks[:: math.ceil(total / args.tokenizer_sample)]
         print(f"training the BPE on a sample: {sum(e - s for _, s, e in chunks):,} of {total:,} bytes")
+    normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
+    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
     counts_dir = os.path.join(args.out, "counts")
     os.makedirs(counts_dir, exist_ok=True)
     settings = (args.encoding, args.errors, args.normalize)
@@ -205,7 +219,7 @@ def train_tokenizer(args, records):
 
     run_tasks(shards.count_chunk_words, tasks, args.workers, add)
     progress.close()
-    merging = Progress("merging", args.vocab_size - SMALLEST_VOCAB, "merges")
+    merging = Progress("merging", args.vocab_size - cli.SMALLEST_VOCAB, "merges")
     tokenizer = BPETokenizer.train_from_counts(
         counts, args.vocab_size, normalizer=args.normalize, on_merge=merging.update
     )
@@ -289,14 +303,48 @@ def check_unchanged(records):
             raise ValueError(f"{path}: {how} while it was prepared; run the same command again")
 
 
-def hold(folder):
-    """Hold folder/.lock (an flock that dies with this process): one prepare per dataset folder."""
-    lock = open(os.path.join(folder, ".lock"), "a")  # noqa: SIM115 (held until the process ends)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise ValueError(f"{folder}: another prepare is writing this dataset") from None
-    cli.on_return(lock.close)
+@contextlib.contextmanager
+def holding(folder, wait=False):
+    """Hold folder/.lock (an flock that dies with this process) within: one prepare per dataset
+    folder. With `wait`, wait for another process that holds it (a rank preparing the same text)."""
+    with open(os.path.join(folder, ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise ValueError(f"{folder}: another prepare is writing this dataset") from None
+            print(f"waiting for another process that prepares {folder} ...", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+class OtherTokenizer(Exception):
+    """The dataset folder holds ids of another tokenizer than the one asked for."""
+
+
+def make_dataset(args, wait=False, given=None):
+    """Prepare the files of args.data into the dataset folder args.out, with prepare's settings
+    (args: its flags) and the tokenizer `given` if one is; returns the manifest. `wait`: for another
+    process preparing the same folder."""
+    files, skipped = corpus.find_sources(args.data, tuple(args.extensions))
+    for path, why in skipped[:20]:
+        print(f"not read: {path} ({why})")
+    if len(skipped) > 20:
+        print(f"not read: {len(skipped) - 20:,} more files")
+    if not files:
+        named = " ".join(map(str, args.data))
+        raise ValueError(f"the corpus in {named} is empty" if skipped else f"no text files found in {named}")
+    os.makedirs(args.out, exist_ok=True)
+    with holding(args.out, wait):
+        if args.overwrite:
+            for name in (dataset.MANIFEST, "tokenizer.json", "tokenizer", "shards"):
+                path = os.path.join(args.out, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.path.exists(path) and os.remove(path)
+        records = plan(args, files, dataset.read_manifest(args.out))
+        tokenizer = build_tokenizer(args, records, given)
+        keys, dtype = encode(args, records, tokenizer)
+        check_unchanged(records)
+        return write_manifest(args, records, keys, tokenizer, dtype)
 
 
 def summary(manifest, seconds):
@@ -315,32 +363,51 @@ def interrupt(*_):
     raise KeyboardInterrupt
 
 
+def of_text(paths, args, given=None):
+    """The dataset folder of text files, folders or globs given to train.pretrain (args: its flags),
+    prepared into the cache (TINYGPT_CACHE/datasets/, named by a hash of the paths and settings) as
+    prepare prepares one: a later run on the same text reuses its tokenizer and ids, and ranks of
+    one machine share it. A cache that cannot be written costs a warning: a temporary folder serves."""
+    request = data.tokenizer_fingerprint(given) if given else [args.vocab_size, args.normalize]
+    paths = [os.path.abspath(path) for path in paths]
+    key = json.dumps([paths, request, args.encoding, args.errors, args.val_fraction])
+    cores = len(os.sched_getaffinity(0))
+    settings = argparse.Namespace(
+        **{
+            name: getattr(args, name)
+            for name in ("val_fraction", "encoding", "errors", "vocab_size", "normalize")
+        },
+        data=paths,
+        out=os.path.join(data.cache_dir(), "datasets", hashlib.sha256(key.encode()).hexdigest()[:32]),
+        extensions=[".txt"],
+        documents="files",
+        tokenizer=None,
+        gpt1_tokenizer=None,
+        tokenizer_sample=None,
+        workers=cores,
+        overwrite=False,
+    )
+    try:
+        os.makedirs(settings.out, exist_ok=True)
+        open(os.path.join(settings.out, ".lock"), "a").close()
+    except OSError as error:
+        reason = f"cannot prepare the text there ({error.strerror}); using a temporary folder"
+        warnings.warn(f"{settings.out}: {reason}", stacklevel=2)
+        settings.out = tempfile.mkdtemp(prefix="tinygpt-data-")
+        cli.on_return(shutil.rmtree, settings.out, True)
+    make_dataset(settings, wait=True, given=given)
+    return settings.out
+
+
 @cli.command(parse_args)
 def main(parser, args):
     began = time.monotonic()
-    with cli.reading(parser, "--data"):
-        files, skipped = corpus.find_sources(args.data, tuple(args.extensions))
-    for path, why in skipped[:20]:
-        print(f"not read: {path} ({why})")
-    if len(skipped) > 20:
-        print(f"not read: {len(skipped) - 20:,} more files")
-    if not files:
-        parser.error(f"--data: no text to read in {' '.join(args.data)}")
-    os.makedirs(args.out, exist_ok=True)
-    with cli.reading(parser, "--out"):
-        hold(args.out)
-    if args.overwrite:
-        for name in (dataset.MANIFEST, "tokenizer.json", "tokenizer", "shards"):
-            path = os.path.join(args.out, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.path.exists(path) and os.remove(path)
-    previous = dataset.read_manifest(args.out)
     signal.signal(signal.SIGTERM, interrupt)  # a kill stops the workers as Ctrl-C does
-    with cli.reading(parser, "--data"):
-        records = plan(args, files, previous)
-        tokenizer = build_tokenizer(args, records)
-        keys, dtype = encode(args, records, tokenizer)
-        check_unchanged(records)
-    manifest = write_manifest(args, records, keys, tokenizer, dtype)
+    try:
+        with cli.reading(parser, "--data"):
+            manifest = make_dataset(args)
+    except OtherTokenizer as error:
+        parser.error(str(error))
     summary(manifest, time.monotonic() - began)
     print(f"dataset: {args.out} (train on it: python -m train.pretrain --data {args.out})")
 

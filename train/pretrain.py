@@ -15,17 +15,11 @@ from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
 from tinygpt.generation import generate
-from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, GPT1Tokenizer
+from tinygpt.tokenizer import GPT1Tokenizer
 
-from . import cli, data, dataset, distributed, lifecycle
+from . import cli, data, dataset, distributed, lifecycle, prepare
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
-
-SMALLEST_VOCAB = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE's 256 bytes and the task tokens
-vocab_size = cli.argument_type(
-    int, lambda n: n >= SMALLEST_VOCAB, f"an integer >= {SMALLEST_VOCAB} (256 bytes + the special tokens)"
-)
-held_out = cli.argument_type(float, lambda p: 0 < p < 1, "a number in (0, 1)")
 
 
 def parse_args(argv):
@@ -59,15 +53,16 @@ def add_data_arguments(group):
     group.add_argument(
         "--data",
         nargs="+",
-        help="a dataset folder (python -m train.prepare), or text files, folders of *.txt or globs "
-        "(default: pydoc's topics)",
+        help="a dataset folder (python -m train.prepare), or text files, folders of *.txt or "
+        "globs, prepared into the cache (default: pydoc's topics)",
     )
-    group.add_argument("--val-fraction", type=held_out, default=0.05, help="share of the tokens held out")
+    held = "share of the documents held out (by their hash); of the tokens where that is less than a window"
+    group.add_argument("--val-fraction", type=cli.held_out, default=0.05, help=held)
     trained = "(default: the --init-from run's, else one trained on the data)"
     group.add_argument("--tokenizer", help=f"a saved BPE tokenizer folder {trained}")
     gpt1_files = "a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
     group.add_argument("--gpt1-tokenizer", help=f"{gpt1_files} (default: see --tokenizer)")
-    group.add_argument("--vocab-size", type=vocab_size, default=2048, help="of a tokenizer trained here")
+    group.add_argument("--vocab-size", type=cli.vocab_size, default=2048, help="of a tokenizer trained here")
     normalize = (
         "a tokenizer trained here first prepares text as GPT-1 did: lower case, words split like spaCy"
     )
@@ -151,21 +146,6 @@ def add_run_arguments(group):
     group.add_argument("--distributed", action="store_true", help="a rank of an mpirun job (see the README)")
 
 
-def build_tokenizer(args, texts):
-    """The tokenizer of a new run: the one given, that of the --init-from run, or one trained here."""
-    if args.tokenizer:
-        return load_tokenizer(args.tokenizer)
-    if args.gpt1_tokenizer:
-        return GPT1Tokenizer.from_folder(args.gpt1_tokenizer)
-    if args.init_from and os.path.isdir(os.path.join(run_folder_of(args.init_from), "tokenizer")):
-        return load_tokenizer(os.path.join(run_folder_of(args.init_from), "tokenizer"))
-    normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
-    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
-    tokenizer = BPETokenizer.train(texts, args.vocab_size, normalizer=args.normalize)
-    args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)  # config.json records it
-    return tokenizer
-
-
 def model_config(args, vocab_size):
     overrides = {
         name: getattr(args, name)
@@ -178,36 +158,37 @@ def model_config(args, vocab_size):
 
 
 def read_tokens(parser, args, run_dir, group):
-    """(tokenizer, token ids of the corpus or a prepared Dataset, their hash): a resumed run's own
-    tokenizer (on the data the run began on, unless --allow-data-change), else a new run's."""
+    """(tokenizer, the prepared Dataset, its hash): --data's dataset folder, or its text (pydoc's
+    topics by default) prepared into the cache as train.prepare prepares a folder, with the run's
+    tokenizer: a resumed run's own, the one given or --init-from's, else a BPE trained on the text."""
     if args.data and len(args.data) == 1 and dataset.is_dataset(args.data[0]):
-        return read_dataset(parser, args, run_dir, group)
-    with cli.reading(parser, "--data"):
-        texts = (
-            data.read_corpus(args.data, args.encoding, args.errors) if args.data else data.default_corpus()
-        )
-    try:
-        tokenizer = (
-            load_tokenizer(os.path.join(run_dir, "tokenizer"))
-            if args.resume
-            else build_tokenizer(args, texts)
-        )
-    except (ValueError, OSError) as error:
-        parser.error(f"{'--resume' if args.resume else 'the tokenizer'}: {error}")
-    # on every rank: the same text gives the same ids
-    ids, cache_path, reused = data.tokenize_corpus(texts, tokenizer)
-    digest = os.path.basename(cache_path).split(".")[0]  # the cache file is named by their hash
-    group.check_same("corpus or tokenizer", digest.encode())
-    lifecycle.check_data(parser, args, digest)
-    cached = "reused" if reused else "written to" if os.path.isfile(cache_path) else "not cached in"
-    print(f"{len(ids):,} tokens ({cached} {cache_path})")
-    return tokenizer, ids, digest
+        folder = args.data[0]
+    else:
+        given = None
+        try:
+            if args.resume:
+                given = load_tokenizer(os.path.join(run_dir, "tokenizer"))
+            elif args.tokenizer or args.gpt1_tokenizer:
+                given = given_tokenizer(args.tokenizer, args.gpt1_tokenizer)
+            elif args.init_from and os.path.isdir(os.path.join(run_folder_of(args.init_from), "tokenizer")):
+                given = load_tokenizer(os.path.join(run_folder_of(args.init_from), "tokenizer"))
+        except (ValueError, OSError) as error:
+            parser.error(f"{'--resume' if args.resume else 'the tokenizer'}: {error}")
+        with cli.reading(parser, "--data"):
+            folder = prepare.of_text(args.data or [data.default_corpus_folder()], args, given)
+    tokenizer, prepared, digest = read_dataset(parser, args, run_dir, group, folder)
+    if not (args.resume or dataset.is_dataset(args.data[0] if args.data else "")) and given is None:
+        args.vocab_size = tokenizer.vocab_size  # what config.json records: built, not asked
+    return tokenizer, prepared, digest
 
 
-def read_dataset(parser, args, run_dir, group):
+def given_tokenizer(folder, gpt1_folder):
+    return load_tokenizer(folder) if folder else GPT1Tokenizer.from_folder(gpt1_folder)
+
+
+def read_dataset(parser, args, run_dir, group, folder):
     """read_tokens of a folder train.prepare wrote: its tokenizer, which must be the run's (a resumed
     run's, --tokenizer's, --gpt1-tokenizer's or --init-from's where given), and its shards, mapped."""
-    folder = args.data[0]
     with cli.reading(parser, "--data"):
         prepared = dataset.Dataset(folder)
         tokenizer = load_tokenizer(os.path.join(folder, "tokenizer"))
@@ -218,9 +199,7 @@ def read_dataset(parser, args, run_dir, group):
         named += [("--tokenizer", args.tokenizer), ("--gpt1-tokenizer", args.gpt1_tokenizer)]
         for flag, path in named:
             if path and os.path.isdir(path):
-                other = (
-                    GPT1Tokenizer.from_folder(path) if flag == "--gpt1-tokenizer" else load_tokenizer(path)
-                )
+                other = given_tokenizer(*((None, path) if flag == "--gpt1-tokenizer" else (path, None)))
                 if data.tokenizer_fingerprint(other) != prepared.fingerprint:
                     parser.error(
                         f"--data: {folder} was prepared with another tokenizer than {flag}'s ({path}); "
@@ -232,14 +211,18 @@ def read_dataset(parser, args, run_dir, group):
     return tokenizer, prepared, prepared.digest
 
 
-def cut_windows(parser, args, ids, n_ctx):
-    """(training windows, validation windows): the corpus's last --val-fraction is held out, or the
-    documents a prepared dataset holds out."""
+def cut_windows(parser, args, prepared, n_ctx):
+    """(training windows, validation windows) of the dataset's splits. Where its validation split
+    holds less than a window (a corpus of few documents), the last --val-fraction of the training
+    tokens is held out instead, and one line says so."""
+    train_ids, val_ids = prepared.train, prepared.val
     try:
-        if isinstance(ids, dataset.Dataset):
-            train_ids, val_ids = ids.train, ids.val
-        else:
-            train_ids, val_ids = data.split(ids, args.val_fraction, n_ctx)
+        if len(val_ids) < n_ctx + 1:
+            print(
+                f"the validation documents hold {len(val_ids):,} tokens, less than a window of "
+                f"n_ctx + 1 = {n_ctx + 1}: the last {args.val_fraction:g} of the training tokens is held out"
+            )
+            train_ids, val_ids = data.split(train_ids, args.val_fraction, n_ctx)
         train, val = (
             data.Windows(train_ids, n_ctx, "training data"),
             data.Windows(val_ids, n_ctx, "validation data"),

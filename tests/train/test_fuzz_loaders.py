@@ -1,24 +1,20 @@
 """Fuzzing the loaders of every file a stranger may hand us, as test_serialization.py fuzzes
-load_file: config.json, the tokenizers' files, the task files, label lists and the token cache.
+load_file: config.json, the tokenizers' files, the task files, label lists and a dataset's manifest.
 
 Random bytes, or JSON of the wrong shape, in place of a file must load, or raise a ValueError or an
 OSError whose message names the file: never another exception (TypeError, KeyError, RecursionError,
-UnicodeDecodeError without a name...), never a crash, never a huge allocation. A cache file that is
-not whole is tokenized again, with a warning naming it.
+UnicodeDecodeError without a name...), never a crash, never a huge allocation.
 """
 
 import json
 import math
-import warnings
-from pathlib import Path
 
-import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
-from train import data, task_files
+from train import dataset, task_files
 from train.tasks import TASKS
 
 JSON_SCALARS = (
@@ -147,25 +143,15 @@ def test_label_lists(tmp_path, contents):
 
 
 # ----- the token cache --------------------------------------------------------------------------
-TEXTS = ["a cat sat on a mat, " * 4]
-HEADERS = st.builds(  # the right magic string, then any count and checksum
-    data.CACHE_HEADER.pack,
-    st.just(data.CACHE_MAGIC),
-    st.integers(0, 2**64 - 1),
-    st.binary(min_size=32, max_size=32),
+@given(
+    contents=CONTENTS
+    | JSON_VALUES.map(lambda value: json.dumps({"format": dataset.FORMAT, **{"shards": value}}).encode())
 )
-
-
-@given(contents=CONTENTS | st.builds(bytes.__add__, HEADERS, st.binary(max_size=100)))
-def test_token_cache(tmp_path, contents):
-    """A damaged cache file is never read as ids: the corpus is tokenized again, and any warning
-    names the file."""
-    tokenizer = BPETokenizer.train(TEXTS, 256 + 3 + 8)
-    expected = [i for text in TEXTS for i in tokenizer.encode(text)]
-    _, path, _ = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
-    write(Path(path), contents)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ids, _, _ = data.tokenize_corpus(TEXTS, tokenizer, cache=tmp_path)
-    np.testing.assert_array_equal(ids, expected)
-    assert all(path in str(warning.message) for warning in caught)
+def test_dataset_manifest(tmp_path, contents):
+    """A manifest of any other shape than train.prepare's is a ValueError naming it, never a shard
+    read outside the folder."""
+    write(tmp_path / dataset.MANIFEST, contents)
+    try:
+        dataset.Dataset(str(tmp_path))
+    except ValueError as error:
+        assert str(tmp_path) in str(error)  # the manifest, or a shard it names

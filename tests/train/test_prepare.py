@@ -2,9 +2,11 @@
 pieces and workers; a killed prepare goes on to the same bytes; a new file moves no other
 document; bad input is one line."""
 
+import errno
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -118,10 +120,12 @@ def test_plan_cuts_a_file_only_between_two_visible_characters(tmp_path):
     path = tmp_path / "a.txt"
     path.write_bytes(b"ab\ncd\n ef\n\nhi\xc3\xa9\njk\nlm")  # cuts before the 1st and last "\n"
     with mock.patch.object(corpus, "CHUNK_BYTES", 1):
-        _, chunks = corpus.plan_chunks(path, "utf-8")
+        _, chunks, _ = corpus.plan_chunks(path, "utf-8")
     assert [(start, end) for start, end, _ in chunks] == [(0, 2), (2, 18), (18, 21)]
     with mock.patch.object(corpus, "CHUNK_BYTES", 1):
-        _, chunks = corpus.plan_chunks(path, "utf-16")  # "\n" may sit inside a character: never cut
+        _, chunks, _ = corpus.plan_chunks(
+            path, "utf-16", errors="ignore"
+        )  # "\n" may sit inside a character: never cut
     assert [(start, end) for start, end, _ in chunks] == [(0, 21)]
 
 
@@ -251,7 +255,7 @@ def test_bad_input_is_one_line_naming_what_to_do(tmp_path, capsys):
         run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
     assert stop.value.code == 2
     said = capsys.readouterr()
-    assert "bad.txt: line 2: not valid UTF-8 at byte 14" in said.err and "--errors replace" not in said.out
+    assert "bad.txt: line 2: not valid UTF-8 at byte 14" in said.err and "--errors replace" in said.err
     assert "empty.txt (empty)" in said.out and "notes.md (not *.txt)" in said.out
     os.remove(data / "bad.txt")
     run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
@@ -273,3 +277,70 @@ def test_bad_input_is_one_line_naming_what_to_do(tmp_path, capsys):
     run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
     assert f"{shard.name}: damaged" in capsys.readouterr().out
     assert all(dataset.Dataset(str(out)).shard(key) is not None for key in data_set.manifest["shards"])
+
+
+def test_text_given_to_pretrain_is_prepared_once_and_reused(corpus, tmp_path, capsys, monkeypatch):
+    """pretrain --data <text> prepares it into the cache (trained tokenizer and ids), a second run
+    reuses both; a corpus of one file holds out the end of its tokens; an unwritable cache is a
+    warning."""
+    argv = ["--data", str(corpus), "--steps", "1", "--n-layer", "1", "--n-embd", "16", "--n-head", "2"]
+    argv += ["--n-ctx", "16", "--batch-size", "2", "--eval-windows", "1", "--sample-tokens", "0"]
+    argv += ["--vocab-size", "300", "--device", "cpu"]
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    pretrain.main([*argv, "--out", str(tmp_path / "a")])
+    first = capsys.readouterr().out
+    assert "merging" in first and "less than a window" in first
+    pretrain.main([*argv, "--out", str(tmp_path / "b")])
+    second = capsys.readouterr().out
+    assert "merging" not in second and "encoding" not in second
+    assert re.search(r"prepared in (.+)\)", first)[1] == re.search(r"prepared in (.+)\)", second)[1]
+    assert (tmp_path / "a" / "tokenizer" / "vocab.json").read_bytes() == (
+        tmp_path / "b" / "tokenizer" / "vocab.json"
+    ).read_bytes()
+    (tmp_path / "a file").write_text("not a folder")
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a file"))
+    pretrain.main([*argv, "--out", str(tmp_path / "c")])
+    assert (
+        "cannot prepare the text there (Not a directory); using a temporary folder" in capsys.readouterr().err
+    )
+    assert (tmp_path / "c" / "metrics.jsonl").exists()
+
+
+def test_a_full_disk_or_a_file_that_changes_is_named_and_the_same_command_goes_on(
+    tmp_path, capsys, monkeypatch
+):
+    data = corpus_of(tmp_path / "text", files=4)
+    out = tmp_path / "set"
+    real_open = open
+
+    def full_disk(path, mode="r", *args, **kwargs):
+        if ".partial-" in str(path) and str(path).endswith(f"{os.getpid()}") and ".bin." in str(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, mode, *args, **kwargs)
+
+    with mock.patch("builtins.open", full_disk), pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert re.search(r"shards/[0-9a-f]{32}\.bin: No space left on device", capsys.readouterr().err)
+    assert not list((out / "shards").glob("*.json")) and not (out / dataset.MANIFEST).exists()
+
+    encode = prepare.encode
+
+    def edited_meanwhile(args, records, tokenizer):
+        result = encode(args, records, tokenizer)
+        with real_open(data / "01.txt", "a") as file:
+            file.write("One more line.\n")
+        return result
+
+    monkeypatch.setattr(prepare, "encode", edited_meanwhile)
+    with pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert (
+        f"{data / '01.txt'}: changed while it was prepared; run the same command again"
+        in capsys.readouterr().err
+    )
+    monkeypatch.setattr(prepare, "encode", encode)
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert (
+        prepared_ids(out)[str(data / "01.txt")][0][-5:]
+        == BPETokenizer.load(out / "tokenizer").encode((data / "01.txt").read_text())[-5:]
+    )

@@ -82,18 +82,20 @@ def test_resuming_to_the_checkpoints_own_step_reports_what_the_run_has(corpus, t
 def test_a_cache_folder_that_cannot_be_written_costs_a_warning_not_the_run(
     corpus, tmp_path, monkeypatch, capsys
 ):
-    """TINYGPT_CACHE naming a file: the run warns in one line, trains on the ids in memory, and says
-    they are not cached."""
+    """TINYGPT_CACHE naming a file: the run warns in one line and trains on its text prepared in a
+    temporary folder, which it removes."""
     (tmp_path / "a file").write_text("not a folder")
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a file"))
     pretrain_into(corpus, tmp_path / "run", "--steps", "2")
     printed = capsys.readouterr()
-    assert checkpoint_steps(tmp_path / "run") == [2] and "tokens (not cached in " in printed.out
-    [warning] = [line for line in printed.err.splitlines() if "token cache" in line]
+    assert checkpoint_steps(tmp_path / "run") == [2]
+    [warning] = [line for line in printed.err.splitlines() if "cannot prepare" in line]
     assert re.fullmatch(
-        r"warning: .*a file/tokens/\w+\.uint16: cannot write the token cache \(.*\); going on without it",
+        r"warning: .*a file/datasets/\w+: cannot prepare the text there \(.*\); using a temporary folder",
         warning,
     )
+    temporary = re.search(r"tokens \(prepared in (.+)\)", printed.out)[1]
+    assert not os.path.exists(temporary)
     assert "UserWarning" not in printed.err and "warnings.warn" not in printed.err
 
 

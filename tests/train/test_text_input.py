@@ -5,9 +5,10 @@ settings; line ends are read as "\\n"."""
 import json
 import re
 
+import numpy as np
 import pytest
 
-from train import data, evaluate, finetune, pretrain
+from train import dataset, evaluate, finetune, pretrain
 from train.run_folder import load_tokenizer
 
 from .runs import pretrain_argv, stopped, tiny_run
@@ -38,10 +39,10 @@ def books(corpus, tmp_path):
 
 
 def corpus_read(capsys, run_dir):
-    """The text a run read, as the token cache it printed decodes it."""
-    cache = re.search(r"tokens \(written to (.+)\)", capsys.readouterr().out)[1]
-    ids, _ = data.read_token_cache(cache, "uint16")
-    return load_tokenizer(run_dir / "tokenizer").decode(ids.tolist())
+    """The text a run read, as the dataset it printed it prepared decodes it."""
+    prepared = dataset.Dataset(re.search(r"tokens \(prepared in (.+)\)", capsys.readouterr().out)[1])
+    ids = [*np.asarray(prepared.train).tolist(), *np.asarray(prepared.val).tolist()]
+    return load_tokenizer(run_dir / "tokenizer").decode(ids)
 
 
 def test_pretrain_names_every_file_that_does_not_decode_and_reads_it_as_told(books, tmp_path, capsys):
@@ -62,7 +63,7 @@ def test_pretrain_names_every_file_that_does_not_decode_and_reads_it_as_told(boo
 
     # a resume reads the data as the run did; another encoding would change the run
     pretrain.main(["--resume", str(out), "--steps", "3", "--device", "cpu"])
-    assert "tokens (reused" in capsys.readouterr().out
+    assert "tokens (prepared in" in capsys.readouterr().out
     error = usage_error(capsys, pretrain.main, ["--resume", str(out), "--steps", "4", "--encoding", "utf8"])
     assert "--encoding utf-8 (the run's: iso8859-1) would change the run" in error
 
