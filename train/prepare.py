@@ -115,18 +115,17 @@ class Progress:
             print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
 
 
-def run_tasks(function, tasks, workers, progress, tokenizer_dir=None):
+def run_tasks(function, tasks, workers, progress):
     """function(task) for every task, in `workers` processes (in this one for 1), each result handed
     to progress(result) as it comes. The workers ignore Ctrl-C from birth: this process stops them."""
     if workers == 1 or len(tasks) <= 1:
-        shards.load_worker(tokenizer_dir)
         for task in tasks:
             progress(function(task))
         return
     context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
     try:
-        pool = context.Pool(min(workers, len(tasks)), shards.load_worker, (tokenizer_dir,))
+        pool = context.Pool(min(workers, len(tasks)))
     finally:
         signal.signal(signal.SIGINT, handler)
     with pool:
@@ -243,9 +242,9 @@ def encode(args, records, tokenizer):
             if problem not in (None, "missing"):
                 print(f"{os.path.join(folder, key)}.bin: damaged ({problem}); writing it again")
             if problem:
-                tasks.append(((path, *chunk), how, folder, key))
+                tasks.append(((path, *chunk), (*how, os.path.join(args.out, "tokenizer")), folder, key))
     progress = Progress("encoding", sum(task[0][2] - task[0][1] for task in tasks), "B")
-    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, os.path.join(args.out, "tokenizer"))
+    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update)
     progress.close()
     return keys, dtype
 

@@ -9,6 +9,7 @@ whole through a temporary file, the .json last: a shard whose .json is there is 
 """
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,6 @@ from .corpus import document_parts
 from .run_folder import load_tokenizer
 
 SEPARATOR = "_start_"  # begins every document: the token that begins every fine-tuning input too
-_worker = {}  # what a worker process loads once: the tokenizer
 
 
 def chunk_key(settings, source_digest, chunk):
@@ -32,9 +32,11 @@ def chunk_key(settings, source_digest, chunk):
     return hashlib.sha256(json.dumps([settings, source_digest, list(chunk)]).encode()).hexdigest()[:32]
 
 
-def load_worker(tokenizer_dir):
-    """Pool initializer: load the tokenizer once per process."""
-    _worker["tokenizer"] = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+@functools.lru_cache(maxsize=1)
+def tokenizer_in(folder):
+    """The tokenizer of `folder`, loaded once per worker process (in its first task: an error there
+    reaches the command, where a pool's initializer would fail again and again unseen)."""
+    return load_tokenizer(folder)
 
 
 def count_chunk_words(task):
@@ -65,8 +67,8 @@ def encode_chunk(task):
     text), the anchor "<" where one came before in the document (GPT-1's unicode fix decodes HTML
     entities only until a line holds one), else "a".
     """
-    (path, start, end, after_angle), (encoding, errors, paragraphs, dtype), folder, key = task
-    tokenizer = _worker["tokenizer"]
+    (path, start, end, after_angle), (encoding, errors, paragraphs, dtype, tokenizer_dir), folder, key = task
+    tokenizer = tokenizer_in(tokenizer_dir)
     separator = tokenizer.special_tokens.get(SEPARATOR)
     ids, parts, angle, text_hash = [], [], after_angle, hashlib.sha256()
     for text, begins in document_parts(

@@ -16,7 +16,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
@@ -94,6 +94,8 @@ def test_the_ids_of_each_document_are_its_encoding_however_it_is_cut(
     for number, texts in enumerate(files):
         text = ("\n\n" if paragraphs else "").join(texts)
         (folder / f"{number}.txt").write_bytes(("\ufeff" if bom else "").encode() + text.encode())
+    read = [str(path) for path in sorted(folder.glob("*.txt")) if path.read_bytes().strip()]
+    assume(read)  # files of nothing but ASCII whitespace are named and not read
     with (
         mock.patch.object(corpus, "CHUNK_BYTES", chunk_bytes),
         mock.patch.object(corpus, "PIECE_BYTES", piece_bytes),
@@ -111,6 +113,7 @@ def test_the_ids_of_each_document_are_its_encoding_however_it_is_cut(
             "paragraphs" if paragraphs else "files",
         )
     start = [tokenizer.special_tokens["_start_"]]
+    assert sorted(prepared_ids(folder / "data")) == read
     for path, ids in prepared_ids(folder / "data").items():
         expected = [start + tokenizer.encode(text) for text in whole_documents(path, paragraphs)]
         assert ids == expected, path
@@ -203,6 +206,13 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
     assert "prepared in" in capsys.readouterr().out
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in m for m in metrics)
+    run_prepare("--data", data, "--out", tmp_path / "other", "--vocab-size", 280, "--workers", 1)
+    with pytest.raises(SystemExit):
+        pretrain.main(
+            ["--resume", str(tmp_path / "run"), "--data", str(tmp_path / "other"), "--allow-data-change"]
+        )
+    error = "--data: {} was prepared with another tokenizer than --resume's ({})"
+    assert error.format(tmp_path / "other", tmp_path / "run" / "tokenizer") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
