@@ -174,6 +174,9 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
         run_prepare("--data", data, "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2)
     one = folder_bytes(tmp_path / "one")
     assert one == folder_bytes(tmp_path / "two")
+    texts = [path.read_text(encoding="utf-8") for path in sorted(data.glob("*.txt"))]
+    BPETokenizer.train(texts, 300).save(tmp_path / "whole")  # words counted at once, not by chunks
+    assert one["tokenizer/merges.txt"] == (tmp_path / "whole" / "merges.txt").read_bytes()
     assert sum(name.endswith(".bin") for name in one) > 12  # files cut into several chunks
     out = capsys.readouterr().out
     assert "counting words" in out and "encoding" in out and "val:" in out

@@ -23,7 +23,7 @@ import regex
 
 from ..files import read_json, read_text, read_text_files
 from .base import MERGES_HEADER, SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
-from .merges import apply_merges, replace_pair
+from .merges import apply_merges
 from .text import GPT1Normalizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -127,24 +127,42 @@ def learn_merges(word_counts, num_merges, on_merge=None):
 
         changed = set()
         for index in words_with_pair.pop(pair):
-            symbols, freq = words[index], freqs[index]
-            merged = replace_pair(symbols, *pair, new_id)
-            if len(merged) == len(symbols):
-                continue  # an earlier merge already took this word's occurrences of the pair
-            for old_pair in zip(symbols, symbols[1:]):
-                pair_counts[old_pair] -= freq
-                changed.add(old_pair)
-            for new_pair in zip(merged, merged[1:]):
-                pair_counts[new_pair] += freq
-                changed.add(new_pair)
-                words_with_pair[new_pair].add(index)
-            words[index] = merged
+            words[index], lost, made = merge_word(words[index], *pair, new_id)
+            for lost_pair in lost:
+                pair_counts[lost_pair] -= freqs[index]
+            for made_pair in made:
+                pair_counts[made_pair] += freqs[index]
+                words_with_pair[made_pair].add(index)
+            changed.update(lost, made)
+        del pair_counts[pair]  # every occurrence merged
+        changed.discard(pair)
         for changed_pair in changed:
             if pair_counts[changed_pair] > 0:
                 heapq.heappush(heap, heap_entry(changed_pair))
             else:
                 del pair_counts[changed_pair]
     return merges
+
+
+def merge_word(symbols, left, right, new):
+    """(symbols with each (left, right), left to right, made `new`; the pairs lost; the pairs made),
+    site by site: around a site the pairs with its neighbours become pairs with `new`, a neighbour
+    read from the symbols as merged so far, so that overlapping sites add up."""
+    merged, lost, made, i, last = [], [], [], 0, len(symbols) - 1
+    while i <= last:
+        if i < last and symbols[i] == left and symbols[i + 1] == right:
+            if merged:
+                lost.append((merged[-1], left))
+                made.append((merged[-1], new))
+            if i + 2 <= last:
+                lost.append((right, symbols[i + 2]))
+                made.append((new, symbols[i + 2]))
+            merged.append(new)
+            i += 2
+        else:
+            merged.append(symbols[i])
+            i += 1
+    return merged, lost, made
 
 
 # -- The tokenizer ----------------------------------------------------------------------------------
