@@ -25,7 +25,7 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
-from tinygpt.files import UndecodableFiles
+from tinygpt.files import UndecodableFiles, read_json
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import cli, corpus, data, dataset, shards
@@ -105,9 +105,10 @@ class Progress:
         seconds = max(time.monotonic() - self.began, 1e-9)
         rate = self.done / seconds
         left = f", {(self.total - self.done) / rate:.0f} s left" if rate and self.done < self.total else ""
-        scale, unit = (2**20, f"M{self.unit}") if self.unit == "B" else (1, f" {self.unit}")
-        done, total = f"{self.done / scale:,.1f}", f"{self.total / scale:,.1f}{unit}"
-        return f"{self.phase}: {done} of {total} ({rate / scale:,.1f}{unit}/s{left})"
+        if self.unit == "B":  # in MB, to a tenth
+            done, total, rate = (f"{n / 2**20:,.1f}" for n in (self.done, self.total, rate))
+            return f"{self.phase}: {done} of {total} MB ({rate} MB/s{left})"
+        return f"{self.phase}: {self.done:,} of {self.total:,} {self.unit} ({rate:,.0f} {self.unit}/s{left})"
 
     def close(self):
         self.bar.close()
@@ -177,12 +178,11 @@ def build_tokenizer(args, records, given=None):
         else {"vocab_size": args.vocab_size, "normalizer": args.normalize, "sample": args.tokenizer_sample}
     )
     if os.path.isfile(request_path):
-        with open(request_path, encoding="utf-8") as file:
-            held = json.load(file)
-        if held["request"] == request:
+        held = read_json(request_path)
+        if isinstance(held, dict) and held.get("request") == request:
             return load_tokenizer(folder)
         raise OtherTokenizer(
-            f"--out {args.out} holds a dataset of another tokenizer ({held['request']}); "
+            f"--out {args.out} holds a dataset of another tokenizer ({held}); "
             "pass --overwrite to start it afresh, or another --out"
         )
     tokenizer = given or train_tokenizer(args, records)
@@ -355,6 +355,9 @@ def summary(manifest, seconds):
             counts[document["split"]][1] += sum(end - start for _, start, end in document["ranges"])
     for split, (documents, tokens) in counts.items():
         print(f"{split}: {documents:,} documents, {tokens:,} tokens")
+    if not counts["val"][0]:
+        print("no document is held out: pretrain will hold out the end of the training tokens (for a split")
+        print("by content, --documents paragraphs, more files or a larger --val-fraction)")
     print(f"{len(manifest['shards']):,} shards of {manifest['dtype']} ids, in {seconds:.1f} s")
 
 

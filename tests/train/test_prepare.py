@@ -245,7 +245,7 @@ def test_a_new_file_moves_no_other_document_and_only_it_is_encoded(tmp_path, cap
     (data / "new.txt").write_text("A new file, with its own words.\n", encoding="utf-8")
     capsys.readouterr()
     run_prepare("--data", data, "--out", tmp_path / "set", "--vocab-size", 300, "--workers", 1)
-    assert "encoding: 0.0 of 0.0MB" in capsys.readouterr().out  # 33 bytes
+    assert "encoding: 0.0 of 0.0 MB" in capsys.readouterr().out  # 33 bytes
     after = dataset.read_manifest(tmp_path / "set")
     splits = {s["path"]: [d["split"] for d in s["documents"]] for s in after["sources"]}
     assert {
