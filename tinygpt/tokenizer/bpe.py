@@ -103,11 +103,11 @@ def learn_merges(word_counts, num_merges, on_merge=None):
     token_bytes = [bytes([byte]) for byte in range(256)]
 
     pair_counts = defaultdict(int)
-    words_with_pair = defaultdict(set)  # may still list a word that lost the pair: checked on use
+    words_with_pair = defaultdict(list)  # may list a word twice, or one that lost the pair: harmless
     for index, (symbols, freq) in enumerate(zip(words, freqs)):
         for pair in zip(symbols, symbols[1:]):
             pair_counts[pair] += freq
-            words_with_pair[pair].add(index)
+            words_with_pair[pair].append(index)
 
     def heap_entry(pair):
         return (-pair_counts[pair], token_bytes[pair[0]], token_bytes[pair[1]], pair)
@@ -126,13 +126,13 @@ def learn_merges(word_counts, num_merges, on_merge=None):
         token_bytes.append(left_bytes + right_bytes)
 
         changed = set()
-        for index in words_with_pair.pop(pair):
+        for index in dict.fromkeys(words_with_pair.pop(pair)):  # each word once, in a fixed order
             words[index], lost, made = merge_word(words[index], *pair, new_id)
             for lost_pair in lost:
                 pair_counts[lost_pair] -= freqs[index]
             for made_pair in made:
                 pair_counts[made_pair] += freqs[index]
-                words_with_pair[made_pair].add(index)
+                words_with_pair[made_pair].append(index)
             changed.update(lost, made)
         del pair_counts[pair]  # every occurrence merged
         changed.discard(pair)
