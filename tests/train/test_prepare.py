@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 from train import corpus, dataset, prepare, pretrain
 
+from .runs import SMALLER, pretrain_argv
+
 GPT1_FILES = Path(__file__).parents[2].parent / "shared" / "data" / "gpt1-bpe"
 TEXT = ["The cat sat on the mat.\nIt was warm; the dog & cat slept.\n\nA new day <b> &amp; more.\n"]
 BPE = BPETokenizer.train(TEXT * 3, 300)
@@ -180,32 +182,7 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
     assert sum(name.endswith(".bin") for name in one) > 12  # files cut into several chunks
     out = capsys.readouterr().out
     assert "counting words" in out and "encoding" in out and "val:" in out
-    pretrain.main(
-        [
-            "--data",
-            str(tmp_path / "one"),
-            "--steps",
-            "2",
-            "--n-layer",
-            "1",
-            "--n-embd",
-            "16",
-            "--n-head",
-            "2",
-            "--n-ctx",
-            "16",
-            "--batch-size",
-            "2",
-            "--eval-windows",
-            "1",
-            "--sample-tokens",
-            "0",
-            "--device",
-            "cpu",
-            "--out",
-            str(tmp_path / "run"),
-        ]
-    )
+    pretrain.main(pretrain_argv(tmp_path / "one", tmp_path / "run", "--steps", "2", size=SMALLER))
     assert "prepared in" in capsys.readouterr().out
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("val_loss" in m for m in metrics)
@@ -296,9 +273,7 @@ def test_text_given_to_pretrain_is_prepared_once_and_reused(corpus, tmp_path, ca
     """pretrain --data <text> prepares it into the cache (trained tokenizer and ids), a second run
     reuses both; a corpus of one file holds out the end of its tokens; an unwritable cache is a
     warning."""
-    argv = ["--data", str(corpus), "--steps", "1", "--n-layer", "1", "--n-embd", "16", "--n-head", "2"]
-    argv += ["--n-ctx", "16", "--batch-size", "2", "--eval-windows", "1", "--sample-tokens", "0"]
-    argv += ["--vocab-size", "300", "--device", "cpu"]
+    argv = ["--data", str(corpus), "--steps", "1", *SMALLER]
     monkeypatch.setenv("TQDM_DISABLE", "1")
     pretrain.main([*argv, "--out", str(tmp_path / "a")])
     first = capsys.readouterr().out
