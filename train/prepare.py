@@ -53,10 +53,14 @@ def parse_args(argv):
 
 
 def add_data_arguments(group):
-    group.add_argument("--data", nargs="+", required=True, help="text files, folders or globs")
-    group.add_argument("--out", required=True, help="the dataset folder (made, or gone on with)")
     group.add_argument(
-        "--extensions", nargs="+", default=[".txt"], help="the files read below a folder (default: .txt)"
+        "--data", nargs="+", required=True, metavar="PATH", help="text files, folders or globs"
+    )
+    group.add_argument(
+        "--out", required=True, metavar="DIR", help="the dataset folder (made, or gone on with)"
+    )
+    group.add_argument(
+        "--extensions", nargs="+", default=[".txt"], help="the endings of the files read below a folder"
     )
     documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
     group.add_argument("--documents", choices=["files", "paragraphs"], default="files", help=documents)
@@ -81,7 +85,7 @@ def add_tokenizer_arguments(group):
 
 def add_work_arguments(group):
     cores = len(os.sched_getaffinity(0))
-    group.add_argument("--workers", type=positive_int, default=cores, help=f"processes (default: {cores})")
+    group.add_argument("--workers", type=positive_int, default=cores, help="processes, one a core by default")
     group.add_argument("--overwrite", action="store_true", help="start --out afresh (another tokenizer)")
 
 
