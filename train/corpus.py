@@ -2,9 +2,10 @@
 for the workers, and how a chunk is read in pieces and cut into documents.
 
 No file is held whole. A chunk is a byte range of a file, at least CHUNK_BYTES long, that ends
-where a line ends between two visible ASCII characters ("x\\ny"): a cut there cannot change how any
-of tinygpt's tokenizers splits the text into words, so the ids of a document are the same however
-it is cut. A chunk is read PIECE_BYTES at a time, decoded incrementally (a character cut at a
+where a line ends between two visible ASCII characters ("x\\ny"), neither of them "_" (which ends
+the name of every special token, cut out before the text is split into words): a cut there cannot
+change how any of tinygpt's tokenizers splits the text into words, so the ids of a document are the
+same however it is cut. A chunk is read PIECE_BYTES at a time, decoded incrementally (a character cut at a
 piece's end waits for its other bytes), its line ends made "\\n" as Python's text mode makes them,
 and handed on up to its last such cut.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 CHUNK_BYTES = 4 << 20  # a worker's unit of work, and one shard of token ids
 PIECE_BYTES = 1 << 20  # read at a time
-VISIBLE = range(0x21, 0x7F)  # the bytes of "!" .. "~"
+VISIBLE = frozenset(range(0x21, 0x7F)) - {ord("_")}  # "!" .. "~" but "_", which ends every special token
 PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or more blank lines
 
 
@@ -124,10 +125,10 @@ def _cuts_in(data, paragraphs):
 
 
 def last_cut(text):
-    """The offset of the last "\\n" of `text` between two visible ASCII characters (0: none)."""
+    """The offset of the last "\\n" of `text` between two VISIBLE characters (0: none)."""
     i = text.rfind("\n", 0, len(text) - 1)
     while i > 0:
-        if "!" <= text[i - 1] <= "~" and "!" <= text[i + 1] <= "~":
+        if ord(text[i - 1]) in VISIBLE and ord(text[i + 1]) in VISIBLE:
             return i
         i = text.rfind("\n", 0, i)
     return 0

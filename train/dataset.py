@@ -92,9 +92,10 @@ class Dataset:
             bin_path = os.path.join(folder, "shards", f"{key}.bin")
             size = os.path.getsize(bin_path) if os.path.exists(bin_path) else None
             if size != record["tokens"] * self.dtype.itemsize:
+                expected = record["tokens"] * self.dtype.itemsize
                 raise ValueError(
-                    f"{bin_path}: missing or cut short ({size} bytes where {record['tokens']} ids are "
-                    "recorded); run python -m train.prepare again to rewrite it"
+                    f"{bin_path}: missing or cut short ({size} bytes where {expected} are recorded); "
+                    "run python -m train.prepare again to rewrite it"
                 )
         self.shard = functools.lru_cache(maxsize=256)(self._open_shard)  # memory maps kept open
         self._checked = set()
@@ -107,8 +108,8 @@ class Dataset:
         """The ids of shard `key`, memory-mapped, once its SHA-256 is checked against the manifest."""
         path = os.path.join(self.folder, "shards", f"{key}.bin")
         if key not in self._checked:
-            if file_digest(path) != self.manifest["shards"][key]["sha256"]:
-                raise ValueError(
+            if file_digest(path) != self.manifest["shards"][key]["sha256"]:  # an OSError: one line
+                raise OSError(
                     f"{path}: damaged (its ids do not match the manifest's SHA-256); "
                     "run python -m train.prepare again to rewrite it"
                 )

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import shutil
@@ -47,6 +46,8 @@ def parse_args(argv):
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
     if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
         parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out: {args.out} is a file; name a folder (made, or gone on with)")
     cli.check_writable(parser, "--out", args.out)
     cli.check_apart_from_inputs(parser, "--out", args.out, args)
     return parser, args
@@ -169,13 +170,19 @@ def plan(args, files, previous):
     return records
 
 
+def given_tokenizer(args):
+    """The tokenizer --tokenizer or --gpt1-tokenizer names."""
+    return (
+        load_tokenizer(args.tokenizer) if args.tokenizer else GPT1Tokenizer.from_folder(args.gpt1_tokenizer)
+    )
+
+
 def build_tokenizer(args, records, given=None):
     """The dataset's tokenizer (saved in --out/tokenizer before any encoding): the one `given` or
     named by the flags, the one --out holds already for the same request, or a BPE trained on the
     corpus."""
     folder, request_path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
-    given = given or (args.tokenizer and load_tokenizer(args.tokenizer))
-    given = given or (args.gpt1_tokenizer and GPT1Tokenizer.from_folder(args.gpt1_tokenizer))
+    given = given or ((args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args))
     request = (
         {"fingerprint": data.tokenizer_fingerprint(given)}
         if given
@@ -185,8 +192,8 @@ def build_tokenizer(args, records, given=None):
         held = read_json(request_path)
         if isinstance(held, dict) and held.get("request") == request:
             return load_tokenizer(folder)
-        raise OtherTokenizer(
-            f"--out {args.out} holds a dataset of another tokenizer ({held}); "
+        raise OutTaken(
+            f"{args.out} holds the dataset of another tokenizer ({describe(held)}); "
             "pass --overwrite to start it afresh, or another --out"
         )
     tokenizer = given or train_tokenizer(args, records)
@@ -198,13 +205,23 @@ def build_tokenizer(args, records, given=None):
     return tokenizer
 
 
+def describe(held):
+    """tokenizer.json's request, in words."""
+    request = held.get("request") if isinstance(held, dict) else None
+    if isinstance(request, dict) and "fingerprint" in request:
+        return f"a tokenizer given, fingerprint {str(request['fingerprint'])[:12]}"
+    if isinstance(request, dict):
+        return ", ".join(f"{key} {value}" for key, value in request.items() if value is not None)
+    return "unreadable"
+
+
 def train_tokenizer(args, records):
     """A byte-level BPE of --vocab-size: words counted by the workers, chunk by chunk (on an even
     sample of chunks with --tokenizer-sample), then merged here."""
     chunks = [(path, start, end) for path, record in records.items() for start, end, _ in record["chunks"]]
     total = sum(end - start for _, start, end in chunks)
     if args.tokenizer_sample and args.tokenizer_sample < total:
-        chunks = chunks[:: math.ceil(total / args.tokenizer_sample)]
+        chunks = even_sample(chunks, args.tokenizer_sample / total)
         print(f"training the BPE on a sample: {sum(e - s for _, s, e in chunks):,} of {total:,} bytes")
     normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
     print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
@@ -229,6 +246,18 @@ def train_tokenizer(args, records):
     merging.close()
     args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
     return tokenizer
+
+
+def even_sample(chunks, fraction):
+    """The chunks (path, start, end) that take about `fraction` of the bytes, spread evenly: each is
+    taken where the bytes taken so far fall short of `fraction` of those passed, its own included."""
+    taken, passed, sample = 0, 0, []
+    for chunk in chunks:
+        passed += chunk[2] - chunk[1]
+        if taken < fraction * passed:
+            sample.append(chunk)
+            taken += chunk[2] - chunk[1]
+    return sample
 
 
 def encode(args, records, tokenizer):
@@ -315,14 +344,14 @@ def holding(folder, wait=False):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if not wait:
-                raise ValueError(f"{folder}: another prepare is writing this dataset") from None
+                raise OutTaken(f"{folder}: another prepare is writing this dataset") from None
             print(f"waiting for another process that prepares {folder} ...", flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
-class OtherTokenizer(Exception):
-    """The dataset folder holds ids of another tokenizer than the one asked for."""
+class OutTaken(Exception):
+    """--out cannot take this dataset: another prepare holds it, or it holds another tokenizer's."""
 
 
 def make_dataset(args, wait=False, given=None):
@@ -362,7 +391,8 @@ def summary(manifest, seconds):
     if not counts["val"][0]:
         print("no document is held out: pretrain will hold out the end of the training tokens (for a split")
         print("by content, --documents paragraphs, more files or a larger --val-fraction)")
-    print(f"{len(manifest['shards']):,} shards of {manifest['dtype']} ids, in {seconds:.1f} s")
+    shards_written = f"{len(manifest['shards']):,} shard{'s' * (len(manifest['shards']) != 1)}"
+    print(f"{shards_written} of {manifest['dtype']} ids, in {seconds:.1f} s")
 
 
 def interrupt(*_):
@@ -401,7 +431,11 @@ def of_text(paths, args, given=None):
         warnings.warn(f"{settings.out}: {reason}", stacklevel=2)
         settings.out = tempfile.mkdtemp(prefix="tinygpt-data-")
         cli.on_return(shutil.rmtree, settings.out, True)
-    make_dataset(settings, wait=True, given=given)
+    try:
+        make_dataset(settings, wait=True, given=given)
+    except OutTaken:  # a cache folder changed by hand: it is only a cache
+        settings.overwrite = True
+        make_dataset(settings, wait=True, given=given)
     return settings.out
 
 
@@ -409,11 +443,14 @@ def of_text(paths, args, given=None):
 def main(parser, args):
     began = time.monotonic()
     signal.signal(signal.SIGTERM, interrupt)  # a kill stops the workers as Ctrl-C does
+    flag = "--tokenizer" if args.tokenizer else "--gpt1-tokenizer"
+    with cli.reading(parser, flag):  # before any reading of the corpus
+        given = (args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args)
     try:
         with cli.reading(parser, "--data"):
-            manifest = make_dataset(args)
-    except OtherTokenizer as error:
-        parser.error(str(error))
+            manifest = make_dataset(args, given=given)
+    except OutTaken as error:
+        parser.error(f"--out: {error}")
     summary(manifest, time.monotonic() - began)
     print(f"dataset: {args.out} (train on it: python -m train.pretrain --data {args.out})")
 

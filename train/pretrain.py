@@ -192,6 +192,11 @@ def read_dataset(parser, args, run_dir, group, folder):
     with cli.reading(parser, "--data"):
         prepared = dataset.Dataset(folder)
         tokenizer = load_tokenizer(os.path.join(folder, "tokenizer"))
+        if data.tokenizer_fingerprint(tokenizer) != prepared.fingerprint:
+            parser.error(
+                f"--data: {os.path.join(folder, 'tokenizer')} is not the tokenizer that encoded the "
+                f"ids of {folder} (the manifest's fingerprint); prepare the dataset again"
+            )
         init_from = (
             args.init_from and not args.resume and os.path.join(run_folder_of(args.init_from), "tokenizer")
         )

@@ -127,8 +127,10 @@ def shard_problem(folder, key, itemsize, full=False):
         return "missing"
     except (OSError, ValueError) as error:
         return f"unreadable ({error})"
-    if not isinstance(record, dict) or size != record.get("tokens", -1) * itemsize:
-        return f"{size:,} bytes where its record promises {record.get('tokens', 0) * itemsize:,}"
+    if not isinstance(record, dict) or not isinstance(record.get("tokens"), int):
+        return "its record is not one prepare wrote"
+    if size != record["tokens"] * itemsize:
+        return f"{size:,} bytes where its record promises {record['tokens'] * itemsize:,}"
     if full and file_digest(os.path.join(folder, f"{key}.bin")) != record.get("sha256"):
         return "its ids do not match their SHA-256"
     return None

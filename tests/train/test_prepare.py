@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,17 +198,19 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
-    data = corpus_of(tmp_path / "text", files=60)
-    began = time.monotonic()
+    data = corpus_of(tmp_path / "text", files=100)
     subprocess.run(prepare_argv(data, tmp_path / "whole"), capture_output=True, check=True)
-    took = time.monotonic() - began
     process = subprocess.Popen(
         prepare_argv(data, tmp_path / "cut", "--workers", "2"),
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(random.Random(how).uniform(0.3, 0.7) * took)  # counting words, or encoding
+    while not process.stdout.readline().startswith("training a byte-level BPE"):
+        pass
+    time.sleep(random.Random(how).uniform(0.3, 1.2))  # counting words, merging or encoding
     process.send_signal(how)
     assert process.wait(timeout=60) != 0  # stopped before its end
     subprocess.run(prepare_argv(data, tmp_path / "cut"), capture_output=True, check=True)
@@ -255,14 +258,25 @@ def test_bad_input_is_one_line_naming_what_to_do(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_prepare("--data", data, "--out", out, "--workers", 0)
     with pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", data / "empty.txt")
+    assert "--out: " + str(data / "empty.txt") + " is a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_prepare("--data", data, "--out", tmp_path / "y", "--tokenizer", tmp_path)
+    assert f"--tokenizer: {tmp_path}: no tokenizer here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         run_prepare("--data", tmp_path / "nothing", "--out", tmp_path / "x")
     assert "no such file or folder" in capsys.readouterr().err
     shard = next((out / "shards").glob("*.bin"))
     shard.write_bytes(shard.read_bytes()[:-2] + b"\x00\x00")  # damaged, same size
     data_set = dataset.Dataset(str(out))
-    with pytest.raises(ValueError, match="damaged.*train.prepare again"):
+    with pytest.raises(OSError, match="damaged.*train.prepare again"):
         for key in data_set.manifest["shards"]:
             data_set.shard(key)
+    with pytest.raises(SystemExit) as stop:  # a run that reads it: one line
+        pretrain.main(
+            pretrain_argv(out, tmp_path / "run", "--steps", "1", "--eval-windows", "50", size=SMALLER)
+        )
+    assert f"{shard}: damaged (its ids do not match the manifest's SHA-256)" in str(stop.value.code)
     capsys.readouterr()
     run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
     assert f"{shard.name}: damaged" in capsys.readouterr().out
@@ -332,3 +346,31 @@ def test_a_full_disk_or_a_file_that_changes_is_named_and_the_same_command_goes_o
         prepared_ids(out)[str(data / "01.txt")][0][-5:]
         == BPETokenizer.load(out / "tokenizer").encode((data / "01.txt").read_text())[-5:]
     )
+
+
+def test_an_edit_that_keeps_the_size_a_swapped_tokenizer_and_a_sample(tmp_path, capsys):
+    """A file edited to the same size is read again (its time changed); a dataset whose tokenizer/
+    is not the one its ids came from is refused; --tokenizer-sample takes about that many bytes."""
+    data = corpus_of(tmp_path / "text", files=20)
+    out = tmp_path / "set"
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    path = data / "03.txt"
+    text = path.read_text(encoding="utf-8").replace("cat", "dog")
+    path.write_text(text, encoding="utf-8")
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    tokenizer = BPETokenizer.load(out / "tokenizer")
+    assert prepared_ids(out)[str(path)] == [[tokenizer.special_tokens["_start_"], *tokenizer.encode(text)]]
+
+    run_prepare("--data", data, "--out", tmp_path / "other", "--vocab-size", 280, "--workers", 1)
+    shutil.rmtree(out / "tokenizer")
+    shutil.copytree(tmp_path / "other" / "tokenizer", out / "tokenizer")
+    with pytest.raises(SystemExit):
+        pretrain.main(pretrain_argv(out, tmp_path / "run", "--steps", "1", size=SMALLER))
+    assert "is not the tokenizer that encoded the ids" in capsys.readouterr().err
+
+    total = sum(p.stat().st_size for p in data.glob("*.txt"))
+    run_prepare(
+        "--data", data, "--out", tmp_path / "s", "--vocab-size", 300, "--tokenizer-sample", total // 4
+    )
+    sampled = int(re.search(r"on a sample: ([\d,]+) of", capsys.readouterr().out)[1].replace(",", ""))
+    assert total // 4 <= sampled < total // 4 + total // 20  # one file more at the most
