@@ -25,15 +25,16 @@ PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or mo
 def find_sources(paths, extensions=(".txt",)):
     """(files to read, [(path, why it is not read)]) of files, folders and globs, each list sorted:
     a file named is read whatever its name; below a folder, the files ending in `extensions`.
-    Links below a folder and empty files (or only whitespace) are not read, and are named; a folder
-    named like a text file is a ValueError."""
+    Links a folder or a glob holds and empty files (or only whitespace) are not read, and are named;
+    a folder named like a text file is a ValueError."""
     files, skipped = set(), []
     for path in map(str, paths):
         if any(char in path for char in "*?["):
             matches = glob.glob(path, recursive=True)
             if not matches:
                 raise ValueError(f"{path}: the pattern matches no file")
-            found, passed = find_sources(matches, extensions)
+            skipped += [(match, "a link") for match in matches if Path(match).is_symlink()]
+            found, passed = find_sources([m for m in matches if not Path(m).is_symlink()], extensions)
             files.update(found)
             skipped += passed
         elif Path(path).is_dir():

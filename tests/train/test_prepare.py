@@ -374,3 +374,12 @@ def test_an_edit_that_keeps_the_size_a_swapped_tokenizer_and_a_sample(tmp_path, 
     )
     sampled = int(re.search(r"on a sample: ([\d,]+) of", capsys.readouterr().out)[1].replace(",", ""))
     assert total // 4 <= sampled < total // 4 + total // 20  # one file more at the most
+
+
+def test_links_are_named_and_not_read_below_a_folder_or_from_a_glob(tmp_path):
+    corpus_of(tmp_path / "text", files=2)
+    (tmp_path / "text" / "link.txt").symlink_to(tmp_path / "text" / "00.txt")
+    for paths in ([tmp_path / "text"], [str(tmp_path / "text" / "*.txt")]):
+        files, skipped = corpus.find_sources(paths)
+        assert [Path(f).name for f in files] == ["00.txt", "01.txt"]
+        assert skipped == [(str(tmp_path / "text" / "link.txt"), "a link")]
