@@ -121,10 +121,12 @@ class Progress:
             print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
 
 
-def run_tasks(function, tasks, workers, progress):
-    """function(task) for every task, in `workers` processes (in this one for 1), each result handed
-    to progress(result) as it comes. The workers ignore Ctrl-C from birth: this process stops them."""
-    if workers == 1 or len(tasks) <= 1:
+def run_tasks(function, tasks, workers, progress, work_bytes):
+    """function(task) for every task, in `workers` processes, each result handed to
+    progress(result) as it comes; in this process where one would do, or where the tasks read less
+    than a piece (starting a worker costs more). The workers ignore Ctrl-C from birth: this process
+    stops them."""
+    if workers == 1 or len(tasks) <= 1 or work_bytes < corpus.PIECE_BYTES:
         for task in tasks:
             progress(function(task))
         return
@@ -237,7 +239,7 @@ def train_tokenizer(args, records):
         os.remove(path)
         progress.update(sizes[path])
 
-    run_tasks(shards.count_chunk_words, tasks, args.workers, add)
+    run_tasks(shards.count_chunk_words, tasks, args.workers, add, progress.total)
     progress.close()
     merging = Progress("merging", args.vocab_size - cli.SMALLEST_VOCAB, "merges")
     tokenizer = BPETokenizer.train_from_counts(
@@ -277,7 +279,7 @@ def encode(args, records, tokenizer):
             if problem:
                 tasks.append(((path, *chunk), (*how, os.path.join(args.out, "tokenizer")), folder, key))
     progress = Progress("encoding", sum(task[0][2] - task[0][1] for task in tasks), "B")
-    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update)
+    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, progress.total)
     progress.close()
     return keys, dtype
 
