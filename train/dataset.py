@@ -39,13 +39,15 @@ def read_manifest(folder):
 
 
 def split_of(document_digest, val_fraction):
-    """ "val" or "train": a function of the document's content hash alone."""
+    """The split of a document, "val" or "train": a function of its content hash alone."""
     return "val" if int(document_digest, 16) < val_fraction * 16 ** len(document_digest) else "train"
 
 
 def manifest_digest(manifest):
-    """A hash of what a run trains on: the shards' digests and the documents' ranges and splits."""
-    return hashlib.sha256(json.dumps([manifest["shards"], manifest["sources"]]).encode()).hexdigest()
+    """A hash of what a run trains on: the shards' digests and the documents' ranges and splits (not
+    where the files are or when they were written)."""
+    documents = [source["documents"] for source in manifest["sources"]]
+    return hashlib.sha256(json.dumps([manifest["shards"], documents]).encode()).hexdigest()
 
 
 def check_manifest(manifest):

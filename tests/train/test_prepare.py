@@ -354,6 +354,10 @@ def test_an_edit_that_keeps_the_size_a_swapped_tokenizer_and_a_sample(tmp_path, 
     data = corpus_of(tmp_path / "text", files=20)
     out = tmp_path / "set"
     run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    digest = dataset.Dataset(str(out)).digest
+    os.utime(data / "00.txt")  # touched, not changed: the same data to a run
+    run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert dataset.Dataset(str(out)).digest == digest
     path = data / "03.txt"
     text = path.read_text(encoding="utf-8").replace("cat", "dog")
     path.write_text(text, encoding="utf-8")
