@@ -180,6 +180,13 @@ def test_training_matches_the_definition(texts):
     assert tokenizer.merges == reference_merges(texts, 60)
 
 
+@given(st.lists(st.text(alphabet="aab é\n", max_size=24), min_size=1, max_size=6), st.integers(1, 40))
+def test_training_matches_the_definition_on_drawn_texts(texts, num_merges):
+    # Few letters: runs like "aaaa" and "abab" put sites side by side and make ties.
+    assume("".join(texts).strip())
+    assert BPETokenizer.train(texts, 256 + 3 + num_merges).merges == reference_merges(texts, num_merges)
+
+
 def test_training_is_deterministic():
     first = BPETokenizer.train(CORPUS, 400)
     assert BPETokenizer.train(CORPUS, 400).merges == first.merges

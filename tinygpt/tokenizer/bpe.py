@@ -92,76 +92,78 @@ def learn_merges(word_counts, num_merges, on_merge=None):
 
     Each step merges the pair with the highest count; ties go to the smallest pair in byte order
     (left bytes first, then right bytes), so the result does not depend on the order of the input.
-    Words are counted once. After each merge only the words that held the pair are rewritten, and
-    only their pair counts change (an index pair -> words finds them). The best pair comes from a
-    max-heap whose entries go stale when a count changes; a stale entry is skipped when popped.
-    Stops early when no pair is left (every word is a single token). `on_merge(1)`, if given,
-    hears of each merge.
+    Words are counted once, each held as a string of token ids (chr(id); ids 0-255 are the bytes),
+    so that a merge is str.replace. After each merge only the words that held the pair are
+    rewritten, and only their pair counts change (an index pair -> words finds them). The best
+    pair comes from a max-heap: a pair is made only by the merge of one of its halves and its
+    count can only fall after that, so an entry's count is never below its pair's, and one popped
+    too high is pushed again with the count the pair has now. Stops early when no pair is left
+    (every word is a single token). `on_merge(1)`, if given, hears of each merge.
     """
-    words = [list(word.encode("utf-8")) for word in word_counts]  # token ids; ids 0-255 are bytes
+    words = [word.encode("utf-8").decode("latin-1") for word in word_counts]
     freqs = list(word_counts.values())
     token_bytes = [bytes([byte]) for byte in range(256)]
 
-    pair_counts = defaultdict(int)
+    pair_counts = defaultdict(int)  # "xy" -> count, for the ids x and y side by side
     words_with_pair = defaultdict(list)  # may list a word twice, or one that lost the pair: harmless
-    for index, (symbols, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(symbols, symbols[1:]):
+    for index, (word, freq) in enumerate(zip(words, freqs)):
+        for pair in map(str.__add__, word, word[1:]):
             pair_counts[pair] += freq
             words_with_pair[pair].append(index)
 
     def heap_entry(pair):
-        return (-pair_counts[pair], token_bytes[pair[0]], token_bytes[pair[1]], pair)
+        return (-pair_counts[pair], token_bytes[ord(pair[0])], token_bytes[ord(pair[1])], pair)
 
     heap = [heap_entry(pair) for pair in pair_counts]
     heapq.heapify(heap)
     merges = []
     while heap and len(merges) < num_merges:
         negative_count, left_bytes, right_bytes, pair = heapq.heappop(heap)
-        if pair_counts.get(pair) != -negative_count:
-            continue  # stale: this pair's count changed after the entry was pushed
+        count = pair_counts.get(pair, 0)
+        if count != -negative_count:  # the pair lost sites since this entry was pushed
+            if count > 0:
+                heapq.heappush(heap, heap_entry(pair))
+            continue
         merges.append((left_bytes, right_bytes))
         if on_merge:
             on_merge(1)
-        new_id = len(token_bytes)
+        new = chr(len(token_bytes))
         token_bytes.append(left_bytes + right_bytes)
 
-        changed = set()
+        made_pairs = set()
         for index in dict.fromkeys(words_with_pair.pop(pair)):  # each word once, in a fixed order
-            words[index], lost, made = merge_word(words[index], *pair, new_id)
+            words[index], lost, made = merge_word(words[index], pair, new)
             for lost_pair in lost:
                 pair_counts[lost_pair] -= freqs[index]
+                if not pair_counts[lost_pair]:
+                    del pair_counts[lost_pair]
             for made_pair in made:
                 pair_counts[made_pair] += freqs[index]
                 words_with_pair[made_pair].append(index)
-            changed.update(lost, made)
+            made_pairs.update(made)
         del pair_counts[pair]  # every occurrence merged
-        changed.discard(pair)
-        for changed_pair in changed:
-            if pair_counts[changed_pair] > 0:
-                heapq.heappush(heap, heap_entry(changed_pair))
-            else:
-                del pair_counts[changed_pair]
+        for made_pair in made_pairs:
+            if made_pair in pair_counts:  # not lost again at a later site
+                heapq.heappush(heap, heap_entry(made_pair))
     return merges
 
 
-def merge_word(symbols, left, right, new):
-    """(symbols with each (left, right), left to right, made `new`; the pairs lost; the pairs made),
-    site by site: around a site the pairs with its neighbours become pairs with `new`, a neighbour
-    read from the symbols as merged so far, so that overlapping sites add up."""
-    merged, lost, made, i, last = [], [], [], 0, len(symbols) - 1
-    while i <= last:
-        if i < last and symbols[i] == left and symbols[i + 1] == right:
-            if merged:
-                lost.append((merged[-1], left))
-                made.append((merged[-1], new))
-            if i + 2 <= last:
-                lost.append((right, symbols[i + 2]))
-                made.append((new, symbols[i + 2]))
-            merged.append(new)
-            i += 2
-        else:
-            merged.append(symbols[i])
-            i += 1
+def merge_word(word, pair, new):
+    """(word with each `pair`, left to right, made `new`; the pairs lost; the pairs made). Around
+    each `new` its neighbours' pairs change: x+left becomes x+new, right+y becomes new+y, and
+    between two sites right+left becomes new+new."""
+    merged = word.replace(pair, new)
+    lost, made = [], []
+    site = merged.find(new)
+    while site >= 0:
+        if site > 0:
+            before = merged[site - 1]
+            lost.append((pair[1] if before == new else before) + pair[0])
+            made.append(before + new)
+        if site + 1 < len(merged) and merged[site + 1] != new:
+            lost.append(pair[1] + merged[site + 1])
+            made.append(new + merged[site + 1])
+        site = merged.find(new, site + 1)
     return merged, lost, made
 
 
