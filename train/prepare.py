@@ -122,11 +122,11 @@ class Progress:
 
 
 def run_tasks(function, tasks, workers, progress, work_bytes):
-    """function(task) for every task, in `workers` processes, each result handed to
-    progress(result) as it comes; in this process where one would do, or where the tasks read less
-    than a piece (starting a worker costs more). The workers ignore Ctrl-C from birth: this process
-    stops them."""
-    if workers == 1 or len(tasks) <= 1 or work_bytes < corpus.PIECE_BYTES:
+    """function(task) for every task, in up to `workers` processes, each result handed to
+    progress(result) as it comes; in this process where --workers is 1, or where the tasks read
+    less than a piece (starting a worker costs more). The workers ignore Ctrl-C from birth: this
+    process stops them."""
+    if workers == 1 or work_bytes < corpus.PIECE_BYTES:
         for task in tasks:
             progress(function(task))
         return
@@ -219,7 +219,7 @@ def describe(held):
 
 def train_tokenizer(args, records):
     """A byte-level BPE of --vocab-size: words counted by the workers, chunk by chunk (on an even
-    sample of chunks with --tokenizer-sample), then merged here."""
+    sample of chunks with --tokenizer-sample) and summed here, then merged by learn_bpe."""
     chunks = [(path, start, end) for path, record in records.items() for start, end, _ in record["chunks"]]
     total = sum(end - start for _, start, end in chunks)
     if args.tokenizer_sample and args.tokenizer_sample < total:
@@ -228,7 +228,8 @@ def train_tokenizer(args, records):
     normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
     print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
     counts_dir = os.path.join(args.out, "counts")
-    os.makedirs(counts_dir, exist_ok=True)
+    shutil.rmtree(counts_dir, ignore_errors=True)  # what a stopped run left
+    os.makedirs(counts_dir)
     settings = (args.encoding, args.errors, args.normalize)
     tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
     counts, sizes = Counter(), {task[2]: task[0][2] - task[0][1] for task in tasks}
@@ -241,13 +242,28 @@ def train_tokenizer(args, records):
 
     run_tasks(shards.count_chunk_words, tasks, args.workers, add, progress.total)
     progress.close()
-    merging = Progress("merging", args.vocab_size - cli.SMALLEST_VOCAB, "merges")
-    tokenizer = BPETokenizer.train_from_counts(
-        counts, args.vocab_size, normalizer=args.normalize, on_merge=merging.update
-    )
-    merging.close()
+    counts_path = os.path.join(counts_dir, "all.json")
+    shards.write_whole(counts_path, json.dumps(counts, ensure_ascii=False).encode())
+    counts.clear()
+    task = (counts_path, args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
+    run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total)
+    tokenizer = load_tokenizer(task[-1])
+    shutil.rmtree(counts_dir)
     args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
     return tokenizer
+
+
+def learn_bpe(task):
+    """Train the BPE on the summed word counts and save it. It runs in a worker, where there are
+    workers: the memory the merges take (it grows with the distinct words) is the system's again
+    when the worker ends, not kept by this process for the encoding."""
+    counts_path, vocab_size, normalizer, folder = task
+    merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
+    tokenizer = BPETokenizer.train_from_counts(
+        shards.read_counts(counts_path), vocab_size, normalizer=normalizer, on_merge=merging.update
+    )
+    merging.close()
+    tokenizer.save(folder)
 
 
 def even_sample(chunks, fraction):

@@ -87,7 +87,11 @@ def encode_chunk(task):
             angle = angle or "<" in text
         text_hash.update(text.encode())
         offset = parts[-1][1] if parts else 0
-        parts.append([offset, offset + sum(map(len, ids[first:])), text_hash.hexdigest(), begins])
+        part = [offset, offset + sum(map(len, ids[first:])), text_hash.hexdigest(), begins]
+        if parts and not begins:  # the document of the part before goes on: one part, however read
+            parts[-1][1:3] = part[1:3]
+        else:
+            parts.append(part)
     tokens = np.concatenate(ids) if ids else np.zeros(0, dtype)
     write_whole(os.path.join(folder, f"{key}.bin"), tokens.tobytes())
     record = {"tokens": len(tokens), "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(), "parts": parts}

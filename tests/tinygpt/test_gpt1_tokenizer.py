@@ -244,10 +244,25 @@ def test_text_standardize_properties(text):
         ),
         ("x--y foo.Bar foo.bar a,b 3-4 B...a.", "x -- y foo . Bar foo.bar a , b 3 - 4 B ... a."),
         ("a \n b", "a|\n |b"),
+        ("and' 'left ''", "and ' ' left ''"),  # the two quotes spell '' only without a space between
     ],
 )
 def test_word_splitter_examples(text, words):
     assert SPLITTER(text) == words.split("|" if "|" in words else " ")
+
+
+@given(st.text(alphabet=st.sampled_from("ab'. \n\t\u00a0"), max_size=30))
+def test_word_splitter_cuts_chunks_at_spaces_as_spacy_does(text):
+    # The runs of non-space and of space characters; one ' ' after a word only ends the word.
+    chunks, after_word = [], False
+    for run in re.findall(r"\S+|\s+", text):
+        if after_word and run[0] == " ":
+            run = run[1:]
+        if run:
+            chunks.append(run)
+        after_word = not run.isspace()
+    splitter = EnglishWordSplitter()
+    assert splitter(text) == [token for chunk in chunks for token in splitter(chunk)]
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,8 @@ def prepare_argv(data, out, *extra):
 
 def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp_path, capsys):
     data = corpus_of(tmp_path / "text")
-    with mock.patch.object(corpus, "CHUNK_BYTES", 4000):
+    # Small chunks, and pieces small enough that two workers are started (they read 1 MB pieces).
+    with mock.patch.object(corpus, "CHUNK_BYTES", 4000), mock.patch.object(corpus, "PIECE_BYTES", 1000):
         run_prepare("--data", data, "--out", tmp_path / "one", "--vocab-size", 300, "--workers", 1)
         run_prepare("--data", data, "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2)
     one = folder_bytes(tmp_path / "one")

@@ -9,9 +9,10 @@ same words over and over, each word's ids are worked out once and then remembere
 
 import numbers
 from collections.abc import Iterable
+from itertools import chain
 
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
-CACHE_LIMIT = 200_000  # words remembered by encode before the cache is emptied
+CACHE_LIMIT = 200_000  # words remembered by encode (and those of one text) before the cache is emptied
 MERGES_HEADER = "#version: 0.2"  # the first line of a merges file
 
 
@@ -98,17 +99,11 @@ class Tokenizer:
     def _encode_words(self, words):
         """The ids of pre-tokenized words, one after the other; each new word goes through
         _encode_word once and is then taken from the cache."""
-        ids = []
-        cache = self._cache
-        for word in words:
-            word_ids = cache.get(word)
-            if word_ids is None:
-                word_ids = self._encode_word(word)
-                if len(cache) >= CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = word_ids
-            ids += word_ids
-        return ids
+        if len(self._cache) > CACHE_LIMIT:
+            self._cache.clear()
+        for word in set(words).difference(self._cache):
+            self._cache[word] = self._encode_word(word)
+        return list(chain.from_iterable(map(self._cache.__getitem__, words)))
 
     def _encode_word(self, word):
         """One pre-tokenized word -> its ids (the BPE each subclass does its own way)."""

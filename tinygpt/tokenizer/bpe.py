@@ -16,6 +16,7 @@ Decoding then gives that prepared text back, not the original.
 
 import heapq
 import json
+from array import array
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def learn_merges(word_counts, num_merges, on_merge=None):
     token_bytes = [bytes([byte]) for byte in range(256)]
 
     pair_counts = defaultdict(int)  # "xy" -> count, for the ids x and y side by side
-    words_with_pair = defaultdict(list)  # may list a word twice, or one that lost the pair: harmless
+    words_with_pair = defaultdict(lambda: array("I"))  # may list a word twice, or one that lost it
     for index, (word, freq) in enumerate(zip(words, freqs)):
         for pair in map(str.__add__, word, word[1:]):
             pair_counts[pair] += freq

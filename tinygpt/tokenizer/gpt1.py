@@ -115,7 +115,7 @@ class GPT1Tokenizer(Tokenizer):
     def words(self, text):
         """The lower-cased words the original encoder would pass to BPE."""
         text = text_standardize(self._fix_text(self._checked_text(text)))
-        return [word.lower() for word in self._split_words(text)]
+        return list(map(str.lower, self._split_words(text)))
 
     def encode(self, text):
         """Text -> ids (special tokens are not parsed out of text; add their ids yourself)."""

@@ -17,6 +17,7 @@ The original encoder ran every text through three steps before BPE:
 import html.entities
 import re
 import unicodedata
+from itertools import accumulate, chain, compress, count
 
 import regex
 
@@ -323,11 +324,16 @@ def _special_cases():
     return cases
 
 
+# A run of non-space characters; or the whitespace after a word but its first ' '; or at the start.
+_CHUNK = re.compile(r"\S+|(?<=\S )\s+|(?<=\S)[^\S ]\s*|^\s+")
+
+
 class EnglishWordSplitter:
     """Splits text into words like spaCy's English tokenizer (`spacy.blank("en")`).
 
-    `splitter(text)` returns the token texts. Each run of characters between spaces is
-    tokenized once and remembered.
+    `splitter(text)` returns the token texts. The text is cut into chunks, runs of non-space and
+    of space characters: one ' ' after a word only ends the word, any other whitespace ('\\n ', a
+    second space) becomes a chunk of its own. Each chunk is tokenized once and remembered.
     """
 
     def __init__(self):
@@ -344,30 +350,16 @@ class EnglishWordSplitter:
         self._cache = {}
 
     def __call__(self, text):
-        tokens, chunk_starts = [], []
-        for chunk in self._chunks(text):
-            pieces = self._cache.get(chunk)
-            if pieces is None:
-                if len(self._cache) >= 100_000:
-                    self._cache.clear()
-                pieces = self._cache[chunk] = self._split_chunk(chunk)
-            chunk_starts.append(len(tokens))
-            tokens += pieces
+        chunks = _CHUNK.findall(text)
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        for chunk in set(chunks).difference(self._cache):
+            self._cache[chunk] = self._split_chunk(chunk)
+        pieces = list(map(self._cache.__getitem__, chunks))
+        tokens = list(chain.from_iterable(pieces))
         if self._rejoin_pairs.isdisjoint(zip(tokens, tokens[1:])):
             return tokens
-        return self._rejoin_special_cases(tokens, set(chunk_starts))
-
-    @staticmethod
-    def _chunks(text):
-        """Runs of non-space and of space characters. One ' ' after a word only ends the word;
-        any other whitespace ('\\n ', a second space) becomes a token of its own."""
-        after_word = False
-        for run in re.findall(r"\S+|\s+", text):
-            if after_word and run[0] == " ":
-                run = run[1:]
-            if run:
-                yield run
-            after_word = not run.isspace()
+        return self._rejoin_special_cases(tokens, set(accumulate(map(len, pieces), initial=0)))
 
     def _split_chunk(self, chunk, use_special_cases=True):
         special = self._special_cases if use_special_cases else {}
@@ -420,10 +412,10 @@ class EnglishWordSplitter:
     def _rejoin_special_cases(self, tokens, chunk_starts):
         """Replace runs of tokens that spell a split special case, longest then leftmost first.
         A run across a space is not replaced, but still stands in the way of the runs it overlaps."""
+        may_start = map(self._rejoin_pairs.__contains__, zip(tokens, tokens[1:]))
         runs = [
             (start, end)
-            for start in range(len(tokens) - 1)
-            if tuple(tokens[start : start + 2]) in self._rejoin_pairs
+            for start in compress(count(), may_start)
             for end in range(start + 2, min(len(tokens), start + self._longest_rejoin) + 1)
             if tuple(tokens[start:end]) in self._rejoin
         ]
@@ -433,15 +425,12 @@ class EnglishWordSplitter:
                 chosen[start] = end
             covered.update(range(start, end))
         rejoined, position = [], 0
-        while position < len(tokens):
-            end = chosen.get(position)
-            if end is None or not chunk_starts.isdisjoint(range(position + 1, end)):
-                end = position + 1
-                rejoined.append(tokens[position])
-            else:
-                rejoined += self._rejoin[tuple(tokens[position:end])]
-            position = end
-        return rejoined
+        for start, end in sorted(chosen.items()):
+            if chunk_starts.isdisjoint(range(start + 1, end)):
+                rejoined += tokens[position:start]
+                rejoined += self._rejoin[tuple(tokens[start:end])]
+                position = end
+        return rejoined + tokens[position:]
 
 
 # ----------------------------------------------------------------------------------------------
