@@ -308,7 +308,7 @@ def main():
     parser.add_argument(
         "--train-mb", type=int, help="the corpus training is timed on (default: largest <= 200)"
     )
-    parser.add_argument("--encode-mb", type=int, default=20, help="the files encoding is timed on")
+    parser.add_argument("--encode-mb", type=int, default=50, help="the files encoding is timed on")
     parser.add_argument("--single-mb", type=int, default=100, help="the size of the one-file corpus")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 40478])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prepare_bench"))

@@ -15,7 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tinygpt.tokenizer import GPT1Tokenizer
-from tinygpt.tokenizer.text import EnglishWordSplitter, GPT1Normalizer, fix_text, text_standardize
+from tinygpt.tokenizer.text import (
+    EnglishWordSplitter,
+    GPT1Normalizer,
+    _fix_segment,
+    fix_text,
+    text_standardize,
+)
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 BPE_DIR = DATA / "gpt1-bpe"
@@ -210,6 +216,18 @@ def test_fix_text_repairs_what_ftfy_repairs(broken, fixed):
 def test_fix_text_leaves_good_text_alone():
     text = "Plain prose, with ümlauts, Ελληνικά, 日本語, and — dashes … kept.\nA second line."
     assert fix_text(text) == text
+
+
+ASCII_PIECES = ["a", "B", " ", "\n", "\r", "\t", "\x0c", "\x00", "\x7f", "\x1b[1m", "&amp;", "&#65;", "<"]
+
+
+@given(st.lists(st.sampled_from(ASCII_PIECES)).map("".join))
+def test_fix_text_passes_over_ascii_lines_only_where_no_fix_applies(text):
+    unescape_html, lines = True, []
+    for line in re.findall(r"[^\n]*\n|[^\n]+", text):
+        unescape_html = unescape_html and "<" not in line
+        lines.append(_fix_segment(line, unescape_html))  # every fix, until none changes anything
+    assert fix_text(text) == "".join(lines)
 
 
 def test_text_standardize_examples():

@@ -127,6 +127,7 @@ _CHARACTER_FIXES = _character_fixes()
 _C1_CONTROL = re.compile("[\x80-\x9f]")
 _TERMINAL_ESCAPE = re.compile(r"\x1b\[[\d;]*[a-zA-Z]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ASCII_TO_FIX = re.compile(r"[&\x00-\x08\x0b\x0d-\x1f\x7f]")  # what a fix may change in ASCII
 
 
 def _fix_c1_control(match):
@@ -160,7 +161,10 @@ def fix_text(text):
     fixed, unescape_html = [], True
     for line in re.findall(r"[^\n]*\n|[^\n]+", text):
         unescape_html = unescape_html and "<" not in line
-        fixed.append(_fix_segment(line, unescape_html))
+        if line.isascii() and not _ASCII_TO_FIX.search(line):
+            fixed.append(line)  # what no fix changes: most lines of English
+        else:
+            fixed.append(_fix_segment(line, unescape_html))
     return "".join(fixed)
 
 
