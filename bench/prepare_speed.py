@@ -10,7 +10,7 @@ the `tokenizers` ByteLevel BpeTrainer; (2) encoding MB/s with 1 and 2 workers (t
 `tokenizers`, RAYON_NUM_THREADS) with the same BPE and with GPT-1's; (3) peak memory of a whole
 `prepare` per corpus size; (4) `train.pretrain`'s time to its first step; (5) an extrapolation to
 5 GB. Peak memory: the largest process (wait4's ru_maxrss) and the whole process tree (the sum of
-its resident sets, polled every 0.1 s). MB is 10^6 bytes.
+its resident sets, polled every 0.1 s). Text is in MB (10^6 bytes), memory in MiB (2^20 bytes).
 """
 
 import argparse
