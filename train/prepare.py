@@ -121,12 +121,13 @@ class Progress:
             print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
 
 
-def run_tasks(function, tasks, workers, progress, work_bytes):
+def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
     """function(task) for every task, in up to `workers` processes, each result handed to
-    progress(result) as it comes; in this process where --workers is 1, or where the tasks read
-    less than a piece (starting a worker costs more). The workers ignore Ctrl-C from birth: this
+    progress(result) as it comes; in this process where --workers is 1, where the tasks read less
+    than a piece (starting a worker costs more), or where there is one task and not `one_apart` (a
+    task whose memory should go back when it ends). The workers ignore Ctrl-C from birth: this
     process stops them."""
-    if workers == 1 or work_bytes < corpus.PIECE_BYTES:
+    if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
         for task in tasks:
             progress(function(task))
         return
@@ -246,7 +247,7 @@ def train_tokenizer(args, records):
     shards.write_whole(counts_path, json.dumps(counts, ensure_ascii=False).encode())
     counts.clear()
     task = (counts_path, args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
-    run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total)
+    run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
     shutil.rmtree(counts_dir)
     args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
