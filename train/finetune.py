@@ -352,7 +352,8 @@ def tune_steps(training, args, encoded, names, results, start):
             # L2 and L1 are means over examples (L1 over each sequence's tokens first): weighted by its
             # share of the examples, a rank's gradient and losses add up over the ranks to the whole batch's
             weight = len(mine) / len(batch)
-            lr = args.lr * warmup_linear((step + 1) / total, args.warmup_ratio)  # t counted from 1, as GPT-1
+            # the schedule at the middle of this step's share of the run: no step's rate is 0
+            lr = args.lr * warmup_linear((step + 0.5) / total, args.warmup_ratio)
             training.optimizer.zero_grad()
             losses = forward_backward(head, train, mine, args.lm_coef, weight, (args.seed, step, first))
             training.optimizer_step(lr, weight, args.grad_clip)

@@ -360,7 +360,8 @@ def train_steps(training, args, train, val, start, total):
             began = time.perf_counter()
             # one optimizer step on this rank's share of the batch, in --grad-accum backward passes
             batch = train.training_batch(step, args.batch_size, args.seed, group.rank, group.size)
-            lr = args.lr * warmup_cosine(min(step, total - 1) / total, warmup / total)
+            # the schedule at the middle of this step's share of the run: no step's rate is 0
+            lr = args.lr * warmup_cosine((min(step, total - 1) + 0.5) / total, warmup / total)
             training.optimizer.zero_grad()
             masks = (args.seed, step, group.rank * len(batch))  # this rank's first window of the batch
             loss = forward_backward(training.model, batch, args.grad_accum, masks)

@@ -332,17 +332,30 @@ def test_usage_errors_name_the_argument(setup, tmp_path, capsys, argv, expected)
 
 
 def test_the_learning_rate_warms_up_then_decays_linearly(setup, tmp_path):
-    """warmup_linear of (step / total), step counted from 1: a rise over the warmup share, then a
-    line down to 0 at the last step."""
+    """warmup_linear at the middle of each step's share of the run, (step + 0.5) / total: a rise
+    over the warmup share, then a line down toward 0 that no step reaches."""
     out = finetune_run(
         setup, tmp_path / "run", "--epochs", 1, "--limit-train", 80, "--warmup-ratio", 0.4, "--lr", 1e-3
     )
     rates = [m["lr"] for m in read_metrics(out) if "loss" in m]
     total = len(rates)
     expected = [
-        1e-3 * (x / 0.4 * (1 - x) if x <= 0.4 else 1 - x) for x in (s / total for s in range(1, total + 1))
+        1e-3 * (x / 0.4 * (1 - x) if x <= 0.4 else 1 - x) for x in ((s + 0.5) / total for s in range(total))
     ]
-    assert rates == pytest.approx(expected) and rates[-1] == 0 and math.isclose(max(rates), rates[1])
+    assert rates == pytest.approx(expected) and min(rates) > 0 and math.isclose(max(rates), rates[1])
+
+
+def test_a_single_step_moves_the_weights_and_its_rate_matters(setup, tmp_path):
+    """All the rows in one batch: one step, at a rate that is not 0, so two rates give two models."""
+    runs = [
+        finetune_run(setup, tmp_path / f"lr{lr}", "--epochs", 1, "--limit-train", 16, "--lr", lr)
+        for lr in (1e-2, 1e-5)
+    ]
+    assert [len([m for m in read_metrics(out) if "loss" in m]) for out in runs] == [1, 1]
+    name = "h.0.attn.c_attn.weight"
+    before, after = weights(setup[0] / "pretrained")[name], [weights(out)[name] for out in runs]
+    assert not np.array_equal(after[0], before) and not np.array_equal(after[1], before)
+    assert not np.array_equal(*after)
 
 
 def pair_rows(n, seed):

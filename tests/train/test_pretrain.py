@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from autograd.optim import warmup_cosine
 from autograd.serialization import load_file
 from train import pretrain
 from train.checkpoint import checkpoint_steps
@@ -43,6 +44,32 @@ def test_a_run_writes_its_folder_and_learns(corpus, tmp_path, capsys):
     perplexity = float(printed.split("validation perplexity ")[1].split()[0])
     baseline = float(printed.split("unigram baseline ")[1].rstrip(")\n").split(")")[0])
     assert perplexity < baseline / 2
+
+
+def test_every_step_has_a_rate_the_schedule_at_its_middle(corpus, tmp_path):
+    """warmup_cosine at (step + 0.5) / total: the first step of the warmup moves the weights too."""
+    out = tmp_path / "run"
+    steps = (
+        "--steps",
+        "10",
+        "--warmup-steps",
+        "1",
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "1000",
+    )
+    pretrain_into(corpus, out, *steps, "--save-every", "1", "--keep-checkpoints", "10")
+    rates = [m["lr"] for m in read_metrics(out) if "loss" in m]
+    assert rates == pytest.approx([1e-3 * warmup_cosine((s + 0.5) / 10, 0.1) for s in range(10)])
+    first = load_file(str(out / "checkpoints" / "1" / "model.safetensors"))
+    pretrain_into(
+        corpus, tmp_path / "slow", *steps, "--save-every", "1", "--keep-checkpoints", "10", "--lr", "1e-6"
+    )
+    slow = load_file(str(tmp_path / "slow" / "checkpoints" / "1" / "model.safetensors"))
+    assert any(not np.array_equal(first[name], slow[name]) for name in first)  # at a rate of 0, equal
 
 
 def test_normalize_trains_a_tokenizer_on_gpt1_prepared_text(corpus, tmp_path):
