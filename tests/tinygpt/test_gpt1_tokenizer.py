@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tinygpt.tokenizer import GPT1Tokenizer
+from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 from tinygpt.tokenizer.text import (
     EnglishWordSplitter,
     GPT1Normalizer,
@@ -141,6 +141,27 @@ def test_encode_batch_and_empty_text(tokenizer):
 def test_any_text_encodes_to_ids_in_range(tokenizer, text):
     ids = tokenizer.encode(text)
     assert all(type(i) is int and 0 <= i < 40478 for i in ids)
+
+
+def mended(text):
+    """Text with each UTF-16 surrogate pair made its character and each lone half U+FFFD."""
+    out, i = [], 0
+    while i < len(text):
+        high, low = text[i], text[i + 1 : i + 2]
+        if "\ud800" <= high <= "\udbff" and "\udc00" <= low <= "\udfff":
+            out.append(chr(0x10000 + (ord(high) - 0xD800) * 0x400 + ord(low) - 0xDC00))
+            i += 2
+        else:
+            out.append("\ufffd" if "\ud800" <= high <= "\udfff" else high)
+            i += 1
+    return "".join(out)
+
+
+@given(st.lists(st.sampled_from(["a", " b", "\u00e9", "\ud83d", "\ude00", "\udc80"])).map("".join))
+def test_both_tokenizers_mend_surrogates_alike(tokenizer, text):
+    assert tokenizer.encode(text) == tokenizer.encode(mended(text))
+    bpe = BPETokenizer.train(["a b"], 260)
+    assert bpe.decode(bpe.encode(text)) == mended(text)
 
 
 def test_bad_files_are_named_with_the_line(tmp_path):

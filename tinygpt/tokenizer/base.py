@@ -90,10 +90,16 @@ class Tokenizer:
 
     @staticmethod
     def _checked_text(text):
-        """`text` itself if it is a str; a TypeError naming what it is otherwise."""
+        """`text` as UTF-8 can spell it (a TypeError where it is no str): a string can hold halves of
+        UTF-16 surrogate pairs, which UTF-8 cannot; a pair becomes its character and a lone half
+        U+FFFD, as GPT-1's unicode fix (ftfy) and tiktoken mend them."""
         if not isinstance(text, str):
             hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
             raise TypeError(f"encode: text must be a str, not {type(text).__name__}{hint}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return text
 
     def _encode_words(self, words):

@@ -266,8 +266,8 @@ class BPETokenizer(Tokenizer):
 
     def encode(self, text, special_tokens=True):
         """Text -> ids. Special tokens' names are matched whole (longest first) before the text
-        between them is normalized and split; with special_tokens=False they are plain text. The
-        text is encoded as UTF-8, so a lone surrogate raises UnicodeEncodeError (a ValueError).
+        between them is normalized and split; with special_tokens=False they are plain text.
+        Surrogates are mended first, as by every tokenizer here (a lone one becomes U+FFFD).
         """
         ids = []
         text = self._checked_text(text)
