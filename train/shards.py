@@ -93,8 +93,9 @@ def encode_chunk(task):
         else:
             parts.append(part)
     tokens = np.concatenate(ids) if ids else np.zeros(0, dtype)
-    write_whole(os.path.join(folder, f"{key}.bin"), tokens.tobytes())
-    record = {"tokens": len(tokens), "sha256": hashlib.sha256(tokens.tobytes()).hexdigest(), "parts": parts}
+    data = tokens.tobytes()
+    write_whole(os.path.join(folder, f"{key}.bin"), data)
+    record = {"tokens": len(tokens), "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
     write_whole(os.path.join(folder, f"{key}.json"), json.dumps(record).encode())
     return end - start
 

@@ -11,6 +11,8 @@ import numbers
 from collections.abc import Iterable
 from itertools import chain
 
+from .text import mend_surrogates
+
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
 CACHE_LIMIT = 200_000  # words remembered by encode (and those of one text) before the cache is emptied
 MERGES_HEADER = "#version: 0.2"  # the first line of a merges file
@@ -96,11 +98,7 @@ class Tokenizer:
         if not isinstance(text, str):
             hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
             raise TypeError(f"encode: text must be a str, not {type(text).__name__}{hint}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return text
+        return mend_surrogates(text)
 
     def _encode_words(self, words):
         """The ids of pre-tokenized words, one after the other; each new word goes through

@@ -130,6 +130,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _ASCII_TO_FIX = re.compile(r"[&\x00-\x08\x0b\x0d-\x1f\x7f]")  # what a fix may change in ASCII
 
 
+def mend_surrogates(text):
+    """Text that UTF-8 can spell: each UTF-16 surrogate pair made its character, a lone half U+FFFD."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _fix_c1_control(match):
     """A C1 control character is almost always a Windows-1252 character read as Latin-1."""
     return match.group().encode("latin-1").decode("cp1252", "ignore") or match.group()
@@ -145,8 +152,7 @@ def _fix_segment(text, unescape_html):
         text = _C1_CONTROL.sub(_fix_c1_control, text)
         text = _TERMINAL_ESCAPE.sub("", text)
         text = text.replace("\r\n", "\n").translate(_CHARACTER_FIXES)
-        if _SURROGATE.search(text):  # pairs joined into one character, lone halves replaced
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        text = mend_surrogates(text)
         text = unicodedata.normalize("NFC", text)
         if text == before:
             return text
