@@ -174,7 +174,15 @@ class Node:
         if len(grads) > 1:  # several outputs: zeros for those no gradient reached
             xp = backend.get_array_module(next(g for g in grads if g is not None))
             grads = [xp.zeros(s, dtype) if g is None else g for g, (_, s, dtype) in zip(grads, self.outputs)]
-        given = self.backward(self.ctx, *grads)
+        try:
+            given = self.backward(self.ctx, *grads)
+        except ValueError as error:  # NumPy's "output array is read-only", without a name
+            if "read-only" not in str(error):
+                raise
+            raise RuntimeError(
+                f"{self.function.__name__}.backward wrote into a read-only array ({error}): a backward never "
+                "writes into its grad, which other ops may share: make a new array (grad * 2, not grad *= 2)"
+            ) from None
         given = given if isinstance(given, tuple) else (given,)
         if len(given) != len(self.inputs) or not all(g is None or _is_array(g) for g in given):
             kinds = ", ".join(type(g).__name__ for g in given)
@@ -218,6 +226,10 @@ class Node:
         self.ctx = self.inputs = None
 
     __del__ = free  # a graph dropped without a backward lets go of its tensors as well
+
+
+def _read_only(array):
+    return isinstance(array, np.ndarray) and not array.flags.writeable
 
 
 def _is_array(x):
@@ -431,10 +443,13 @@ class Tensor:
         if grad is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() on a tensor of shape {self.shape} needs grad= of that shape")
-            return self.xp.ones(self.shape, dtype=self.dtype)
-        grad = self.xp.array(grad._data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
+            grad = self.xp.ones(self.shape, dtype=self.dtype)
+        else:
+            grad = self.xp.array(grad._data if isinstance(grad, Tensor) else grad, dtype=self.dtype)
         if grad.shape != self.shape:
             raise ValueError(f"backward(): grad has shape {grad.shape}, the tensor {self.shape}")
+        if isinstance(grad, np.ndarray):  # a backward that writes into it fails (CuPy's has no such flag)
+            grad.flags.writeable = False
         return grad
 
 
@@ -489,7 +504,7 @@ class Gradients:
         if leaf.grad is not None:
             leaf.grad += grad
             return
-        shared = not own and (grad.base is not None or id(grad) in self._given)
+        shared = not own and (grad.base is not None or id(grad) in self._given or _read_only(grad))
         leaf.grad = grad.copy() if shared else grad
         self._given.add(id(leaf.grad))
 

@@ -217,13 +217,17 @@ def test_your_own_task_is_read_and_fine_tuned(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = ["--init-from", "pretrained", "--task", "reviews", "--train", "train.tsv", "--dev", "dev.tsv"]
     argv += ["--out", "out", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
-    done = subprocess.run(
-        [sys.executable, "finetune_reviews.py", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    options = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "finetune_reviews.py", *argv], **options)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "config.json").is_file() and "accuracy" in done.stdout + done.stderr
+    predicting = ["predict", "--run", "out", "--data", "dev.tsv", "--out", "p.jsonl", "--device", "cpu"]
+    done = subprocess.run([sys.executable, "finetune_reviews.py", *predicting], **options)
+    assert done.returncode == 0 and (tmp_path / "p.jsonl").is_file(), done.stderr
+    for module, args in [("train.evaluate", predicting), ("train.finetune", ["--resume", "out"])]:
+        done = subprocess.run([sys.executable, "-m", module, *args], **options)
+        [line] = done.stderr.splitlines()
+        assert done.returncode == 2 and "the task 'reviews' is not one of sst2, " in line, done.stderr
+        assert (
+            "a task that a launcher adds to train.tasks.TASKS is known where the command runs through" in line
+        )

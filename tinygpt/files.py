@@ -1,9 +1,11 @@
-"""Reading the files a stranger may hand us (config.json, tokenizer files, label lists, text).
+"""Reading the files a stranger may hand us (config.json, tokenizer files, label lists, text), and
+writing a file whole or not at all.
 
 Bad content is a ValueError and an unreadable file an OSError, each naming the file (and the line
 where there is one), so that a command line can print it as one line.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -34,6 +36,27 @@ def read_json(path):
         ) from None
     except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
         raise ValueError(f"{path}: not readable JSON ({error})") from None
+
+
+def write_whole(path, data):
+    """Write the bytes `data` to `path` whole or not at all: to path.partial-<pid>, flushed to the disk,
+    then renamed over it; a device or a pipe (/dev/stdout) is written as it is. An OSError (a full disk)
+    names `path`."""
+    special = os.path.exists(path) and not os.path.isfile(path)
+    temporary = path if special else f"{path}.partial-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            if not special:
+                os.fsync(file.fileno())
+                os.replace(temporary, path)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from None
+    finally:
+        if not special:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)
 
 
 class UndecodableFiles(ValueError):

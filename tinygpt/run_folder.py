@@ -8,13 +8,15 @@ the proof that a run folder is still the one its weights were written in.
 
 Each holds digests.json: the sha256 of every file of the run its weights depend on (DEPENDENCIES:
 config.json, the tokenizer's files, labels.json) as they were when the run wrote them. Loading
-them checks the run's files against it; weights written before runs recorded it load unchecked.
+them checks the run's files against it. A folder without it is refused where another of the run
+holds its own (it was removed); where none does (a run older than digests), it loads with a warning.
 The lookup lives here, not in train/, because train imports tinygpt and never the other way.
 """
 
 import hashlib
 import os
 import re
+import warnings
 
 from .files import read_json
 from .tokenizer import GPT1Tokenizer
@@ -100,8 +102,11 @@ def check_dependencies(folder):
     """Raise ValueError, naming the file, where a DEPENDENCIES file of the run that weights `folder`
     is in was changed, removed or added since they were written (see the top of this file)."""
     path, run_dir = os.path.join(folder, DIGESTS_FILE), run_of(folder)
-    if run_dir is None or not os.path.isfile(path):
-        return  # weights outside a run, or written before runs recorded their digests
+    if run_dir is None:
+        return  # weights outside a run
+    if not os.path.isfile(path):
+        check_digests_kept(folder, run_dir)
+        return
     recorded = read_json(path)
     if not isinstance(recorded, dict):
         raise ValueError(f"{path}: not a JSON object of digests")
@@ -111,3 +116,19 @@ def check_dependencies(folder):
             how = "changed" if name in now and name in recorded else "added" if name in now else "removed"
             changed = os.path.join(run_dir, name)
             raise ValueError(f"{changed}: {how} since {path} recorded the run's files: put back its own")
+
+
+def check_digests_kept(folder, run_dir):
+    """Raise ValueError where weights `folder` lost the digests that the run's other weights folders
+    hold; where none holds them (weights of a run older than digests), say in one line that the run's
+    files go unchecked."""
+    folders = [os.path.join(run_dir, "best")]
+    folders += [os.path.join(run_dir, "checkpoints", str(step)) for step in checkpoint_steps(run_dir)]
+    kept = [other for other in folders if os.path.isfile(os.path.join(other, DIGESTS_FILE))]
+    if kept:
+        raise ValueError(
+            f"{os.path.join(folder, DIGESTS_FILE)}: removed, though {kept[0]} of the same run holds its own: "
+            f"put it back, or copy {folder} out of the run to load its weights unchecked"
+        )
+    unchecked = "the run's config and tokenizer go unchecked against its weights"
+    warnings.warn(f"{folder} holds no {DIGESTS_FILE}: {unchecked}", stacklevel=2)

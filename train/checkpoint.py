@@ -30,6 +30,7 @@ from tinygpt.run_folder import (
     WEIGHTS_FILE,
     check_dependencies,
     checkpoint_steps,
+    dependencies,
     is_step,
     latest_checkpoint,
     run_of,
@@ -66,9 +67,9 @@ def read_weights(folder, model):
 
 
 def save_checkpoint(run_dir, step, model, optimizer, state, keep=3, digests=None):
-    """Write checkpoints/<step>/ under run_dir (with `digests`, see save_weights) and keep only the
-    newest `keep`; returns its path. A folder of that step already there is an error
-    (FileExistsError), never written over."""
+    """Write checkpoints/<step>/ under run_dir (with `digests`, see save_weights: by default those of
+    run_dir's files now) and keep only the newest `keep`; returns its path. A folder of that step
+    already there is an error (FileExistsError), never written over."""
     folder = os.path.join(run_dir, "checkpoints")
     final = os.path.join(folder, str(step))
     if os.path.exists(final):
@@ -76,7 +77,7 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3, digests=None
     temporary = os.path.join(folder, f".partial-{step}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        save_weights(model, temporary, digests)
+        save_weights(model, temporary, dependencies(run_dir) if digests is None else digests)
         names = [name for name, _ in model.named_parameters()]
         adam = optimizer.state_dict()
         moments = {f"m.{n}": m for n, m in zip(names, adam.pop("m"))}

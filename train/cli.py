@@ -20,10 +20,10 @@ from autograd import backend
 from autograd.precision import POLICIES
 from autograd.serialization import SafetensorsError
 from tinygpt import GPTConfig, run_folder
-from tinygpt.files import UndecodableFiles, check_apart
+from tinygpt.files import UndecodableFiles, check_apart, write_whole
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
-from . import task_files
+from . import task_files, tasks
 from .distributed import launch_ranks
 from .run_folder import RUN_FILES, load_run
 
@@ -214,6 +214,18 @@ def names_printed_escaped():
             stdout.reconfigure(errors=before)
 
 
+@contextlib.contextmanager
+def writing(parser, flag):
+    """Around writing the file that `flag` names (with tinygpt.files.write_whole, which leaves none of
+    it behind): one that cannot be written (a full disk) ends the command with one line naming the
+    flag and the file, status 1."""
+    try:
+        yield
+    except OSError as error:
+        why = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else error
+        parser.exit(1, shown(f"{parser.prog}: error: {flag}: {why}; nothing was written\n"))
+
+
 def check_writable(parser, flag, path):
     """A usage error before any work where `path` (to write) cannot be: a name too long, a file above
     it, or the nearest of it and its folders read-only."""
@@ -286,7 +298,8 @@ def check_settings(parser, resume, settings, resolved=()):
         several = action.nargs in ("*", "+")  # an option of several values saves a list
         for value in saved if several and isinstance(saved, list) else [saved]:
             if not setting_fits(action, value):
-                parser.error(f"--resume: the run's config.json has {action.dest} {value!r:.40}, not valid")
+                why = f"the run's config.json has {action.dest} {value!r:.40}, not valid"
+                parser.error(f"--resume: {tasks.unknown(value) if action.choices is tasks.TASKS else why}")
 
 
 def setting_fits(action, value):
@@ -451,8 +464,9 @@ def check_apart_from_inputs(parser, flag, output, args):
         parser.error(f"{flag}: {error}")
 
 
-def write_results(args, results):
+def write_results(parser, args, results):
     """Write an evaluation's results, with the run and data they came from, to --json if given."""
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"run": args.run, "data": args.data, **results}, f, indent=2)
+        record = {"run": args.run, "data": args.data, **results}
+        with writing(parser, "--json"):
+            write_whole(args.json, json.dumps(record, indent=2).encode())

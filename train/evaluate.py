@@ -112,7 +112,7 @@ def perplexity_command(parser, args):
     print(f"bits per byte  {results['bits_per_byte']:.4f}")
     print(f"tokens         {tokens}  (predicted, of {len(ids)})")
     print(f"bytes          {n_bytes}  (UTF-8)")
-    write_results(args, results)
+    write_results(parser, args, results)
     return results
 
 

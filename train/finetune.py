@@ -32,7 +32,7 @@ from tinygpt.heads import make_head
 from tinygpt.transformations import encode_examples
 
 from . import cli, lifecycle, task_files
-from .checkpoint import fsync, read_weights, retire, save_weights
+from .checkpoint import fsync, read_weights, retire, save_weights, write_json
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, write_predictions
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
@@ -93,14 +93,12 @@ def add_model_arguments(group):
     group.add_argument("--tokenizer", metavar="DIR", help=f"a BPE tokenizer folder, {for_openai_gpt}")
     gpt1_files = "GPT-1's encoder_bpe_40000.json + vocab_40000.bpe"
     group.add_argument("--gpt1-tokenizer", metavar="DIR", help=f"{gpt1_files}, {for_openai_gpt}")
-    group.add_argument(
-        "--from-scratch", action="store_true", help="re-initialise every weight (no pre-training)"
-    )
+    scratch = "re-initialise every weight (no pre-training)"
+    group.add_argument("--from-scratch", action="store_true", help=scratch)
     keep = "keep the embeddings and the first K blocks, re-initialise the rest (default: all)"
     group.add_argument("--transfer-layers", type=non_negative_int, metavar="K", help=keep)
-    group.add_argument(
-        "--clf-dropout", type=cli.fraction, default=0.1, help="dropout on the state the head reads"
-    )
+    dropout = "dropout on the state the head reads"
+    group.add_argument("--clf-dropout", type=cli.fraction, default=0.1, help=dropout)
 
 
 def add_optimizer_arguments(group):
@@ -121,9 +119,8 @@ def add_optimizer_arguments(group):
 
 
 def add_run_arguments(group):
-    group.add_argument(
-        "--seed", type=cli.seed, default=0, help="fixes the head, new weights, data order, dropout"
-    )
+    seed = "fixes the head, new weights, data order, dropout"
+    group.add_argument("--seed", type=cli.seed, default=0, help=seed)
     cli.add_device_argument(group)
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--out", metavar="DIR", help="run folder (default: runs/<task>-<date>-<time>)")
@@ -131,9 +128,8 @@ def add_run_arguments(group):
     resume += "--device, --log-every, --save-every, --keep-checkpoints may differ (default: a new run)"
     group.add_argument("--resume", metavar="PATH", help=resume)
     group.add_argument("--overwrite", action="store_true", help="replace the run in a non-empty --out")
-    group.add_argument(
-        "--allow-data-change", action="store_true", help="--resume on data that changed since the run began"
-    )
+    changed = "--resume on data that changed since the run began"
+    group.add_argument("--allow-data-change", action="store_true", help=changed)
     save_every = "steps between checkpoints besides those at each epoch's end (0: only those)"
     group.add_argument("--save-every", type=non_negative_int, default=500, help=save_every)
     group.add_argument("--keep-checkpoints", type=positive_int, default=2, help="the newest checkpoints kept")
@@ -272,7 +268,7 @@ def measure_dev(training, dev, names, results, step, epoch, batch_size):
     if figures[main] > best_before:
         save_best(training.dir, training.model, training.dependencies())
     results["best"] = max(results["epochs"], key=lambda e: e[main])  # the first of equals: the one saved
-    write_results(training.dir, results)
+    write_json(os.path.join(training.dir, "results.json"), results)
     return f"epoch {epoch}: dev loss {results['epochs'][-1]['val_loss']:.4f}, " + ", ".join(
         f"{name} {figures[name]:.4f}" for name in names
     )
@@ -294,12 +290,6 @@ def save_best(run_dir, head, digests):
     fsync(run_dir)
     if os.path.isdir(old):
         retire(old, final)
-
-
-def write_results(run_dir, results):
-    with open(os.path.join(run_dir, "results.json.partial"), "w") as f:
-        json.dump(results, f, indent=2)
-    os.replace(os.path.join(run_dir, "results.json.partial"), os.path.join(run_dir, "results.json"))
 
 
 @cli.command(parse_args, ranks=True)
@@ -417,7 +407,7 @@ def finish(training, args, datasets, encoded, results):
         results["test"] = predict_test(
             training.dir, training.model, datasets["test"], encoded["test"], names, args.batch_size
         )
-        write_results(training.dir, results)
+        write_json(os.path.join(training.dir, "results.json"), results)
     report(training.dir, results, names, training.elapsed, plot)
 
 

@@ -15,6 +15,7 @@ from autograd import backend
 
 from . import cli
 from .cli import add_device_argument, non_negative_int, open_run, positive_int
+from .run_folder import save_figure
 
 PLOT_NEEDS = "drawing attention maps needs matplotlib: pip install 'tinygpt[plot]'"
 
@@ -57,7 +58,7 @@ def draw_attention(weights, labels, title, path):
     grid[0, 0].set(xticks=range(size), xticklabels=labels, yticks=range(size), yticklabels=labels)
     figure.colorbar(image, ax=grid, shrink=min(1, 0.6 + 0.1 * rows), label="attention weight")
     figure.suptitle(title)
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    save_figure(figure, path)
     return figure
 
 
@@ -100,10 +101,8 @@ def attention_command(parser, args):
         print(f"the text is {len(ids)} tokens; drawing its first n_ctx={n_ctx}")
         ids = ids[:n_ctx]
     weights = attention_weights(model, ids, args.layer)
-    try:
+    with cli.writing(parser, "--out"):
         draw_attention(weights, token_labels(tokenizer, ids), f"layer {args.layer} of {args.run}", args.out)
-    except OSError as error:
-        parser.error(f"--out: {error}")
     print(f"wrote {args.out}: {len(weights)} heads of layer {args.layer} over {len(ids)} tokens")
     return weights
 

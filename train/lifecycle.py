@@ -52,15 +52,8 @@ from .run_folder import (
 # flags of one invocation, not of the run
 NOT_SETTINGS = ("resume", "out", "device", "distributed", "overwrite", "allow_data_change")
 # flags a resumed run may be given anew, besides those a module adds: they change no number of the run
-ON_RESUME = (
-    "resume",
-    "device",
-    "distributed",
-    "allow_data_change",
-    "log_every",
-    "save_every",
-    "keep_checkpoints",
-)
+ON_RESUME = ("resume", "device", "distributed", "allow_data_change", "log_every", "save_every")
+ON_RESUME += ("keep_checkpoints",)
 MAX_LOSS = math.log(sys.float_info.max)  # the largest loss whose perplexity is a float
 
 
@@ -434,10 +427,8 @@ class Training:
             return
         steps = checkpoint_steps(self.dir)
         good = os.path.join(self.dir, "checkpoints", str(steps[-1])) if steps else "none yet"
-        message = (
-            f"the {bad[0][0]} became {bad[0][1]:.6g} at step {step}: stopping; last good checkpoint: {good}"
-        )
-        self.group.exit_together(message) if together else sys.exit(message)
+        (name, value), stop = bad[0], self.group.exit_together if together else sys.exit
+        stop(f"the {name} became {value:.6g} at step {step}: stopping; last good checkpoint: {good}")
 
     def stop_interrupted(self, step, checkpoint, progress):
         """After a Ctrl-C or SIGTERM (which every rank has agreed on) and the checkpoint saved for

@@ -9,11 +9,12 @@ import numpy as np
 import autograd as ag
 from autograd import backend
 from tinygpt import GPT
+from tinygpt.files import write_whole
 from tinygpt.heads import make_head
 from tinygpt.run_folder import WEIGHTS_FILE
 from tinygpt.transformations import encode_examples
 
-from . import cli, metrics
+from . import cli, metrics, tasks
 from .checkpoint import check_finite, read_weights
 from .cli import add_device_argument, check_tokenizer_fits, positive_int
 from .run_folder import load_tokenizer, read_config, run_folder_of
@@ -69,15 +70,14 @@ def write_predictions(path, predictions, dataset, logits=None, layout="glue"):
         shifted = np.exp(logits - logits.max(axis=-1, keepdims=True), dtype=np.float64)
         for row, probabilities in zip(rows, shifted / shifted.sum(axis=-1, keepdims=True)):
             row["probabilities"] = dict(zip(map(str, dataset.labels), probabilities.round(6).tolist()))
-    with open(path, "w", encoding="utf-8") as f:
-        if layout == "jsonl":
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-            return
-        f.write("index\tprediction\n")
+    if layout == "jsonl":
+        lines = [json.dumps(row) for row in rows]
+    else:
+        lines = ["index\tprediction"]
         for row in rows:
             value = row["prediction"]
-            text = f"{value:.3f}" if isinstance(value, float) else value
-            f.write(f"{row['index']}\t{text}\n")
+            lines.append(f"{row['index']}\t{f'{value:.3f}' if isinstance(value, float) else value}")
+    write_whole(path, "".join(line + "\n" for line in lines).encode())
 
 
 # ----- python -m train.evaluate predict ----------------------------------------------------------
@@ -94,7 +94,7 @@ def fine_tune_of(parser, run):
         if not isinstance(settings, dict) or "has_labels" not in settings:
             raise ValueError(f"{run_dir} is not a fine-tuning run (its config.json has no task)")
         if not isinstance(settings.get("task"), str) or settings["task"] not in TASKS:
-            raise ValueError(f"{run_dir}/config.json: the task {settings.get('task')!r:.40} is not known")
+            raise ValueError(f"{run_dir}/config.json: {tasks.unknown(settings.get('task'))}")
         if not os.path.isdir(weights):
             raise ValueError(f"{run} has no best/ weights (a fine-tune writes them after its first epoch)")
         layout = settings.get("layout", [])  # none in a run of an older tinygpt
@@ -174,7 +174,8 @@ def predict_command(parser, args):
     as_text = args.special_tokens_as_text or settings.get("special_tokens_as_text") is True
     data = encode_examples(dataset.examples, dataset.kind, tokenizer, config.n_ctx, as_text)
     predictions, logits, loss = predict(head, data, args.batch_size)
-    write_predictions(out, predictions, dataset, logits, layout)
+    with cli.writing(parser, "--out"):
+        write_predictions(out, predictions, dataset, logits, layout)
     print(f"{len(predictions)} predictions of {args.data} ({data.n_cut} cut to fit n_ctx) in {out}")
     if data.labels is None:
         return {"predictions": out}

@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 from tqdm import tqdm
 
-from tinygpt.files import UndecodableFiles, read_json
+from tinygpt.files import UndecodableFiles, read_json, write_whole
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import cli, corpus, data, dataset, shards
@@ -54,32 +54,23 @@ def parse_args(argv):
 
 
 def add_data_arguments(group):
+    group.add_argument("--data", nargs="+", required=True, metavar="PATH", help="text files, folders, globs")
     group.add_argument(
-        "--data", nargs="+", required=True, metavar="PATH", help="text files, folders or globs"
+        "--out", required=True, metavar="DIR", help="the dataset's folder (new or gone on with)"
     )
-    group.add_argument(
-        "--out", required=True, metavar="DIR", help="the dataset folder (made, or gone on with)"
-    )
-    group.add_argument(
-        "--extensions", nargs="+", default=[".txt"], help="the endings of the files read below a folder"
-    )
+    endings = "the endings of the files read below a folder"
+    group.add_argument("--extensions", nargs="+", default=[".txt"], help=endings)
     documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
     group.add_argument("--documents", choices=["files", "paragraphs"], default="files", help=documents)
-    group.add_argument(
-        "--val-fraction", type=cli.held_out, default=0.05, help="share of the documents held out"
-    )
+    group.add_argument("--val-fraction", type=cli.held_out, default=0.05, help="share of documents held out")
     add_text_arguments(group)
 
 
 def add_tokenizer_arguments(group):
     group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: one trained here)")
-    group.add_argument(
-        "--gpt1-tokenizer", help="a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
-    )
+    group.add_argument("--gpt1-tokenizer", help="GPT-1's folder of encoder_bpe_40000.json, vocab_40000.bpe")
     group.add_argument("--vocab-size", type=cli.vocab_size, default=2048, help="of a tokenizer trained here")
-    group.add_argument(
-        "--normalize", choices=["gpt1"], help="a tokenizer trained here sees text as GPT-1's did"
-    )
+    group.add_argument("--normalize", choices=["gpt1"], help="a BPE trained here sees text as GPT-1's did")
     sample = "train the BPE on an even sample of about this many bytes of the corpus (default: all of it)"
     group.add_argument("--tokenizer-sample", type=positive_int, metavar="BYTES", help=sample)
 
@@ -204,7 +195,7 @@ def build_tokenizer(args, records, given=None):
     tokenizer.save(folder + ".partial")
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(folder + ".partial", folder)
-    shards.write_whole(request_path, json.dumps({"request": request}).encode())
+    write_whole(request_path, json.dumps({"request": request}).encode())
     return tokenizer
 
 
@@ -244,7 +235,7 @@ def train_tokenizer(args, records):
     run_tasks(shards.count_chunk_words, tasks, args.workers, add, progress.total)
     progress.close()
     counts_path = os.path.join(counts_dir, "all.json")
-    shards.write_whole(counts_path, json.dumps(counts, ensure_ascii=False).encode())
+    write_whole(counts_path, json.dumps(counts, ensure_ascii=False).encode())
     counts.clear()
     task = (counts_path, args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
     run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
@@ -337,7 +328,7 @@ def write_manifest(args, records, keys, tokenizer, dtype):
             for path, record in records.items()
         ],
     }
-    shards.write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
+    write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
     for name in os.listdir(folder):
         if name.split(".")[0] not in shard_records:
             os.remove(os.path.join(folder, name))

@@ -18,6 +18,7 @@ from tinygpt.generation import generate
 from tinygpt.tokenizer import GPT1Tokenizer
 
 from . import cli, data, dataset, distributed, lifecycle, prepare
+from .checkpoint import check_finite
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
@@ -63,10 +64,8 @@ def add_data_arguments(group):
     gpt1_files = "a folder with GPT-1's encoder_bpe_40000.json, vocab_40000.bpe"
     group.add_argument("--gpt1-tokenizer", help=f"{gpt1_files} (default: see --tokenizer)")
     group.add_argument("--vocab-size", type=cli.vocab_size, default=2048, help="of a tokenizer trained here")
-    normalize = (
-        "a tokenizer trained here first prepares text as GPT-1 did: lower case, words split like spaCy"
-    )
-    normalize += " (fits GLUE's sentences; default: the text as it is)"
+    normalize = "a tokenizer trained here first prepares text as GPT-1 did: lower case, words split like "
+    normalize += "spaCy (fits GLUE's sentences; default: the text as it is)"
     group.add_argument("--normalize", choices=["gpt1"], help=normalize)
     add_text_arguments(group)
 
@@ -77,9 +76,8 @@ def add_model_arguments(group):
     group.add_argument("--n-layer", type=positive_int, help="blocks (default: the preset's)")
     group.add_argument("--n-embd", type=positive_int, help="width (default: the preset's)")
     group.add_argument("--n-head", type=positive_int, help="attention heads (default: the preset's)")
-    group.add_argument(
-        "--dropout", type=cli.fraction, help="embedding, attention and residual (default: the preset's)"
-    )
+    dropout = "embedding, attention and residual (default: the preset's)"
+    group.add_argument("--dropout", type=cli.fraction, help=dropout)
     group.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="of the weights")
     add_precision_argument(group)
     weights = "weights: a run, a checkpoint or an openai-gpt folder (default: random ones)"
@@ -100,9 +98,8 @@ def add_optimizer_arguments(group):
     group.add_argument(
         "--epochs", type=cli.positive_float, help="passes over the training windows (default: see --steps)"
     )
-    stall = (
-        "the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN presets stall at the unigram loss"
-    )
+    stall = "the paper: 2.5e-4 for GPT-1; above about 1e-3 the small post-LN presets stall at the "
+    stall += "unigram loss"
     group.add_argument("--lr", type=cli.positive_float, default=5e-4, help=f"peak learning rate ({stall})")
     group.add_argument(
         "--warmup-steps",
@@ -125,9 +122,8 @@ def add_run_arguments(group):
     group.add_argument("--eval-windows", type=positive_int, default=200, help="validation windows per pass")
     group.add_argument("--log-every", type=positive_int, default=10, help="steps between log lines")
     group.add_argument("--save-every", type=positive_int, default=500, help="steps between checkpoints")
-    group.add_argument(
-        "--keep-checkpoints", type=non_negative_int, default=3, help="the newest checkpoints kept (0: all)"
-    )
+    kept = "the newest checkpoints kept (0: all)"
+    group.add_argument("--keep-checkpoints", type=non_negative_int, default=3, help=kept)
     group.add_argument("--out", help="run folder (default: runs/<preset>-<date>-<time>)")
     resume = (
         "continue a run (its folder, or one checkpoint in it) with its own settings: only --device, "
@@ -249,6 +245,7 @@ def build_model(parser, args, config, weights, device, group):
     if weights:
         try:
             model.load_state_dict(GPT.read_weights(weights))
+            check_finite(weights, model.named_parameters())
         except (ValueError, OSError) as error:
             parser.error(f"--init-from: {error}")
     for p in model.parameters():

@@ -10,13 +10,16 @@ A run folder holds:
 """
 
 import fcntl
+import io
 import json
 import os
 import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from tinygpt import GPT, GPTConfig
+from tinygpt.files import write_whole
 from tinygpt.run_folder import TOKENIZER_FILES, is_step, run_of, run_weights
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
@@ -67,9 +70,15 @@ LOCK_FILE = ".lock"
 def check_new_run_folder(path, overwrite=False):
     """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is empty
     (but for the lock file), or (with `overwrite`) any folder with nothing in the way of the new run
-    (in_the_way), whose run files empty_run_folder then removes."""
+    (in_the_way), whose run files empty_run_folder then removes; never inside another run's
+    checkpoints/, best/ or tokenizer/, which hold only what that run writes."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder")
+    for folder in (there := Path(os.path.abspath(path)), *there.parents):
+        run = folder.parent  # a run: its config.json and tokenizer/
+        owned = folder.name in ("checkpoints", "best", "tokenizer") and (run / "tokenizer").is_dir()
+        if owned and (run / "config.json").is_file():
+            raise ValueError(f"{path} lies in {folder}, a folder of the run {run}: choose another")
     entries = sorted(set(os.listdir(path)) - {LOCK_FILE}) if os.path.isdir(path) else []
     if entries and not overwrite:
         held = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
@@ -298,5 +307,12 @@ def plot_metrics(run_dir):
     except ImportError:
         return None
     path = os.path.join(run_dir, "loss.png")
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    save_figure(figure, path)
     return path
+
+
+def save_figure(figure, path):
+    """Save a matplotlib figure to `path`, whole or not at all, in the format its name ends in."""
+    image = io.BytesIO()
+    figure.savefig(image, format=os.path.splitext(path)[1][1:].lower(), dpi=100, bbox_inches="tight")
+    write_whole(path, image.getvalue())

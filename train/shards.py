@@ -8,7 +8,6 @@ its document's text up to its end, and whether it begins the document. Each is w
 whole through a temporary file, the .json last: a shard whose .json is there is finished.
 """
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -17,6 +16,7 @@ from collections import Counter
 
 import numpy as np
 
+from tinygpt.files import write_whole
 from tinygpt.tokenizer import SPECIAL_TOKENS
 from tinygpt.tokenizer.bpe import GPT2_PATTERN, count_words, make_normalizer
 
@@ -98,22 +98,6 @@ def encode_chunk(task):
     record = {"tokens": len(tokens), "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
     write_whole(os.path.join(folder, f"{key}.json"), json.dumps(record).encode())
     return end - start
-
-
-def write_whole(path, data):
-    """Write `data` to `path` whole or not at all (through path.partial-<pid>)."""
-    temporary = f"{path}.partial-{os.getpid()}"
-    try:
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except OSError as error:  # a full disk: name the file
-        raise OSError(error.errno, error.strerror, path) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
 
 
 def read_record(folder, key):

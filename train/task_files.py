@@ -42,7 +42,7 @@ from pathlib import Path
 from tinygpt.files import UndecodableFiles, read_json, read_text
 from tinygpt.transformations import KINDS, kind_of
 
-from .tasks import TASKS, Tsv
+from .tasks import TASKS, Tsv, unknown
 
 STORY_COLUMNS = (
     "InputStoryid",
@@ -115,7 +115,7 @@ def read(task, path, labels=None, skip_bad_rows=False, encoding="utf-8", errors=
     file's own, sorted). encoding, errors: how the file is decoded, as bytes.decode takes them.
     layout: the training examples' fields, which every row must have (see the top of this file)."""
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        raise ValueError(unknown(task))
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: a folder, not a file of {task} examples")
@@ -290,14 +290,18 @@ def _text_lines(path, encoding, errors):
 
 
 def _csv_rows(path, encoding, errors, **dialect):
-    """(line, cells) for each row of a CSV (or, with the dialect's arguments, TSV) file; what the
-    csv module cannot read (a field past its size limit, say) is a ValueError naming the line."""
-    reader = csv.reader(_text_lines(path, encoding, errors), **dialect)
+    """An iterator of (line, cells) for each row of a CSV (or, with the dialect's arguments, TSV) file,
+    whose fields may be of any length: the csv module's limit (131,072 characters) guards memory
+    against a stream, and the file is in memory already. What the module cannot read is a ValueError
+    naming the line."""
+    reader, limit = csv.reader(_text_lines(path, encoding, errors), **dialect), csv.field_size_limit()
     try:
-        for cells in reader:
-            yield reader.line_num, cells
+        csv.field_size_limit(2**31 - 1)  # a C long's largest on every platform
+        return iter([(reader.line_num, cells) for cells in reader])
     except csv.Error as error:
         raise ValueError(f"{path}: line {reader.line_num}: {error}") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _lines(path, encoding, errors):

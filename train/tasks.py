@@ -39,6 +39,15 @@ class Task:
     first_answer: int = 0  # the number its files give the first answer of a multiple choice
 
 
+def unknown(name):
+    """Why the task `name` (a run's, say) is not known: TASKS lacks it, as it lacks a launcher's own
+    task unless the command runs through that launcher."""
+    return (
+        f"the task {name!r:.40} is not one of {', '.join(TASKS)}: a task that a launcher adds to "
+        f"train.tasks.TASKS is known where the command runs through that launcher (README: Your own task)"
+    )
+
+
 BINARY = ("0", "1")
 ENTAILMENT = ("entailment", "not_entailment")
 NLI = ("contradiction", "entailment", "neutral")

@@ -151,7 +151,7 @@ def zeroshot_command(parser, args):
     print(f"zero-shot {args.task} on {len(examples)} examples of {args.data}: {how}")
     for name in dataset.metrics:
         print(f"{name:10} {results[name]:.4f}")
-    write_results(args, results)
+    write_results(parser, args, results)
     return results
 
 

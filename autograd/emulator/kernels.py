@@ -7,10 +7,11 @@ as fibers, barriers, warp shuffles, shared memory that starts as NaN: see cuda.h
     k((1, blocks), (256,), args)                               # as CuPy's RawKernel; `out` written in place
 
 A launch takes NumPy arrays (any subclass, strided views included: the kernel gets the address of the
-first element), NumPy scalars, and np.uintp(0) for a null pointer. What a GPU would get wrong silently
-or at random is an EmulatorError here, naming the kernel:
+first element), NumPy scalars, and np.uintp(0) for a null pointer. What a GPU would refuse, or get wrong
+silently or at random, is an EmulatorError here, naming the kernel:
   - an argument that does not fit its parameter (count, pointer or value, width, integer or floating,
-    a Python number, whose width CuPy would guess);
+    a Python number, whose width CuPy would guess), or in an op of the device a host NumPy array;
+  - a write into a read-only array (a broadcast view; the gradient a backward is given);
   - a launch over a GPU's limits (threads per block, the kernel's __launch_bounds__, grid and block
     dimensions, 48 KB of static shared memory), or asking for dynamic shared memory;
   - a read or write outside an array argument: each array's memory is copied for the launch between
@@ -64,6 +65,7 @@ NAN_WORDS = np.full(mmap.PAGESIZE // 4, 0x7FC00000, np.uint32).tobytes()  # what
 C_NAMES = {"f4": "float", "f8": "double", "i4": "int", "i8": "long long", "b1": "bool", "u1": "unsigned char"}
 C_NAMES |= {"u2": "unsigned short", "u4": "unsigned int", "u8": "unsigned long long"}
 
+HOST_ARRAY = "a host NumPy array, which CuPy refuses for a GPU's kernel: pass the device's (xp.asarray)"
 _orders, _seed = ("written",), 0
 _lock = threading.Lock()  # one launch at a time: the fibers, the shared memory and the signals are global
 
@@ -249,6 +251,8 @@ class Kernel:
         grid, block, args = _dims(grid), _dims(block), tuple(args)
         self.check_launch(grid, block, shared_mem)
         problems = [f"argument {i}: {p}" for i, p in enumerate(map(argument_problem, args, self.params)) if p]
+        if emulator.current():  # in an op of the device, as on a GPU: its arrays only
+            problems += [f"argument {i}: {HOST_ARRAY}" for i, a in enumerate(args) if type(a) is np.ndarray]
         if len(args) != len(self.params):
             problems.insert(0, f"{len(args)} arguments for {len(self.params)} parameters")
         if problems:
@@ -262,8 +266,7 @@ class Kernel:
         for order, result in results.items():
             for (low, _, members), a, b in zip(groups, written, result):
                 if a != b:
-                    at = int(np.argmax(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8)))
-                    i, element = _element(args, members, low + at)
+                    i, element = _element(args, members, low + _first_difference(a, b))
                     raise EmulatorError(
                         f"{self.name}: the threads in the orders {first!r} and {order!r} give different "
                         f"bits at element {element} of argument {i}: a race between two barriers"
@@ -271,6 +274,11 @@ class Kernel:
         for (low, _, members), result in zip(groups, written):
             if any(args[i].flags.writeable for i in members):
                 ctypes.memmove(low, result, len(result))
+            elif result != (before := ctypes.string_at(low, len(result))):
+                i, element = _element(args, members, low + _first_difference(before, result))
+                raise EmulatorError(
+                    f"{self.name}: a thread writes element {element} of argument {i}, a read-only array"
+                )
 
     def check_launch(self, grid, block, shared_mem):
         """A GPU's limits on a launch, the kernel's own (its __launch_bounds__ and shared memory) included."""
@@ -386,6 +394,11 @@ def _groups(args):
         else:
             groups.append([low, high, [i]])
     return groups
+
+
+def _first_difference(a, b):
+    """The offset of the first byte where two equally long bytes differ."""
+    return int(np.argmax(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8)))
 
 
 def _element(args, members, address, before_start=False):

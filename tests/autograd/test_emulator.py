@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import autograd as ag
-from autograd import backend
+from autograd import backend, emulator
 from autograd import functional as F
 from autograd.emulator import kernels as emulator_kernels
 from autograd.emulator.kernels import EmulatorError
@@ -407,6 +407,33 @@ def test_a_read_or_a_write_outside_an_array_is_caught_and_named(tiny, read_shift
     with pytest.raises(EmulatorError, match=rf"^copy_shifted: {message}"):
         tiny.kernel("copy_shifted")((4,), (256,), args)
     assert (y == 0).all()  # a failed launch writes nothing back
+
+
+def test_in_an_op_of_the_device_a_host_array_is_refused_as_cupy_refuses_it(tiny):
+    """A GPU's kernel takes the device's arrays: a host NumPy array passed in an op of the device
+    is refused and left as it was; the device's own arrays are taken."""
+    x, y = floats(N), np.zeros(N, np.float32)
+    args = (emulator.on_device(x), y, np.int64(0), np.int64(0), np.int64(N))
+    with emulator.Device(), pytest.raises(EmulatorError, match=r"^copy_shifted: argument 1: a host NumPy"):
+        tiny.kernel("copy_shifted")((4,), (256,), args)
+    assert (y == 0).all()
+    with emulator.Device():
+        tiny.kernel("copy_shifted")((4,), (256,), replaced(args, 1, emulator.on_device(y)))
+    np.testing.assert_array_equal(y, x)
+
+
+def test_a_write_into_a_read_only_array_is_named_and_a_read_of_one_is_not(tiny):
+    x, y = floats(N), np.zeros(N, np.float32)
+    y.flags.writeable = False
+    with pytest.raises(
+        EmulatorError, match=r"^copy_shifted: a thread writes element 0 of argument 1, a read-only"
+    ):
+        tiny.kernel("copy_shifted")((4,), (256,), (x, y, np.int64(0), np.int64(0), np.int64(N)))
+    out = np.zeros(N, np.float32)
+    tiny.kernel("copy_shifted")(
+        (4,), (256,), (np.broadcast_to(x, (2, N))[0], out, np.int64(0), np.int64(0), np.int64(N))
+    )
+    np.testing.assert_array_equal(out, x)
 
 
 def test_a_read_just_before_an_array_reads_nan_and_a_null_pointer_is_named(tiny):

@@ -626,6 +626,47 @@ def test_a_wrong_gradient_shape_names_the_argument():
         Scale.apply(x, weight).sum().backward()
 
 
+class DoubledInPlace(ag.Function):
+    """y = 2x, its backward doubling the gradient it is given in place: the mistake the engine names."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad *= 2
+        return grad
+
+
+@pytest.mark.parametrize("upstream", ["backward()", "backward(grad)", "a broadcast view (sum)", "gradcheck"])
+def test_a_backward_that_writes_into_its_grad_is_named_with_the_rule(upstream):
+    """The gradient a backward is given may be another op's too: writing into it is refused, naming the
+    op and the rule, where the engine hands it read-only (the pass's first gradient, NumPy's broadcast
+    views), so the gradient checker always finds it."""
+    x = ag.tensor(np.arange(3.0), dtype=np.float64, requires_grad=True)
+    error = (
+        r"^DoubledInPlace.backward wrote into a read-only array \(.*\): a backward never writes into its grad"
+    )
+    with pytest.raises(RuntimeError, match=error):
+        if upstream == "gradcheck":
+            ag.gradcheck(DoubledInPlace.apply, [x])
+        elif upstream == "a broadcast view (sum)":
+            DoubledInPlace.apply(x).sum().backward()
+        elif upstream == "backward()":
+            DoubledInPlace.apply(x[1]).backward()
+        else:
+            DoubledInPlace.apply(x).backward(np.ones(3))
+
+
+def test_the_first_gradient_a_leaf_gets_is_its_own_to_add_into(device):
+    """The pass's first gradient is read-only; a leaf given it keeps a copy, which later passes add into."""
+    x = ag.tensor(np.arange(3.0), requires_grad=True, device=device)
+    x.backward(np.ones(3))
+    x.backward(np.ones(3))
+    np.testing.assert_array_equal(to_host(x.grad), np.full(3, 2.0))
+
+
 # ----- several outputs
 
 

@@ -1,13 +1,16 @@
 """Reading text files: every file that does not decode named at once, the encoding and the handler
-of bad bytes chosen by the caller, and line ends read as Python's text mode reads them."""
+of bad bytes chosen by the caller, and line ends read as Python's text mode reads them; writing a
+file whole or not at all."""
 
+import errno
+import os
 import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt.files import UndecodableFiles, check_apart, find_text_files, read_text_files
+from tinygpt.files import UndecodableFiles, check_apart, find_text_files, read_text_files, write_whole
 
 
 def books(folder):
@@ -107,3 +110,26 @@ def test_an_output_beside_its_inputs_passes_and_a_glob_is_taken_by_its_matches(t
     )
     with pytest.raises(ValueError, match="holds --data .*a.txt"):
         check_apart(str(tmp_path / "data"), [("--data", str(tmp_path / "data" / "*.txt"))])
+
+
+def test_write_whole_replaces_a_file_at_once_or_leaves_it_as_it_was(tmp_path, monkeypatch):
+    path = tmp_path / "out.json"
+    path.write_bytes(b"old")
+    write_whole(str(path), b"new")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.json"]
+
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match=re.escape(f"No space left on device: '{path}'")):
+        write_whole(str(path), b"newer")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["out.json"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_write_whole_writes_a_device_as_it_is_and_names_it_when_it_fails():
+    write_whole("/dev/null", b"gone")
+    with pytest.raises(OSError, match="No space left on device: '/dev/full'"):
+        write_whole("/dev/full", b"x" * 10_000)
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")

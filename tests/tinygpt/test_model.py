@@ -19,6 +19,7 @@ from autograd.serialization import load_file, load_file_with_metadata, save_file
 from autograd.testing import indices
 from tests import tf32
 from tinygpt import GPT, GPTConfig
+from tinygpt.run_folder import dependencies
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
 GPT1_PARAMETERS = 116_534_784
@@ -453,6 +454,7 @@ def run_folder(root, steps, unfinished=()):
         model.save_pretrained(root / "checkpoints" / str(step))
         if step in steps:
             (root / "checkpoints" / str(step) / "state.json").write_text(json.dumps({"step": step}))
+        (root / "checkpoints" / str(step) / "digests.json").write_text(json.dumps(dependencies(root)))
     randomize(small_model(), 99).save_pretrained(root / "checkpoints" / ".partial-1000-123")
     return models
 
@@ -474,6 +476,7 @@ def test_from_pretrained_takes_a_fine_tunes_best_epoch_over_its_newest_checkpoin
     run_folder(tmp_path / "run", steps=(5, 10))
     best = randomize(small_model(), 3)
     best.save_pretrained(tmp_path / "run" / "best")
+    (tmp_path / "run" / "best" / "digests.json").write_text(json.dumps(dependencies(tmp_path / "run")))
     assert_same_weights(GPT.from_pretrained(tmp_path / "run"), best)
 
 

@@ -112,6 +112,8 @@ def tiny_run(folder, n_ctx=16, steps=(1, 2)):
     ag.manual_seed(0)
     config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=n_ctx, n_embd=16, n_layer=1, n_head=2)
     model = GPT(config)
+    write_config(folder, config, {"preset": "test"})
+    save_tokenizer(tokenizer, folder)
     rng = np.random.default_rng(0)
     for step in steps:  # a different model at each step, so picking the newest checkpoint matters
         model.load_state_dict(
@@ -123,8 +125,6 @@ def tiny_run(folder, n_ctx=16, steps=(1, 2)):
             strict=False,
         )
         save_checkpoint(folder, step, model, Adam(model.parameters()), {})
-    write_config(folder, config, {"preset": "test"})
-    save_tokenizer(tokenizer, folder)
     return model.eval(), tokenizer
 
 

@@ -4,6 +4,7 @@ or are counted, and the label map is saved and reused."""
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -46,9 +47,10 @@ def pretrained_run(folder):
         },
         strict=False,
     )
-    save_checkpoint(folder, 100, model, Adam(model.parameters()), {})
+    os.makedirs(folder, exist_ok=True)
     write_config(folder, config, {"preset": "test"})
     save_tokenizer(tokenizer, folder)
+    save_checkpoint(folder, 100, model, Adam(model.parameters()), {})
     return model, tokenizer
 
 

@@ -59,6 +59,20 @@ def newest_loads(out):
     return load_checkpoint(out, model, Adam(model.parameters()))["step"]
 
 
+@pytest.mark.parametrize("module", ["train.pretrain", "train.finetune", "train.evaluate", "train.prepare"])
+def test_a_ctrl_c_while_the_modules_import_is_one_line_and_status_130(module):
+    """Interrupted before its main begins: -X importtime reports each module once imported, and once
+    train's own __init__ is, the signal lands amid the command's imports (numpy, autograd, tinygpt)."""
+    process = python("-X", "importtime", "-m", module, "--help", stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:
+        if line.rstrip().endswith("| train"):
+            break
+    process.send_signal(signal.SIGINT)
+    output, rest = process.communicate(timeout=60)
+    assert [line for line in rest.splitlines() if not line.startswith("import time:")] == ["interrupted"]
+    assert process.returncode == 130 and output == ""
+
+
 def test_a_run_killed_at_random_moments_resumes_to_the_same_bytes(corpus, tmp_path):
     """12 times a process is started (a new run while there is no checkpoint yet, else --resume) and
     sent SIGKILL, SIGTERM or SIGINT after a random time, at startup, in a step or in a save
@@ -152,7 +166,7 @@ def test_a_full_disk_or_read_only_folder_while_fine_tuning_is_one_line(
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(finetune, "write_results", fail)
+    monkeypatch.setattr(finetune, "write_json", fail)  # results.json
     with pytest.raises(SystemExit) as stop:
         finetune_run(setup, out, "--epochs", 1, "--limit-train", 32)
     message = str(stop.value.code)

@@ -4,7 +4,9 @@ with the files' ids, equal to those of the labelled path."""
 
 import argparse
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +230,47 @@ def test_special_tokens_as_text_reads_their_names_as_plain_text(runs, tmp_path):
     )
     assert json.loads((tmp_path / "run" / "config.json").read_text())["settings"]["special_tokens_as_text"]
     assert probabilities(tmp_path / "run") == probabilities(tmp_path / "run", "--special-tokens-as-text")
+
+
+def outputs(runs, tmp_path, out):
+    """{name: evaluate's argv} of every command that writes a file a flag names, to `out`."""
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20, encoding="utf-8")
+    perplexity = ["perplexity", "--run", runs / "pretrained", "--data", tmp_path / "text.txt"]
+    predicting = ["predict", "--run", runs / "sst2", "--data", runs / "test.unlabelled.tsv", "--out", out]
+    return {
+        "predict --out": predicting,
+        "predict --format jsonl --out": [*predicting, "--format", "jsonl"],
+        "perplexity --json": [*perplexity, "--json", out],
+        "zeroshot --json": ["zeroshot", "--run", runs / "pretrained", "--task", "sst2", "--data",
+                            runs / "test.tsv", "--json", out],
+    }  # fmt: skip
+
+
+def full_disk(descriptor):
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    "command", ["predict --out", "predict --format jsonl --out", "perplexity --json", "zeroshot --json"]
+)
+@pytest.mark.parametrize("full", ["/dev/full", "a regular file"])
+def test_an_output_that_cannot_be_written_names_its_flag_and_file_and_leaves_none_of_it(
+    runs, tmp_path, capsys, monkeypatch, command, full
+):
+    """A full disk: one line naming the flag and the file, status 1; a file there before is kept as it
+    was and no part of the new one is left beside it."""
+    out = Path("/dev/full") if full == "/dev/full" else tmp_path / "out" / "figures"
+    if full == "a regular file":
+        out.parent.mkdir()
+        out.write_text("what was there")
+        monkeypatch.setattr(os, "fsync", full_disk)
+    argv = [*map(str, outputs(runs, tmp_path, out)[command]), "--device", "cpu"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    flag = command.split()[-1]
+    assert line.endswith(f"error: {flag}: {out}: No space left on device; nothing was written"), line
+    if full == "a regular file":
+        assert out.read_text() == "what was there" and os.listdir(out.parent) == ["figures"]

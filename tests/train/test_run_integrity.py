@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from autograd.serialization import load_file, save_file
 from tinygpt import GPT
 from tinygpt.tokenizer import BPETokenizer
 from train import checkpoint, evaluate, finetune, generate, pretrain
@@ -225,6 +226,25 @@ def test_a_setting_left_out_of_config_json_is_refused_not_defaulted(run, capsys,
     assert f"--resume: {run / 'config.json'}: {named}" in line and snapshot(run) == before
 
 
+@pytest.mark.parametrize("inside", ["checkpoints/new", "checkpoints/4/new", "best", "tokenizer/new"])
+@pytest.mark.parametrize("main", [pretrain.main, finetune.main], ids=["pretrain", "finetune"])
+def test_a_new_run_inside_another_runs_own_folders_is_refused(run, tmp_path, capsys, inside, main):
+    """checkpoints/, best/ and tokenizer/ hold what their run writes: a new run there is a usage error."""
+    (run / "best").mkdir()  # a fine-tune's, empty while it runs its first epoch
+    before = snapshot(run)
+    out = run / inside
+    if main is pretrain.main:
+        (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20)
+        argv = one_step_argv(tmp_path / "text.txt", out)
+    else:
+        argv = [*commands(run, tmp_path)["finetune --init-from"][1], "--out", str(out)]
+    line = one_line(capsys, main, argv)
+    folder = out if inside == "best" else run / inside.split("/")[0]
+    assert line.endswith(f"--out: {out} lies in {folder}, a folder of the run {run}: choose another")
+    assert snapshot(run) == before
+    assert inside == "best" or not out.exists()
+
+
 def swap_tokenizer(run):
     """Put another tokenizer of the same size in the run's tokenizer/ folder."""
     size = BPETokenizer.load(run / "tokenizer").vocab_size
@@ -271,12 +291,56 @@ def test_a_tokenizer_swapped_for_another_of_its_size_is_refused_wherever_the_run
         GPT.from_pretrained(run)
 
 
-def test_a_run_written_before_digests_loads_unchecked(run, capsys):
+@pytest.mark.parametrize(
+    "command", ["generate", "perplexity", "resume", "pretrain --init-from", "finetune --init-from"]
+)
+def test_digests_removed_where_the_run_keeps_others_are_refused_wherever_the_run_is_loaded(
+    run, tmp_path, capsys, command
+):
+    """A checkpoint's digests.json cannot go quietly: its run's other checkpoints hold their own."""
+    (run / "checkpoints" / "4" / "digests.json").unlink()
+    swap_tokenizer(run)
+    before = snapshot(run)
+    main, argv = commands(run, tmp_path)[command]
+    line = one_line(capsys, main, argv)
+    assert f"{run}/checkpoints/4/digests.json: removed, though {run}/checkpoints/1 of the same run" in line
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    "command", ["generate", "perplexity", "resume", "pretrain --init-from", "finetune --init-from"]
+)
+def test_a_checkpoint_of_nan_weights_is_refused_up_front_wherever_it_is_loaded(
+    run, tmp_path, capsys, command
+):
+    """Weights that are NaN train and generate nothing: every loader refuses them before any work."""
+    path = run / "checkpoints" / "4" / "model.safetensors"
+    save_file({name: np.full_like(a, np.nan) for name, a in load_file(str(path)).items()}, str(path))
+    before = snapshot(run)
+    main, argv = commands(run, tmp_path)[command]
+    line = one_line(capsys, main, argv)
+    assert (
+        f"{run}/checkpoints/4: not a usable checkpoint: " in line and "holds NaN or infinite weights" in line
+    )
+    assert snapshot(run) == before
+
+
+def test_a_run_without_digests_loads_with_a_one_line_warning(run, capsys):
+    """Weights of a run older than digests (no weights folder holds them) load, and say they go unchecked."""
     for folder in (run / "checkpoints").iterdir():
         (folder / "digests.json").unlink()
     swap_tokenizer(run)
-    GPT.from_pretrained(run)
+    with pytest.warns(
+        UserWarning, match=r"checkpoints/4 holds no digests.json: the run's config and tokenizer"
+    ):
+        GPT.from_pretrained(run)
+    capsys.readouterr()
     generate.main(["--run", str(run), "--prompt", "hi", "--device", "cpu", "--max-new-tokens", "2"])
+    [line] = capsys.readouterr().err.splitlines()
+    assert (
+        line == f"warning: {run}/checkpoints/4 holds no digests.json: the run's config and tokenizer go "
+        "unchecked against its weights"
+    )
 
 
 @pytest.fixture(scope="module")
