@@ -174,7 +174,13 @@ class Node:
         if len(grads) > 1:  # several outputs: zeros for those no gradient reached
             xp = backend.get_array_module(next(g for g in grads if g is not None))
             grads = [xp.zeros(s, dtype) if g is None else g for g, (_, s, dtype) in zip(grads, self.outputs)]
+        # NumPy's grads are read-only while the backward runs, so that one that writes into them fails (CuPy's
+        # have no such flag); but for an op that returns a view of its grad, which the engine may add into
+        lockable = [] if self.function.returns_view_of_grad else grads
+        locked = [g for g in lockable if isinstance(g, np.ndarray) and g.flags.writeable]
         try:
+            for g in locked:
+                g.flags.writeable = False
             given = self.backward(self.ctx, *grads)
         except ValueError as error:  # NumPy's "output array is read-only", without a name
             if "read-only" not in str(error):
@@ -183,6 +189,9 @@ class Node:
                 f"{self.function.__name__}.backward wrote into a read-only array ({error}): a backward never "
                 "writes into its grad, which other ops may share: make a new array (grad * 2, not grad *= 2)"
             ) from None
+        finally:
+            for g in locked:
+                g.flags.writeable = True
         given = given if isinstance(given, tuple) else (given,)
         if len(given) != len(self.inputs) or not all(g is None or _is_array(g) for g in given):
             kinds = ", ".join(type(g).__name__ for g in given)

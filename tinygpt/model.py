@@ -249,13 +249,14 @@ class GPT(nn.Module):
     @staticmethod
     def read_weights(directory):
         """The state dict in directory/model.safetensors, with any 'transformer.' prefix taken off
-        and the tied lm_head.weight and causal-mask buffers left out."""
+        and the tied lm_head.weight and causal-mask buffers left out; weights that are NaN or infinite,
+        which no step or prediction can use, are refused (check_finite)."""
         state = {}
         for key, array in load_file(os.path.join(directory, "model.safetensors")).items():
             key = key.removeprefix("transformer.")
             if key != "lm_head.weight" and not key.endswith((".attn.bias", ".attn.masked_bias")):
                 state[key] = array
-        return state
+        return check_finite(directory, state)
 
     @classmethod
     def from_openai(cls, directory, config=None):
@@ -297,6 +298,14 @@ class GPT(nn.Module):
         except ValueError as error:
             raise ValueError(f"{shapes_path}: {error}") from None
         return model
+
+
+def check_finite(folder, state):
+    """`state` {name: array}; a ValueError, naming the folder, where a weight is NaN or infinite."""
+    for name, array in state.items():
+        if not np.isfinite(array).all():
+            raise ValueError(f"{folder}: not a usable checkpoint: {name} holds NaN or infinite weights")
+    return state
 
 
 def _read_shapes(path):

@@ -8,8 +8,8 @@ the proof that a run folder is still the one its weights were written in.
 
 Each holds digests.json: the sha256 of every file of the run its weights depend on (DEPENDENCIES:
 config.json, the tokenizer's files, labels.json) as they were when the run wrote them. Loading
-them checks the run's files against it. A folder without it is refused where another of the run
-holds its own (it was removed); where none does (a run older than digests), it loads with a warning.
+them checks the run's files against it. A folder without it is refused where the run recorded them
+before it was written (check_digests_kept); weights older than digests load with a warning.
 The lookup lives here, not in train/, because train imports tinygpt and never the other way.
 """
 
@@ -119,16 +119,18 @@ def check_dependencies(folder):
 
 
 def check_digests_kept(folder, run_dir):
-    """Raise ValueError where weights `folder` lost the digests that the run's other weights folders
-    hold; where none holds them (weights of a run older than digests), say in one line that the run's
-    files go unchecked."""
-    folders = [os.path.join(run_dir, "best")]
-    folders += [os.path.join(run_dir, "checkpoints", str(step)) for step in checkpoint_steps(run_dir)]
-    kept = [other for other in folders if os.path.isfile(os.path.join(other, DIGESTS_FILE))]
-    if kept:
+    """Raise ValueError where weights `folder` lost its digests: a checkpoint of an earlier step holds
+    its own (for best/: every checkpoint does), so the run recorded them when it wrote `folder`. Else
+    (weights of a run older than digests, or resumed since) say in one line that they go unchecked."""
+    steps = checkpoint_steps(run_dir)
+    kept = [s for s in steps if os.path.isfile(os.path.join(run_dir, "checkpoints", str(s), DIGESTS_FILE))]
+    name = os.path.basename(os.path.normpath(folder))
+    earlier = [s for s in kept if s < int(name)] if is_step(name) else kept if kept == steps else []
+    if earlier:
         raise ValueError(
-            f"{os.path.join(folder, DIGESTS_FILE)}: removed, though {kept[0]} of the same run holds its own: "
-            f"put it back, or copy {folder} out of the run to load its weights unchecked"
+            f"{os.path.join(folder, DIGESTS_FILE)}: removed, though {run_dir}/checkpoints/{earlier[0]}, "
+            f"written before it, holds its own: put it back, or copy {folder} out of the run to load it "
+            "unchecked"
         )
     unchecked = "the run's config and tokenizer go unchecked against its weights"
     warnings.warn(f"{folder} holds no {DIGESTS_FILE}: {unchecked}", stacklevel=2)

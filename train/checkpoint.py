@@ -22,8 +22,11 @@ import math
 import os
 import shutil
 
+import numpy as np
+
 from autograd.serialization import SafetensorsError, load_file, save_file
 from tinygpt import GPT
+from tinygpt.model import check_finite
 from tinygpt.run_folder import (
     DIGESTS_FILE,
     STATE_FILE,
@@ -62,7 +65,7 @@ def read_weights(folder, model):
         return weights
     return {
         **{f"transformer.{name}": array for name, array in weights.items()},
-        **load_file(os.path.join(folder, HEAD_FILE)),
+        **check_finite(folder, load_file(os.path.join(folder, HEAD_FILE))),
     }
 
 
@@ -189,7 +192,6 @@ def load_checkpoint(path, model, optimizer=None):
         model.load_state_dict(weights)
     except ValueError as error:
         raise ValueError(f"{folder}: the checkpoint does not fit this model: {error}") from None
-    check_finite(folder, model.named_parameters())
     if optimizer is not None:
         moments = read_moments(os.path.join(folder, "optimizer.safetensors"), model)
         names = [name for name, _ in model.named_parameters()]
@@ -201,13 +203,6 @@ def load_checkpoint(path, model, optimizer=None):
             }
         )
     return state
-
-
-def check_finite(folder, parameters):
-    """Raise ValueError, naming the checkpoint, where a weight is NaN or infinite: not a usable model."""
-    for name, p in parameters:
-        if not p.xp.isfinite(p.data).all():
-            raise ValueError(f"{folder}: not a usable checkpoint: {name} holds NaN or infinite weights")
 
 
 def integer(low):
@@ -283,4 +278,6 @@ def read_moments(path, model):
         if array.dtype.kind != "f" or tuple(array.shape) != tuple(p.shape):
             shapes = f"{array.dtype} {tuple(array.shape)}; its parameter is {p.dtype} {tuple(p.shape)}"
             raise SafetensorsError(f"{path}: {name} is {shapes}")
+        if not np.isfinite(array).all():
+            raise SafetensorsError(f"{path}: {name} holds NaN or infinite numbers: not a usable checkpoint")
     return moments

@@ -23,7 +23,7 @@ from tinygpt import GPTConfig, run_folder
 from tinygpt.files import UndecodableFiles, check_apart, write_whole
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
-from . import task_files, tasks
+from . import begin_command, task_files, tasks
 from .distributed import launch_ranks
 from .run_folder import RUN_FILES, load_run
 
@@ -158,6 +158,7 @@ def _commanding(module):
     put back and what on_return was given is let go (the run folder held), so that a caller in Python
     (a test, a notebook) gets its process back as it was."""
     try:
+        begin_command()
         with warnings.catch_warnings(), names_printed_escaped(), contextlib.ExitStack() as stack:
             warnings.showwarning = lambda message, *where, **_: print(f"warning: {message}", file=sys.stderr)
             for number in SIGNALS:

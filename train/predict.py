@@ -15,7 +15,7 @@ from tinygpt.run_folder import WEIGHTS_FILE
 from tinygpt.transformations import encode_examples
 
 from . import cli, metrics, tasks
-from .checkpoint import check_finite, read_weights
+from .checkpoint import read_weights
 from .cli import add_device_argument, check_tokenizer_fits, positive_int
 from .run_folder import load_tokenizer, read_config, run_folder_of
 from .task_files import load_labels
@@ -112,7 +112,6 @@ def load_head(parser, args, weights, config, dataset):
     try:
         head = make_head(dataset.kind, GPT(config), dataset.n_classes)
         head.load_state_dict(read_weights(weights, head))
-        check_finite(weights, head.named_parameters())
         tokenizer = load_tokenizer(os.path.join(run_folder_of(args.run), "tokenizer"))
     except (OSError, ValueError) as error:
         parser.error(f"--run: {error}")

@@ -18,7 +18,6 @@ from tinygpt.generation import generate
 from tinygpt.tokenizer import GPT1Tokenizer
 
 from . import cli, data, dataset, distributed, lifecycle, prepare
-from .checkpoint import check_finite
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
 
@@ -245,7 +244,6 @@ def build_model(parser, args, config, weights, device, group):
     if weights:
         try:
             model.load_state_dict(GPT.read_weights(weights))
-            check_finite(weights, model.named_parameters())
         except (ValueError, OSError) as error:
             parser.error(f"--init-from: {error}")
     for p in model.parameters():

@@ -23,7 +23,7 @@ from tinygpt.files import write_whole
 from tinygpt.run_folder import TOKENIZER_FILES, is_step, run_of, run_weights
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
-from .checkpoint import WEIGHT_FILES, check_finite, find_checkpoint, remove_partials, write_json
+from .checkpoint import WEIGHT_FILES, find_checkpoint, remove_partials, write_json
 
 
 def save_tokenizer(tokenizer, run_dir):
@@ -74,7 +74,7 @@ def check_new_run_folder(path, overwrite=False):
     checkpoints/, best/ or tokenizer/, which hold only what that run writes."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder")
-    for folder in (there := Path(os.path.abspath(path)), *there.parents):
+    for folder in (there := Path(os.path.realpath(path)), *there.parents):  # links followed
         run = folder.parent  # a run: its config.json and tokenizer/
         owned = folder.name in ("checkpoints", "best", "tokenizer") and (run / "tokenizer").is_dir()
         if owned and (run / "config.json").is_file():
@@ -224,7 +224,6 @@ def load_run(path, device="cpu"):
         path if run_of(path) else run_weights(path) or find_checkpoint(path)
     )  # which names what is missing
     model = GPT.from_pretrained(folder, device=device).eval()
-    check_finite(folder, model.named_parameters())
     return model, load_tokenizer(os.path.join(run_folder_of(folder), "tokenizer"))
 
 

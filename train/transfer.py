@@ -17,7 +17,6 @@ from tinygpt.heads import resize
 from tinygpt.run_folder import run_of
 from tinygpt.tokenizer import GPT1Tokenizer
 
-from .checkpoint import check_finite
 from .run_folder import load_tokenizer
 
 
@@ -25,7 +24,6 @@ def load_pretrained(folder, tokenizer_dir=None, gpt1_tokenizer_dir=None):
     """(GPT, tokenizer) from a weights folder (lifecycle.starting_weights: a run's checkpoint or best/, or an
     openai-gpt folder); the tokenizer folders are for the last. Errors name the folder that is wrong."""
     run_dir, model = run_of(folder), GPT.from_pretrained(folder)
-    check_finite(folder, model.named_parameters())
     if run_dir:
         if tokenizer_dir or gpt1_tokenizer_dir:
             raise ValueError(

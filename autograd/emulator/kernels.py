@@ -252,7 +252,9 @@ class Kernel:
         self.check_launch(grid, block, shared_mem)
         problems = [f"argument {i}: {p}" for i, p in enumerate(map(argument_problem, args, self.params)) if p]
         if emulator.current():  # in an op of the device, as on a GPU: its arrays only
-            problems += [f"argument {i}: {HOST_ARRAY}" for i, a in enumerate(args) if type(a) is np.ndarray]
+            device = emulator.EmulatedArray
+            host = [i for i, a in enumerate(args) if isinstance(a, np.ndarray) and not isinstance(a, device)]
+            problems += [f"argument {i}: {HOST_ARRAY}" for i in host]
         if len(args) != len(self.params):
             problems.insert(0, f"{len(args)} arguments for {len(self.params)} parameters")
         if problems:

@@ -409,16 +409,19 @@ def test_a_read_or_a_write_outside_an_array_is_caught_and_named(tiny, read_shift
     assert (y == 0).all()  # a failed launch writes nothing back
 
 
-def test_in_an_op_of_the_device_a_host_array_is_refused_as_cupy_refuses_it(tiny):
-    """A GPU's kernel takes the device's arrays: a host NumPy array passed in an op of the device
-    is refused and left as it was; the device's own arrays are taken."""
+@pytest.mark.parametrize("host", ["ndarray", "memmap"])
+def test_in_an_op_of_the_device_a_host_array_is_refused_as_cupy_refuses_it(tiny, tmp_path, host):
+    """A GPU's kernel takes the device's arrays: a host NumPy array (of any subclass) passed in an op of
+    the device is refused and left as it was; the device's own arrays are taken."""
     x, y = floats(N), np.zeros(N, np.float32)
+    if host == "memmap":
+        y = np.memmap(tmp_path / "y.bin", np.float32, "w+", shape=(N,))
     args = (emulator.on_device(x), y, np.int64(0), np.int64(0), np.int64(N))
     with emulator.Device(), pytest.raises(EmulatorError, match=r"^copy_shifted: argument 1: a host NumPy"):
         tiny.kernel("copy_shifted")((4,), (256,), args)
     assert (y == 0).all()
     with emulator.Device():
-        tiny.kernel("copy_shifted")((4,), (256,), replaced(args, 1, emulator.on_device(y)))
+        tiny.kernel("copy_shifted")((4,), (256,), replaced(args, 1, emulator.on_device(np.asarray(y))))
     np.testing.assert_array_equal(y, x)
 
 

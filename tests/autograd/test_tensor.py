@@ -639,18 +639,23 @@ class DoubledInPlace(ag.Function):
         return grad
 
 
-@pytest.mark.parametrize("upstream", ["backward()", "backward(grad)", "a broadcast view (sum)", "gradcheck"])
+@pytest.mark.parametrize(
+    "upstream", ["backward()", "backward(grad)", "a broadcast view (sum)", "gradcheck", "inside a graph"]
+)
 def test_a_backward_that_writes_into_its_grad_is_named_with_the_rule(upstream):
-    """The gradient a backward is given may be another op's too: writing into it is refused, naming the
-    op and the rule, where the engine hands it read-only (the pass's first gradient, NumPy's broadcast
-    views), so the gradient checker always finds it."""
+    """The gradient a backward is given may be another op's too (here w's, through the add): NumPy's
+    are read-only while a backward runs, so writing into one is refused, naming the op and the rule, and
+    the gradient checker finds it wherever the op sits in the function checked."""
     x = ag.tensor(np.arange(3.0), dtype=np.float64, requires_grad=True)
     error = (
         r"^DoubledInPlace.backward wrote into a read-only array \(.*\): a backward never writes into its grad"
     )
     with pytest.raises(RuntimeError, match=error):
         if upstream == "gradcheck":
-            ag.gradcheck(DoubledInPlace.apply, [x])
+            ag.gradcheck(lambda x: DoubledInPlace.apply(x * 2) * 5, [x])
+        elif upstream == "inside a graph":
+            w = ag.tensor(np.ones(3), dtype=np.float64, requires_grad=True)
+            ((DoubledInPlace.apply(x * 2) + w * 5) * 3).sum().backward()
         elif upstream == "a broadcast view (sum)":
             DoubledInPlace.apply(x).sum().backward()
         elif upstream == "backward()":

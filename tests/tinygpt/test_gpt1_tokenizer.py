@@ -162,6 +162,8 @@ def test_both_tokenizers_mend_surrogates_alike(tokenizer, text):
     assert tokenizer.encode(text) == tokenizer.encode(mended(text))
     bpe = BPETokenizer.train(["a b"], 260)
     assert bpe.decode(bpe.encode(text)) == mended(text)
+    trained = BPETokenizer.train([text, "a b"], 270)  # training reads the text as encode does
+    assert trained.merges == BPETokenizer.train([mended(text), "a b"], 270).merges
 
 
 def test_bad_files_are_named_with_the_line(tmp_path):

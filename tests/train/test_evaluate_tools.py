@@ -11,6 +11,7 @@ import pytest
 
 import autograd as ag
 from autograd import backend
+from train import inspection
 from train.evaluate import main
 from train.inspection import attention_weights, draw_attention
 from train.zeroshot import best_threshold, continuation_log_probs
@@ -306,6 +307,16 @@ def test_attention_refuses_a_file_name_no_figure_format_has_before_loading(run, 
     error = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(error) == 1 and f"--out: {out}: not a figure's file name" in error[-1]
     assert ".png" in error[-1] and not out.exists()
+
+
+def test_attention_refuses_an_out_in_a_missing_folder_before_loading(run, tmp_path, capsys, monkeypatch):
+    """As predict's and the --json of every command: a usage error before any work."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(inspection, "open_run", lambda *args: pytest.fail("loaded the run first"))
+    out = tmp_path / "missing" / "a.png"
+    with pytest.raises(SystemExit) as stop:
+        attention(run[0], out)
+    assert stop.value.code == 2 and f"--out: the folder of {out} does not exist" in capsys.readouterr().err
 
 
 # ----- summary ---------------------------------------------------------------------------------

@@ -226,20 +226,26 @@ def test_a_setting_left_out_of_config_json_is_refused_not_defaulted(run, capsys,
     assert f"--resume: {run / 'config.json'}: {named}" in line and snapshot(run) == before
 
 
-@pytest.mark.parametrize("inside", ["checkpoints/new", "checkpoints/4/new", "best", "tokenizer/new"])
+@pytest.mark.parametrize(
+    "inside", ["checkpoints/new", "checkpoints/4/new", "best", "tokenizer/new", "link/new"]
+)
 @pytest.mark.parametrize("main", [pretrain.main, finetune.main], ids=["pretrain", "finetune"])
 def test_a_new_run_inside_another_runs_own_folders_is_refused(run, tmp_path, capsys, inside, main):
-    """checkpoints/, best/ and tokenizer/ hold what their run writes: a new run there is a usage error."""
+    """checkpoints/, best/ and tokenizer/ hold what their run writes: a new run there is a usage error,
+    also through a link (link/new: a link beside the run to its checkpoints/)."""
     (run / "best").mkdir()  # a fine-tune's, empty while it runs its first epoch
+    (tmp_path / "link").symlink_to(run / "checkpoints")
     before = snapshot(run)
-    out = run / inside
+    out = tmp_path / inside if inside.startswith("link") else run / inside
     if main is pretrain.main:
         (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20)
         argv = one_step_argv(tmp_path / "text.txt", out)
     else:
         argv = [*commands(run, tmp_path)["finetune --init-from"][1], "--out", str(out)]
     line = one_line(capsys, main, argv)
-    folder = out if inside == "best" else run / inside.split("/")[0]
+    folder = (
+        out if inside == "best" else run / ("checkpoints" if inside == "link/new" else inside.split("/")[0])
+    )
     assert line.endswith(f"--out: {out} lies in {folder}, a folder of the run {run}: choose another")
     assert snapshot(run) == before
     assert inside == "best" or not out.exists()
@@ -303,7 +309,9 @@ def test_digests_removed_where_the_run_keeps_others_are_refused_wherever_the_run
     before = snapshot(run)
     main, argv = commands(run, tmp_path)[command]
     line = one_line(capsys, main, argv)
-    assert f"{run}/checkpoints/4/digests.json: removed, though {run}/checkpoints/1 of the same run" in line
+    assert (
+        f"{run}/checkpoints/4/digests.json: removed, though {run}/checkpoints/1, written before it," in line
+    )
     assert snapshot(run) == before
 
 
@@ -323,6 +331,42 @@ def test_a_checkpoint_of_nan_weights_is_refused_up_front_wherever_it_is_loaded(
         f"{run}/checkpoints/4: not a usable checkpoint: " in line and "holds NaN or infinite weights" in line
     )
     assert snapshot(run) == before
+
+
+def test_nan_weights_are_refused_by_the_python_api_and_nan_moments_by_a_resume(run, capsys):
+    model = run / "checkpoints" / "4" / "model.safetensors"
+    weights = load_file(str(model))
+    save_file({name: np.full_like(a, np.inf) for name, a in weights.items()}, str(model))
+    with pytest.raises(
+        ValueError, match=f"^{run}/checkpoints/4: not a usable checkpoint: .* holds NaN or inf"
+    ):
+        GPT.from_pretrained(run)
+    save_file(weights, str(model))
+    moments = run / "checkpoints" / "4" / "optimizer.safetensors"
+    save_file({name: np.full_like(a, np.nan) for name, a in load_file(str(moments)).items()}, str(moments))
+    before = snapshot(run)
+    line = one_line(capsys, pretrain.main, ["--resume", str(run), "--steps", "6"])
+    assert f"{moments}: " in line and "holds NaN or infinite numbers: not a usable checkpoint" in line
+    assert snapshot(run) == before
+
+
+def test_checkpoints_older_than_the_runs_digests_load_with_a_warning_and_a_best_without_them_is_refused(
+    run, tuned, tmp_path, capsys
+):
+    """A run older than digests, resumed: its checkpoints from before the resume hold none, the later
+    ones do. The old ones still load (with the warning); a fine-tune's best/ without them, where every
+    checkpoint holds its own, was emptied of them."""
+    for step in (1, 2):
+        (run / "checkpoints" / str(step) / "digests.json").unlink()
+    with pytest.warns(UserWarning, match="checkpoints/2 holds no digests.json"):
+        GPT.from_pretrained(run / "checkpoints" / "2")
+    GPT.from_pretrained(run / "checkpoints" / "4")
+    shutil.copytree(tuned, tmp_path / "tuned")
+    (tmp_path / "tuned" / "best" / "digests.json").unlink()
+    with pytest.raises(
+        ValueError, match=r"best/digests.json: removed, though .*/checkpoints/\d+, written before"
+    ):
+        GPT.from_pretrained(tmp_path / "tuned")
 
 
 def test_a_run_without_digests_loads_with_a_one_line_warning(run, capsys):

@@ -25,7 +25,7 @@ import regex
 from ..files import read_json, read_text, read_text_files
 from .base import MERGES_HEADER, SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
 from .merges import apply_merges
-from .text import GPT1Normalizer
+from .text import GPT1Normalizer, mend_surrogates
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 NORMALIZERS = {"gpt1": GPT1Normalizer}
@@ -74,14 +74,15 @@ def make_normalizer(name):
 
 
 def count_words(texts, pattern, special_tokens, normalize=None):
-    """Split every text into words (special tokens are cut out first and not counted, the rest
-    goes through `normalize` if given) -> Counter."""
+    """Split every text into words (mended as encode mends it: text.mend_surrogates; special tokens
+    are cut out first and not counted, the rest goes through `normalize` if given) -> Counter."""
     split_regex = regex.compile(pattern)
     special_regex = _special_token_regex(special_tokens)
     counts = Counter()
     for text in texts:
         if not isinstance(text, str):
             raise TypeError(f"training texts must be strings, got {type(text).__name__}")
+        text = mend_surrogates(text)
         pieces = special_regex.split(text)[::2] if special_regex else [text]
         for piece in pieces:
             counts.update(split_regex.findall(normalize(piece) if normalize else piece))
