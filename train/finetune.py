@@ -41,7 +41,7 @@ from .transfer import load_pretrained, prepare
 
 REQUIRED = ("init_from", "task", "train", "dev")  # unless --resume
 # The peak rate a preset's model fine-tunes at by default: gpt1's is the paper's; the small ones,
-# measured on SST-2's dev set (README, "Fine-tuning defaults"), stay near chance at the paper's.
+# measured on SST-2's dev set (docs/performance.md, "The learning rate"), stay near chance at the paper's.
 DEFAULT_LR = {"gpt1": 6.25e-5, "mini": 2.5e-4, "tiny": 2.5e-4}
 NEEDED = " (required, unless --resume)"
 DATA_FLAGS = ("train", "dev", "test", "encoding", "errors")  # may change on --resume with --allow-data-change

@@ -44,7 +44,7 @@ def unknown(name):
     task unless the command runs through that launcher."""
     return (
         f"the task {name!r:.40} is not one of {', '.join(TASKS)}: a task that a launcher adds to "
-        f"train.tasks.TASKS is known where the command runs through that launcher (README: Your own task)"
+        f"train.tasks.TASKS is known where the command runs through that launcher (docs/fine-tuning.md)"
     )
 
 
