@@ -24,10 +24,9 @@ from .kernels import cross_entropy as cross_entropy_kernels
 from .kernels import dropout as dropout_kernels
 from .kernels import embedding as embedding_kernels
 from .kernels import gelu as gelu_kernels
-from .kernels import layer_norm as layer_norm_kernels
 from .kernels import linear as linear_kernels
+from .layer_norm import LayerNorm, ResidualLayerNorm, layer_norm, residual_layer_norm  # noqa: F401 (as F.*)
 from .precision import widened
-from .residual_layer_norm import ResidualLayerNorm, residual_layer_norm  # noqa: F401 (as F.*)
 from .tensor import Function, Tensor
 
 IGNORE_INDEX = -100  # a target that cross_entropy leaves out (padding, positions not predicted)
@@ -323,62 +322,6 @@ def gelu(x, approximate="tanh", bias=None):
     if bias is not None and (bias.ndim != 1 or bias.shape != x.shape[-1:]):
         raise ValueError(f"gelu: bias has shape {bias.shape}, expected (width,) for x of shape {x.shape}")
     return GELU.apply(x, bias) if approximate == "tanh" else ExactGELU.apply(x if bias is None else x + bias)
-
-
-# ----------------------------------------------------------------------------------------------
-class LayerNorm(Function):
-    """Each row over the last axis normalised, then scaled and shifted:
-
-        n = (x - mean) / sqrt(var + eps),   y = n w + b      (var: the biased variance)
-
-    and back, with g = dy w (dy alone without a weight), means over the row:
-
-        dx = (g - mean(g) - n mean(g n)) / sqrt(var + eps),   dw = sum over rows of dy n,
-        db = sum over rows of dy
-
-    The statistics, and with them y, are float32 for bfloat16 x (y is then cast to bfloat16);
-    dw and db are in the weights' own type.
-    """
-
-    mixes_floats = returns_new_arrays = True
-    forward_cpu, backward_cpu = layer_norm_kernels.forward_cpu, layer_norm_kernels.backward_cpu
-    forward_gpu, backward_gpu = layer_norm_kernels.forward_gpu, layer_norm_kernels.backward_gpu
-    fits_gpu = layer_norm_kernels.fits_gpu
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        xp, x32 = get_array_module(x), widened(x)
-        centered = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D)
-        ctx.rstd = 1 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-        ctx.normed, ctx.weight, ctx.x_dtype = centered * ctx.rstd, weight, x.dtype
-        ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
-        out = ctx.normed if weight is None else ctx.normed * weight
-        return (out if bias is None else out + bias).astype(x.dtype, copy=False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        need_x, need_w, need_b = ctx.needs_input_grad
-        normed, width, grad = ctx.normed, grad.shape[-1], widened(grad)
-        g = grad if ctx.weight is None else grad * ctx.weight
-        grad_x = None
-        if need_x:
-            row_mean = g.mean(axis=-1, keepdims=True)
-            grad_x = (g - row_mean - normed * (g * normed).mean(axis=-1, keepdims=True)) * ctx.rstd
-            grad_x = grad_x.astype(ctx.x_dtype, copy=False)
-        grad2, normed2 = grad.reshape(-1, width), normed.reshape(-1, width)  # (rows, D)
-        return (
-            grad_x,
-            (grad2 * normed2).sum(axis=0).astype(ctx.param_dtype, copy=False) if need_w else None,
-            grad2.sum(axis=0).astype(ctx.param_dtype, copy=False) if need_b else None,
-        )
-
-
-def layer_norm(x, weight=None, bias=None, eps=1e-5):
-    """Layer normalisation over the last axis, eps inside the square root, as in GPT-1."""
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and p.shape != x.shape[-1:]:
-            raise ValueError(f"layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
-    return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
 # ----------------------------------------------------------------------------------------------

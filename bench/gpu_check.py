@@ -8,16 +8,16 @@ Its parts, in this order, each a script of its own run in a process of its own, 
 planned for it on an H100 (PARTS) as its limit:
 
     modules    65 s  the training modules on the device, a resume and a second run bit for bit,
-                     checkpoints across devices, a step's host reads         bench/gpu_modules.py
+                     checkpoints across devices, a step's host reads         bench/gpu/gpu_modules.py
     sanitize   45 s  compute-sanitizer memcheck and racecheck over a small step of every kernel
-                     variant, each in its own process                        bench/gpu_sanitize.py
-    tests     120 s  pytest -m gpu, plain and with CUPY_TF32=1, side by side bench/gpu_tests.py
+                     variant, each in its own process                        bench/gpu/gpu_sanitize.py
+    tests     120 s  pytest -m gpu, plain and with CUPY_TF32=1, side by side bench/gpu/gpu_tests.py
     attention  30 s  attention's forward and backward against PyTorch SDPA, batch 8 and 32, bf16
-                     and tf32                                                bench/gpu_attention.py
+                     and tf32                                                bench/gpu/gpu_attention.py
     profile    65 s  one step of each precision, kernel by kernel, tinygpt beside PyTorch SDPA;
-                     the engine's count of launches against the profiler's  bench/gpu_profile.py
+                     the engine's count of launches against the profiler's  bench/gpu/gpu_profile.py
     bench     165 s  tokens/s, peak memory, launches and MFU against transformers, SDPA eager and
-                     SDPA under torch.compile, batch 8 and 32, bf16, tf32, fp32  bench/gpu_bench.py
+                     SDPA under torch.compile, batch 8 and 32, bf16, tf32, fp32  bench/gpu/gpu_bench.py
               490 s (on an H100 the bench's eager rows and torch.compile's bf16 batch-32 row fit)
 
 The command is held to DEADLINE_S (490 s, so that it ends inside 8.5 minutes): a part gets its
@@ -40,14 +40,14 @@ from datetime import date
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
 import gpu_report  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
 
 class Part(NamedTuple):
-    script: str  # under bench/
+    script: str  # under bench/gpu/
     seconds: int  # planned, on an H100
 
 
@@ -101,7 +101,8 @@ def parse_args(argv=None):
 
 def command(name, args, seconds):
     """The command line of one part, with its budget."""
-    found = [sys.executable, str(HERE / PARTS[name].script), "--device", args.device, "--out", args.out]
+    script = HERE / "gpu" / PARTS[name].script
+    found = [sys.executable, str(script), "--device", args.device, "--out", args.out]
     found += ["--budget", f"{seconds:.0f}"]
     if name in ("modules", "profile", "bench"):
         found += ["--preset", args.preset, "--seq", str(args.seq)]

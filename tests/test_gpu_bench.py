@@ -1,5 +1,5 @@
-"""bench/gpu_bench.py, bench/gpu_profile.py and bench/gpu_attention.py on the CPU: a side that fails is
-FAILED in the table and the benchmark's status is 1, what the budget cannot hold is not run, and the
+"""bench/gpu/gpu_bench.py, gpu_profile.py and gpu_attention.py on the CPU: a side that fails is FAILED
+in the table and the benchmark's status is 1, what the budget cannot hold is not run, and the
 profile's sums (busy time as the union of the kernels' intervals, time per category and per kernel) and
 its comparison with the engine's own count of launches."""
 
@@ -12,7 +12,8 @@ import numpy as np
 from autograd import gpu_costs
 from tinygpt import GPTConfig
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]  # gpu_check and its parts
 import gpu_attention  # noqa: E402
 import gpu_bench  # noqa: E402
 import gpu_profile  # noqa: E402

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]  # gpu_check and its parts
 import gpu_check  # noqa: E402
 import gpu_modules  # noqa: E402
 import gpu_report  # noqa: E402

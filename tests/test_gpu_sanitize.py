@@ -1,4 +1,4 @@
-"""bench/gpu_cases.py and bench/gpu_sanitize.py on the CPU: the cases launch every kernel the CUDA
+"""bench/gpu/gpu_cases.py and bench/gpu/gpu_sanitize.py on the CPU: the cases launch every kernel the CUDA
 sources export, each case runs as a script of its own on the emulated device, and the sanitizer
 part reads compute-sanitizer's summaries (from a stand-in that prints them), reports what it finds
 per case and per tool, and tells the jobs that ran out of time from the ones that were not run."""
@@ -14,7 +14,8 @@ import pytest
 from autograd.emulator import kernels as emulator_kernels
 from autograd.kernels import sources
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]  # gpu_check and its parts
 import gpu_cases  # noqa: E402
 import gpu_report  # noqa: E402
 import gpu_sanitize  # noqa: E402

@@ -74,7 +74,7 @@ def test_the_quick_start_install_brings_matplotlib_and_ci_installs_as_much():
     assert asked <= extras((ROOT / ".ci" / "run").read_text(), r"pip install --quiet -e '\.\[([\w,]+)\]'")
 
 
-# docs/internals.md quotes the code's own lines, as excerpts (tests/test_internals_doc.py checks its names)
+# docs/internals.md quotes the code's own lines, as excerpts (tests/test_pointers.py checks its names)
 EXAMPLES = [page for page in PAGES if page != "docs/internals.md"]
 SECTIONS = [(page, title, text) for page in EXAMPLES for title, text in parts(page) if "```python" in text]
 

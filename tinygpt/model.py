@@ -20,7 +20,7 @@ from autograd.serialization import load_file, save_file
 from autograd.tensor import Tensor, no_grad
 
 from .config import ACTIVATIONS, GPTConfig
-from .run_folder import weights_folder
+from .weights import weights_folder
 
 
 class CausalSelfAttention(nn.Module):
@@ -237,7 +237,7 @@ class GPT(nn.Module):
         """A model from config.json + model.safetensors; keys may carry a 'transformer.' prefix,
         and a tied lm_head.weight or causal-mask buffers are ignored. `directory` may also be a
         training run folder: a fine-tune's best/ is read (its best epoch), else the newest checkpoint
-        (see tinygpt/run_folder.py)."""
+        (see tinygpt/weights.py)."""
         directory = weights_folder(directory)
         config = GPTConfig.from_json_file(os.path.join(directory, "config.json"))
         state = cls.read_weights(directory)

@@ -8,7 +8,7 @@
     checkpoints/<step>/state.json              step, Adam's step count and settings, and the loop's
                                                own counters (everything else is derived from them)
     checkpoints/<step>/digests.json            the run's files the weights depend on, by digest
-                                               (tinygpt/run_folder.py)
+                                               (tinygpt/weights.py)
 
 A checkpoint is written to a temporary folder, flushed to the disk and renamed into place, so
 `checkpoints/` only ever holds whole checkpoints; the files of the oldest beyond `keep` are then
@@ -27,7 +27,7 @@ import numpy as np
 from autograd.serialization import SafetensorsError, load_file, save_file
 from tinygpt import GPT
 from tinygpt.model import check_finite
-from tinygpt.run_folder import (
+from tinygpt.weights import (
     DIGESTS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,

@@ -19,7 +19,7 @@ import numpy as np
 from autograd import backend
 from autograd.precision import POLICIES
 from autograd.serialization import SafetensorsError
-from tinygpt import GPTConfig, run_folder
+from tinygpt import GPTConfig, weights
 from tinygpt.files import UndecodableFiles, check_apart, write_whole
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
@@ -273,19 +273,6 @@ def check_model(parser, args):
         )
 
 
-def hand_to_evaluate(*names):
-    """python -m train.<module>, of a module that holds subcommands of train.evaluate: its one command
-    run as python -m train.evaluate NAME, or a usage error naming its commands (status 2)."""
-    if len(names) == 1:
-        from . import evaluate  # here: evaluate imports this module
-
-        evaluate.main([names[0], *sys.argv[1:]])
-        return
-    module = sys.modules["__main__"].__spec__.name
-    print(f"python -m {module}: error: run python -m train.evaluate {' | '.join(names)}", file=sys.stderr)
-    sys.exit(2)
-
-
 def check_settings(parser, resume, settings, resolved=()):
     """A usage error where the settings in config.json of the run --resume names are not what the
     command line could have given: not an object, or a value its argument's type refuses. `resolved`:
@@ -449,16 +436,14 @@ def check_apart_from_inputs(parser, flag, output, args):
     data = getattr(args, "data", None) or []
     inputs = [("--data", path) for path in (data if isinstance(data, list) else [data])]
     try:
-        weights = run_folder.weights_folder(args.run) if getattr(args, "run", None) else None
+        found = weights.weights_folder(args.run) if getattr(args, "run", None) else None
     except (OSError, ValueError):
-        weights = None  # loading the run names what is wrong with it
-    if weights:
-        run = run_folder.run_of(weights) or weights
-        records = [
-            name for name in (*RUN_FILES, "tokenizer", "checkpoints", "best") if name != "predictions.tsv"
-        ]
-        inputs += [("--run", os.path.join(run, name)) for name in (*run_folder.DEPENDENCIES, *records)]
-        inputs.append(("--run", weights))
+        found = None  # loading the run names what is wrong with it
+    if found:
+        run = weights.run_of(found) or found
+        records = [n for n in (*RUN_FILES, "tokenizer", "checkpoints", "best") if n != "predictions.tsv"]
+        inputs += [("--run", os.path.join(run, name)) for name in (*weights.DEPENDENCIES, *records)]
+        inputs.append(("--run", found))
     try:
         check_apart(output, inputs)
     except ValueError as error:

@@ -11,6 +11,7 @@ it a parser that starts with --run; a new one is such a body, listed in COMMANDS
 """
 
 import math
+import sys
 
 from tqdm import tqdm
 
@@ -123,6 +124,17 @@ COMMANDS = [  # a launcher may add its own
     inspection.summary_command,
     predict.predict_command,
 ]
+
+
+def run_alone(*names):
+    """python -m train.<module>, of a module that holds commands of this one: its one command run as
+    python -m train.evaluate NAME, or a usage error naming its commands (status 2)."""
+    if len(names) == 1:
+        main([names[0], *sys.argv[1:]])
+        return
+    module = sys.modules["__main__"].__spec__.name
+    print(f"python -m {module}: error: run python -m train.evaluate {' | '.join(names)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def build_parser():

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from autograd import backend
 from autograd.optim import clip_grad_norm
 from tinygpt import files
-from tinygpt.run_folder import dependencies, weights_folder
+from tinygpt.weights import dependencies, weights_folder
 
 from . import cli
 from .checkpoint import (
@@ -411,7 +411,7 @@ class Training:
             )
 
     def dependencies(self):
-        """The digests of the run's files its weights depend on (tinygpt.run_folder.dependencies),
+        """The digests of the run's files its weights depend on (tinygpt.weights.dependencies),
         taken once, at its first checkpoint, and written with every checkpoint and best/."""
         if self.digests is None:
             self.digests = dependencies(self.dir)

@@ -11,8 +11,8 @@ from autograd import backend
 from tinygpt import GPT
 from tinygpt.files import write_whole
 from tinygpt.heads import make_head
-from tinygpt.run_folder import WEIGHTS_FILE
 from tinygpt.transformations import encode_examples
+from tinygpt.weights import WEIGHTS_FILE
 
 from . import cli, metrics, tasks
 from .checkpoint import read_weights
@@ -183,5 +183,7 @@ def predict_command(parser, args):
     return {"predictions": out, **figures}
 
 
-if __name__ == "__main__":
-    cli.hand_to_evaluate("predict")
+if __name__ == "__main__":  # here, not above: train.evaluate imports this module
+    from train.evaluate import run_alone
+
+    run_alone("predict")

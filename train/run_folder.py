@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.files import write_whole
-from tinygpt.run_folder import TOKENIZER_FILES, is_step, run_of, run_weights
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.weights import TOKENIZER_FILES, is_step, run_of, run_weights
 
 from .checkpoint import WEIGHT_FILES, find_checkpoint, remove_partials, write_json
 

@@ -14,8 +14,8 @@ import os
 import autograd as ag
 from tinygpt import GPT
 from tinygpt.heads import resize
-from tinygpt.run_folder import run_of
 from tinygpt.tokenizer import GPT1Tokenizer
+from tinygpt.weights import run_of
 
 from .run_folder import load_tokenizer
 

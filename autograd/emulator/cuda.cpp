@@ -187,7 +187,7 @@ int source_lane(const Fiber* f, int m) {
 //   C and D, 16 x 8 float32:  c0 = C[g][2t]  c1 = C[g][2t+1]  c2 = C[g+8][2t]  c3 = C[g+8][2t+1]
 // The sum's order inside the hardware is not documented; here each D[i][j] is the products A[i][k] B[k][j]
 // (exact in float64) added in float64 in the order of k, then C[i][j], rounded once to float32: the
-// contract autograd/kernels/attention.py's NumPy twin follows bit for bit.
+// contract the NumPy twin (tests/autograd/test_kernels_attention_mma.py:twin) follows bit for bit.
 
 float bf16_value(unsigned int bits16) {
     unsigned int bits = (bits16 & 0xFFFFu) << 16;

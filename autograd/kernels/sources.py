@@ -1,5 +1,5 @@
-"""The CUDA fast paths' plumbing: each source of autograd/kernels/cuda, with the shared header
-common.cuh in front, compiled once per process and device by NVRTC and loaded as a CUDA module.
+"""The CUDA fast paths' plumbing: each source of autograd/kernels/cuda, with the shared headers
+(HEADERS) in front, compiled once per process and device by NVRTC and loaded as a CUDA module.
 
 A source defines each kernel once as a template over the storage type (float, or bf16: bfloat16
 as its 16 bits) and exports it as `<name>_f32` and `<name>_bf16`; `kernel` picks the one for an

@@ -31,8 +31,8 @@ from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
 from tests.autograd.test_kernels_adam import train
 from tests.autograd.test_kernels_loss_embedding import assert_close, both_paths, summation_slack
 from tests.autograd.test_kernels_norm_gelu import assert_paths_agree, layer_norm_dtypes
-from tests.test_internals_doc import FENCED
-from tests.test_internals_doc import TEXT as INTERNALS
+from tests.test_pointers import FENCED
+from tests.test_pointers import TEXT as INTERNALS
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")

@@ -165,7 +165,7 @@ FUSED_SINCE_THE_PROFILE = {
 
 
 def test_the_bf16_step_launches_what_the_profiler_saw_on_an_h100_but_the_fused_glue(gpt1_step):
-    """Every kernel the H100's profiler saw in the bf16 step of bench/gpu_profile.py (no clipping),
+    """Every kernel the H100's profiler saw in the bf16 step of bench/gpu/gpu_profile.py (no clipping),
     counted by name for the project's kernels and by category for all, against the model of the step
     as it is now: the same but for FUSED_SINCE_THE_PROFILE."""
     measured = json.loads((RESULTS / "gpu-profile-bf16-nvidia-h100-80gb-hbm3.json").read_text())

@@ -19,7 +19,7 @@ from autograd.serialization import load_file, load_file_with_metadata, save_file
 from autograd.testing import indices
 from tests import tf32
 from tinygpt import GPT, GPTConfig
-from tinygpt.run_folder import dependencies
+from tinygpt.weights import dependencies
 
 SHARED = Path(__file__).parents[2] / ".." / "shared"
 GPT1_PARAMETERS = 116_534_784

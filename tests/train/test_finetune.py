@@ -13,8 +13,8 @@ import autograd as ag
 from autograd.optim import Adam
 from tinygpt import GPT, GPTConfig
 from tinygpt.heads import make_head
-from tinygpt.run_folder import dependencies
 from tinygpt.tokenizer import BPETokenizer
+from tinygpt.weights import dependencies
 from train import finetune
 from train.checkpoint import checkpoint_steps, read_weights, save_checkpoint
 from train.run_folder import read_config, read_metrics, save_tokenizer, write_config

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from tinygpt.run_folder import TOKENIZER_FILES, is_step
+from tinygpt.weights import TOKENIZER_FILES, is_step
 from train import evaluate, generate, pretrain
 from train.checkpoint import WEIGHT_FILES
 from train.run_folder import RUN_FILES

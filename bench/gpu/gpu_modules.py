@@ -1,7 +1,7 @@
 """The training modules on a device, and what a run there must keep: each check recorded whether it
 passes or not, the record written again after each.
 
-    PYTHONPATH=. python bench/gpu_modules.py [--out DIR] [--preset gpt1 --seq 512]
+    PYTHONPATH=. python bench/gpu/gpu_modules.py [--out DIR] [--preset gpt1 --seq 512]
 
     modules      train.pretrain, a resume of it, train.finetune, train.generate and
                  train.evaluate perplexity, small (the tiny preset), on the device

@@ -1,7 +1,7 @@
 """tinygpt against PyTorch on one GPU: a GPT-1 training step (forward, loss, backward, Adam), side
 by side.
 
-    PYTHONPATH=. python bench/gpu_bench.py [--batch 8 32] [--precision bf16 tf32 fp32]
+    PYTHONPATH=. python bench/gpu/gpu_bench.py [--batch 8 32] [--precision bf16 tf32 fp32]
                                            [--sides ...] [--steps 5] [--budget S] [--out DIR]
 
 The sides, each alone (built, warmed up, timed, then freed):
@@ -30,7 +30,8 @@ from collections import defaultdict
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the check's parts, and bench/'s torch_gpt and train_step
 import gpu_profile  # noqa: E402
 import gpu_report  # noqa: E402
 import torch_gpt  # noqa: E402

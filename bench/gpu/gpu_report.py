@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from autograd import backend, emulator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 
 

@@ -1,7 +1,7 @@
-"""compute-sanitizer's memcheck and racecheck over every case of bench/gpu_cases.py (one small step
+"""compute-sanitizer's memcheck and racecheck over every case of bench/gpu/gpu_cases.py (one small step
 of each CUDA kernel variant), each case under each tool in a process of its own:
 
-    PYTHONPATH=. python bench/gpu_sanitize.py [--out DIR] [--budget S] [--cases CASE ...]
+    PYTHONPATH=. python bench/gpu/gpu_sanitize.py [--out DIR] [--budget S] [--cases CASE ...]
 
 First every case runs once without a tool, all in one process. That compiles every kernel into the
 disk caches (the engine's NVRTC binaries and CuPy's own kernels), so that the processes under a

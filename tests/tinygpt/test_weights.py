@@ -1,12 +1,12 @@
 """A run folder's checkpoints are the folders named by a step in ASCII digits, and its weights prove
-that the run's files are those they were written with (tinygpt/run_folder.py)."""
+that the run's files are those they were written with (tinygpt/weights.py)."""
 
 import json
 
 import pytest
 
 from tinygpt import GPT, GPTConfig
-from tinygpt.run_folder import check_dependencies, checkpoint_steps, dependencies, is_step, run_of
+from tinygpt.weights import check_dependencies, checkpoint_steps, dependencies, is_step, run_of
 
 CONFIG = GPTConfig(vocab_size=11, n_ctx=6, n_embd=8, n_layer=1, n_head=2)
 

@@ -1,16 +1,70 @@
-"""The end of a post-LN sublayer as one Function: its last product's bias, its residual dropout,
-the residual add and the layer norm, which a GPU then makes in one pass over the rows (and back
-in one more, with the column sums). Import it from autograd.functional."""
+"""Layer normalisation, and the end of a post-LN sublayer as one Function: its last product's bias,
+its residual dropout, the residual add and the layer norm, which a GPU then makes in one pass over the
+rows (and back in one more, with the column sums). Import both from autograd.functional."""
 
 import functools
 import operator
 
-from . import functional as F  # LayerNorm, read when called (functional offers this module's op)
 from . import masks, random
 from .backend import get_array_module
 from .kernels import layer_norm as kernels
 from .precision import widened
 from .tensor import Context, Function
+
+
+class LayerNorm(Function):
+    """Each row over the last axis normalised, then scaled and shifted:
+
+        n = (x - mean) / sqrt(var + eps),   y = n w + b      (var: the biased variance)
+
+    and back, with g = dy w (dy alone without a weight), means over the row:
+
+        dx = (g - mean(g) - n mean(g n)) / sqrt(var + eps),   dw = sum over rows of dy n,
+        db = sum over rows of dy
+
+    The statistics, and with them y, are float32 for bfloat16 x (y is then cast to bfloat16);
+    dw and db are in the weights' own type.
+    """
+
+    mixes_floats = returns_new_arrays = True
+    forward_cpu, backward_cpu = kernels.forward_cpu, kernels.backward_cpu
+    forward_gpu, backward_gpu = kernels.forward_gpu, kernels.backward_gpu
+    fits_gpu = kernels.fits_gpu
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        xp, x32 = get_array_module(x), widened(x)
+        centered = x32 - x32.mean(axis=-1, keepdims=True)  # (..., D)
+        ctx.rstd = 1 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+        ctx.normed, ctx.weight, ctx.x_dtype = centered * ctx.rstd, weight, x.dtype
+        ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
+        out = ctx.normed if weight is None else ctx.normed * weight
+        return (out if bias is None else out + bias).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        need_x, need_w, need_b = ctx.needs_input_grad
+        normed, width, grad = ctx.normed, grad.shape[-1], widened(grad)
+        g = grad if ctx.weight is None else grad * ctx.weight
+        grad_x = None
+        if need_x:
+            row_mean = g.mean(axis=-1, keepdims=True)
+            grad_x = (g - row_mean - normed * (g * normed).mean(axis=-1, keepdims=True)) * ctx.rstd
+            grad_x = grad_x.astype(ctx.x_dtype, copy=False)
+        grad2, normed2 = grad.reshape(-1, width), normed.reshape(-1, width)  # (rows, D)
+        return (
+            grad_x,
+            (grad2 * normed2).sum(axis=0).astype(ctx.param_dtype, copy=False) if need_w else None,
+            grad2.sum(axis=0).astype(ctx.param_dtype, copy=False) if need_b else None,
+        )
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Layer normalisation over the last axis, eps inside the square root, as in GPT-1."""
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.shape != x.shape[-1:]:
+            raise ValueError(f"layer_norm: {name} has shape {p.shape}, expected {x.shape[-1:]}")
+    return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
 class ResidualLayerNorm(Function):
@@ -20,7 +74,7 @@ class ResidualLayerNorm(Function):
 
     and back, with dout the sum of the gradients of out's uses (it takes them apart: a block uses
     its n twice, and the sum is made in the backward's own pass), dh from layer norm's backward
-    (functional.LayerNorm) and the same mask:
+    (LayerNorm) and the same mask:
 
         dx = dh,   dy = dropout(dh),   db = sum over rows of dy
 
@@ -44,7 +98,7 @@ class ResidualLayerNorm(Function):
         if ctx.keep is not None:
             branch = masks.drop(branch, ctx.keep, ctx.scale)
         ctx.norm = Context(needs_input_grad=None)  # the layer norm's own; backward says what it needs
-        out = F.LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps)
+        out = LayerNorm.forward(ctx.norm, widened(x) + branch, weight, ln_bias, eps)
         return out.astype(x.dtype, copy=False)
 
     @staticmethod
@@ -52,7 +106,7 @@ class ResidualLayerNorm(Function):
         grad = functools.reduce(operator.add, grads)  # dout: its uses' gradients, in the order they came
         need_x, need_y, need_bias, need_w, need_b = ctx.needs_input_grad
         ctx.norm.needs_input_grad = (True, need_w, need_b)
-        grad_h, grad_w, grad_b = F.LayerNorm.backward(ctx.norm, grad)  # grad_h: float32 for bfloat16 grad
+        grad_h, grad_w, grad_b = LayerNorm.backward(ctx.norm, grad)  # grad_h: float32 for bfloat16 grad
         x_dtype, y_dtype, bias_dtype = ctx.dtypes
         grad_y = grad_h.copy() if ctx.keep is None else masks.drop(grad_h, ctx.keep, ctx.scale)
         grad_y = grad_y.astype(y_dtype, copy=False)  # db sums dy as it is stored, as a linear layer's does

@@ -1,7 +1,7 @@
 """Where a training step's GPU time goes, kernel by kernel: tinygpt beside PyTorch with SDPA, one
 step of each precision under torch.profiler, which sees every kernel of the process (CuPy's too).
 
-    PYTHONPATH=. python bench/gpu_profile.py [--out DIR] [--budget S] [--batch 8] [--precision ...]
+    PYTHONPATH=. python bench/gpu/gpu_profile.py [--out DIR] [--budget S] [--batch 8] [--precision ...]
 
 For each precision (bf16, then tf32, then fp32, or those given; while the budget holds PRECISION_S
 more) and each side, the step of bench/train_step.py (forward, loss, backward, Adam) after WARMUP
@@ -25,7 +25,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the check's parts, and bench/'s torch_gpt and train_step
 import gpu_report  # noqa: E402
 import torch_gpt  # noqa: E402
 import train_step  # noqa: E402

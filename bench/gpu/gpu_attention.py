@@ -4,8 +4,9 @@ the same packed qkv: GPT-1's attention, causal, T 512, 12 heads of 64, batch 8 a
 attention dropout (0.1) and without. Milliseconds per forward and backward (the median of --repeat,
 each waited for) and tinygpt's time over PyTorch's; the target in bf16 is 2x or less.
 
-    PYTHONPATH=. python bench/gpu_attention.py [--out DIR] [--budget S]
-    PYTHONPATH=. python bench/gpu_attention.py --device cuda-emulated --batch 1 --seq 64 --repeat 1 --out DIR
+    PYTHONPATH=. python bench/gpu/gpu_attention.py [--out DIR] [--budget S]
+    PYTHONPATH=. python bench/gpu/gpu_attention.py --device cuda-emulated --batch 1 --seq 64 --repeat 1 \
+        --out DIR
 
 (the second tries its logic on a CPU, PyTorch there on the CPU: its times mean nothing).
 """
@@ -15,7 +16,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the check's parts, and bench/'s torch_gpt and train_step
 import gpu_report  # noqa: E402
 import torch_gpt  # noqa: E402
 

@@ -1,9 +1,9 @@
 """One small step of every CUDA kernel variant of the engine, a case each, for compute-sanitizer
-(bench/gpu_sanitize.py runs each case in a process of its own under memcheck and racecheck):
+(bench/gpu/gpu_sanitize.py runs each case in a process of its own under memcheck and racecheck):
 
-    PYTHONPATH=. python bench/gpu_cases.py CASE [CASE ...] [--device cuda | cuda-emulated]
-    PYTHONPATH=. python bench/gpu_cases.py --all      every case, one after another
-    PYTHONPATH=. python bench/gpu_cases.py --list
+    PYTHONPATH=. python bench/gpu/gpu_cases.py CASE [CASE ...] [--device cuda | cuda-emulated]
+    PYTHONPATH=. python bench/gpu/gpu_cases.py --all      every case, one after another
+    PYTHONPATH=. python bench/gpu/gpu_cases.py --list
 
 A case runs its op's GPU path forward and backward on small random inputs: one batch entry, two
 heads, tens of rows, one layer. Small, because racecheck follows every shared-memory access and

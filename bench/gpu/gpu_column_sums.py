@@ -4,7 +4,7 @@ reference's CuPy sum of a float32 copy, and PyTorch's grad.sum(0) where PyTorch 
 shapes at batch 8 (4,096 rows; widths 768, 2,304 and 3,072), bfloat16 and float32; microseconds per
 sum, the median of --repeat, and the bytes read per microsecond.
 
-    PYTHONPATH=. python bench/gpu_column_sums.py [--device cuda] [--rows 4096] [--repeat 50] [--json PATH]
+    PYTHONPATH=. python bench/gpu/gpu_column_sums.py [--device cuda] [--rows 4096] [--repeat 50] [--json PATH]
 
 --device cuda-emulated --rows 40 --repeat 1 tries its logic on a CPU (its times mean nothing there).
 """

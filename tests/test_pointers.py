@@ -1,8 +1,10 @@
-"""docs/internals.md names code in one form, in backticks: `path` or `path:Name` (Name dotted, as
-`autograd/tensor.py:Tensor.backward`). Each must name a file of the repository and, for a Python file, a
-def, class or assignment at its top level or inside its classes (found with ast, nothing imported); for a
-C++/CUDA source, a word of its text. Relative links and images must point to files that exist (the
-attention map, docs/attention.png, is drawn by python -m train.evaluate attention)."""
+"""Pointers that drift fail here. The pages (README.md, docs/*.md) name code in one form, in backticks:
+`path` or `path:Name` (Name dotted, as `autograd/tensor.py:Tensor.backward`); a comment or docstring of
+the code names a file of the repository by its path, bare, with `:Name` where it means one thing in it.
+Each must name a file of the repository and, for a Python file, a def, class or assignment at its top
+level or inside its classes (found with ast, nothing imported); for a C++/CUDA source, a word of its
+text. A line of a CUDA source that docs/internals.md cites by number is the line it quotes (the links
+of the pages are tests/test_readme.py's)."""
 
 import ast
 import re
@@ -14,18 +16,22 @@ import pytest
 ROOT = Path(__file__).parents[1]
 DOC = ROOT / "docs" / "internals.md"
 FENCED = re.compile(r"^```.*?^```", re.M | re.S)  # code blocks: commands and shapes, not references
-REFERENCE = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|cu|cuh|h|cpp|md))(?::([A-Za-z_]\w*(?:\.\w+)*))?`")
-LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+TOP = r"(?:autograd|tinygpt|train|tests|bench|docs|\.ci)"  # where a path of the repository starts
+PATH = rf"({TOP}/[\w./-]*\.(?:py|cuh|cu|h|cpp|md|toml)\b)(?::([A-Za-z_]\w*(?:\.\w+)*))?"
+REFERENCE = re.compile(f"`{PATH}`")  # a page's; other files it names (an output, another project's) are not
+CITATION = re.compile(rf"(?<![\w/.-]){PATH}")  # a comment's, bare
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CODE = sorted(
+    path
+    for folder in ("autograd", "tinygpt", "train", "tests", "bench", ".ci")
+    for path in (ROOT / folder).rglob("*")
+    if path.suffix in (".py", ".cu", ".cuh", ".h", ".cpp") and path != Path(__file__)
+)
 
 
 def references(text):
     """The (path, name) pairs of the code references outside code blocks; name is '' for a bare path."""
     return sorted(set(REFERENCE.findall(FENCED.sub("", text))))
-
-
-def relative_links(text):
-    """The targets of links and images outside code blocks that are neither URLs nor #anchors."""
-    return sorted({t for t in LINK.findall(FENCED.sub("", text)) if not re.match(r"[a-z]+:|#", t)})
 
 
 def assigned(target):
@@ -71,28 +77,37 @@ def problem(path, name):
 TEXT = DOC.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize(
-    "path, name", references(TEXT), ids=[f"{p}:{n}" if n else p for p, n in references(TEXT)]
-)
-def test_each_code_reference_names_what_is_there(path, name):
-    assert problem(path, name) is None
+def page_references():
+    """(page, path, name) of every code reference of every page."""
+    return [(page.name, path, name) for page in PAGES for path, name in references(page.read_text("utf-8"))]
 
 
-@pytest.mark.parametrize("target", relative_links(TEXT))
-def test_each_relative_link_points_to_a_file(target):
-    assert (DOC.parent / target).is_file(), f"docs/internals.md links to {target}, which is not there"
+def code_citations():
+    """(file, path, name) of every path a file of the code cites (its own tests of the checker aside)."""
+    cited = {(str(f.relative_to(ROOT)), *c) for f in CODE for c in CITATION.findall(f.read_text("utf-8"))}
+    return sorted(cited)
 
 
-def test_the_doc_holds_enough_references_to_check_and_its_picture():
+@pytest.mark.parametrize("page, path, name", page_references(), ids=lambda value: value or "-")
+def test_each_code_reference_of_a_page_names_what_is_there(page, path, name):
+    assert problem(path, name) is None, f"{page}: {problem(path, name)}"
+
+
+@pytest.mark.parametrize("file, path, name", code_citations(), ids=lambda value: value or "-")
+def test_each_path_a_comment_cites_names_what_is_there(file, path, name):
+    assert problem(path, name) is None, f"{file}: {problem(path, name)}"
+
+
+def test_the_pages_and_the_code_hold_enough_pointers_to_check():
     assert len(references(TEXT)) >= 30  # a broken pattern would otherwise check nothing, and pass
-    assert "attention.png" in relative_links(TEXT)
+    assert len(code_citations()) >= 100
 
 
 def test_the_checker_reports_made_up_references_and_skips_code_blocks():
     text = (
         "`autograd/tensor.py:Tensor.backward` `autograd/tensor.py:Tensor.fly` `autograd/no_such.py`\n"
         "`autograd/kernels/cuda/gelu.cu:gelu_forward` `autograd/kernels/cuda/gelu.cu:gelu_fly`\n"
-        "```\n`autograd/in_a_code_block.py`\n```\n![a map](no-such-map.png) [a page](https://example.org)\n"
+        "```\n`autograd/in_a_code_block.py`\n```\n"
     )
     found = {f"{p}:{n}" if n else p: problem(p, n) for p, n in references(text)}
     assert found == {
@@ -102,13 +117,14 @@ def test_the_checker_reports_made_up_references_and_skips_code_blocks():
         "autograd/kernels/cuda/gelu.cu:gelu_forward": None,
         "autograd/kernels/cuda/gelu.cu:gelu_fly": "autograd/kernels/cuda/gelu.cu has no gelu_fly",
     }
-    assert relative_links(text) == ["no-such-map.png"] and not (DOC.parent / "no-such-map.png").exists()
 
 
-def test_each_gdb_breakpoint_on_a_line_is_the_line_the_page_quotes():
-    """`break gelu.cu:17` goes stale when gelu.cu moves: the page quotes the line it means."""
-    breaks = re.findall(r"break (\w+\.cuh?):(\d+).*?the line `([^`]+)`", TEXT, re.S)
-    assert len(breaks) == len(re.findall(r"break \w+\.cuh?:\d+", TEXT)) > 0
-    for file, line, quoted in breaks:
+def test_each_line_the_page_cites_is_the_line_it_quotes():
+    """`break gelu.cu:17` goes stale when gelu.cu moves: outside its transcripts, the page quotes each
+    line of a CUDA source it cites by number (a breakpoint, where a session stops)."""
+    prose = FENCED.sub("", TEXT)
+    cited = re.findall(r"(\w+\.cuh?):(\d+)\b.*?the line `([^`]+)`", prose, re.S)
+    assert len(cited) == len(re.findall(r"\w+\.cuh?:\d+", prose)) >= 3
+    for file, line, quoted in cited:
         source = (ROOT / "autograd" / "kernels" / "cuda" / file).read_text().splitlines()
         assert source[int(line) - 1].strip().startswith(quoted), f"{file}:{line} is not `{quoted}`"

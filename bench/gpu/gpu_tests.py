@@ -1,7 +1,7 @@
 """pytest -m gpu on a GPU, twice side by side: as the process is, and with CUPY_TF32=1 (CuPy's
 float32 matrix products in TF32; the fused kernels compute in float32 either way):
 
-    PYTHONPATH=. python bench/gpu_tests.py [--out DIR] [--budget S]
+    PYTHONPATH=. python bench/gpu/gpu_tests.py [--out DIR] [--budget S]
 
 Each run takes pytest-xdist workers where it is installed (half the cores less one each), a time
 limit per test where pytest-timeout is (TEST_LIMIT_S), and the part's budget as a whole; a run
