@@ -70,9 +70,8 @@ REDUCTIONS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "mi
 REDUCING = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "amax": np.maximum, "min": np.minimum}
 REDUCING |= {"amin": np.minimum}  # xp.sum(a, axis) is a.sum(axis), as CuPy's own cupy.sum is
 CUB_SUMS = {np.dtype(t) for t in (np.int64, np.uint64, np.float16, np.float32, np.float64)}  # cub.pyx
-RADIX_TILE = (
-    512  # keys CUB sorts in one tile: the 512 position ids did on an H100, the 4,096 token ids did not
-)
+# keys CUB sorts in one tile: the 512 position ids did on an H100, the 4,096 token ids did not
+RADIX_TILE = 512
 CUB_OTHERS = CUB_SUMS | {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32)}
 PRODUCTS = {"product", "dot", "vdot", "inner", "tensordot", "einsum"}  # product: products.matmul's
 NOTHING = {"broadcast_to", "expand_dims", "swapaxes", "moveaxis", "transpose", "split", "squeeze"}

@@ -64,10 +64,10 @@ def test_ratios_and_mfu():
 
 
 EVENTS = [  # (name, start µs, end µs) as the profiler gives them: two kernels overlap, a copy, a gap
-    ("attention_forward_d64_bf16", 0.0, 100.0),
+    ("attention_forward_mma_d64_bf16", 0.0, 100.0),
     ("cupy_add__float32_float32_float32", 50.0, 150.0),
     ("Memcpy DtoH (Device -> Pageable)", 200.0, 210.0),
-    ("attention_forward_d64_bf16", 300.0, 400.0),
+    ("attention_forward_mma_d64_bf16", 300.0, 400.0),
 ]
 
 
@@ -80,7 +80,7 @@ def test_busy_time_is_the_union_of_the_intervals_and_copies_are_no_launches():
         "elementwise": {"launches": 1, "ms": 0.1},
         "copies": {"launches": 1, "ms": 0.01},
     }
-    assert list(profile["kernels"])[0] == "attention_forward_d64_bf16"
+    assert list(profile["kernels"])[0] == "attention_forward_mma_d64_bf16"
 
 
 def test_the_engines_count_is_compared_with_the_profilers_names():

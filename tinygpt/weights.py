@@ -77,13 +77,14 @@ def weights_folder(path):
 
 
 def run_of(folder):
-    """The run folder that a weights folder (run/checkpoints/<step> or run/best) is in; None for another."""
-    folder = os.path.normpath(folder)
-    parent = os.path.dirname(folder)
-    if os.path.basename(folder) == "best":
-        return parent
-    if is_step(os.path.basename(folder)) and os.path.basename(parent) == "checkpoints":
-        return os.path.dirname(parent)
+    """The run folder that a weights folder (run/checkpoints/<step> or run/best) is in, as named or else
+    with links followed; None for another."""
+    for path in (os.path.normpath(folder), os.path.realpath(folder)):
+        parent = os.path.dirname(path)
+        if os.path.basename(path) == "best":
+            return parent
+        if is_step(os.path.basename(path)) and os.path.basename(parent) == "checkpoints":
+            return os.path.dirname(parent)
     return None
 
 

@@ -25,7 +25,7 @@ from tinygpt.tokenizer import SPECIAL_TOKENS
 
 from . import begin_command, task_files, tasks
 from .distributed import launch_ranks
-from .run_folder import RUN_FILES, load_run
+from .run_folder import RUN_FILES, in_a_run, load_run
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a training run handles (lifecycle.Interrupt)
 _returns = []  # the ExitStack of each command under way, innermost last (see command)
@@ -217,9 +217,8 @@ def names_printed_escaped():
 
 @contextlib.contextmanager
 def writing(parser, flag):
-    """Around writing the file that `flag` names (with tinygpt.files.write_whole, which leaves none of
-    it behind): one that cannot be written (a full disk) ends the command with one line naming the
-    flag and the file, status 1."""
+    """Around writing the file `flag` names (tinygpt.files.write_whole: whole or not at all): one that
+    cannot be written (a full disk) ends the command in one line naming the flag and the file, status 1."""
     try:
         yield
     except OSError as error:
@@ -448,6 +447,8 @@ def check_apart_from_inputs(parser, flag, output, args):
         check_apart(output, inputs)
     except ValueError as error:
         parser.error(f"{flag}: {error}")
+    if why := in_a_run(output):  # nor in another run's own folders
+        parser.error(f"{flag}: {why}")
 
 
 def write_results(parser, args, results):

@@ -72,10 +72,12 @@ class Interrupt:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def at_once(self):
-        """From now on (the closing lines, once the last step is saved) a signal ends the command at
-        once, with status 128 + its number: there is nothing left to save."""
+        """From now on (the closing lines, once the last step is saved) a signal, or one that came since
+        the last step's check, ends the command at once, status 128 + its number: nothing is left to save."""
         for number in SIGNALS:
             signal.signal(number, _end_at_once)
+        if self.requested:
+            _end_at_once(self.requested, None)
 
 
 def _end_at_once(signum, frame):

@@ -29,7 +29,7 @@ from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
 from . import cli, corpus, data, dataset, shards
 from .cli import add_text_arguments, positive_int
-from .run_folder import load_tokenizer
+from .run_folder import is_run, load_tokenizer
 
 EVERY = 5.0  # seconds between progress lines off a terminal
 
@@ -48,6 +48,8 @@ def parse_args(argv):
         parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out: {args.out} is a file; name a folder (made, or gone on with)")
+    if is_run(args.out):
+        parser.error(f"--out: {args.out} is a run's folder: choose another")
     cli.check_writable(parser, "--out", args.out)
     cli.check_apart_from_inputs(parser, "--out", args.out, args)
     return parser, args

@@ -70,15 +70,11 @@ LOCK_FILE = ".lock"
 def check_new_run_folder(path, overwrite=False):
     """Raise ValueError unless a new run may go to `path`: a folder that does not exist or is empty
     (but for the lock file), or (with `overwrite`) any folder with nothing in the way of the new run
-    (in_the_way), whose run files empty_run_folder then removes; never inside another run's
-    checkpoints/, best/ or tokenizer/, which hold only what that run writes."""
+    (in_the_way), whose run files empty_run_folder then removes; never in another run (in_a_run)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file, not a folder")
-    for folder in (there := Path(os.path.realpath(path)), *there.parents):  # links followed
-        run = folder.parent  # a run: its config.json and tokenizer/
-        owned = folder.name in ("checkpoints", "best", "tokenizer") and (run / "tokenizer").is_dir()
-        if owned and (run / "config.json").is_file():
-            raise ValueError(f"{path} lies in {folder}, a folder of the run {run}: choose another")
+    if why := in_a_run(path):
+        raise ValueError(why)
     entries = sorted(set(os.listdir(path)) - {LOCK_FILE}) if os.path.isdir(path) else []
     if entries and not overwrite:
         held = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
@@ -91,6 +87,20 @@ def check_new_run_folder(path, overwrite=False):
         raise ValueError(
             f"{blocking[0]}: no run wrote this, where the new run writes: move it, or choose another folder"
         )
+
+
+def in_a_run(path):
+    """Why an output at `path` would lie in a run's checkpoints/, best/ or tokenizer/ (links followed),
+    which hold only what the run writes; None where it would not."""
+    for folder in (there := Path(os.path.realpath(path)), *there.parents):
+        if folder.name in ("checkpoints", "best", "tokenizer") and is_run(folder.parent):
+            return f"{path} lies in {folder}, a folder of the run {folder.parent}: choose another"
+    return None
+
+
+def is_run(folder):
+    """Whether `folder` is a run's: its config.json and tokenizer/."""
+    return (Path(folder) / "config.json").is_file() and (Path(folder) / "tokenizer").is_dir()
 
 
 def in_the_way(path):

@@ -40,8 +40,7 @@ class Task:
 
 
 def unknown(name):
-    """Why the task `name` (a run's, say) is not known: TASKS lacks it, as it lacks a launcher's own
-    task unless the command runs through that launcher."""
+    """Why the task `name` (a run's) is not known: TASKS holds a launcher's own task only under it."""
     return (
         f"the task {name!r:.40} is not one of {', '.join(TASKS)}: a task that a launcher adds to "
         f"train.tasks.TASKS is known where the command runs through that launcher (docs/fine-tuning.md)"

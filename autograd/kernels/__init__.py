@@ -56,7 +56,9 @@ def choose(function, on_gpu, float_dtypes=(), args=(), attrs=None):
     if forward is not None and fast_path_allowed(device, float_dtypes):
         if fits is None or fits(*args, **(attrs or {})):
             fast_path_calls[function.__name__] += 1
-            return forward, getattr(function, f"backward_{device}")
+            if (backward := getattr(function, f"backward_{device}")) is None:
+                raise TypeError(f"{function.__name__}: forward_{device} without backward_{device}")
+            return forward, backward
     return function.forward, function.backward
 
 

@@ -188,7 +188,8 @@ def _launch(ctx, kernel, tile, n_rows, arrays):
     """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y)."""
     rows = TILE_ROWS[ctx.kind][ctx.width][tile]
     grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
-    name = f"{kernel}_tf32_d{ctx.width}" if ctx.kind == "tf32" else f"{kernel}_d{ctx.width}"
+    engine = {"fp32": "", "bf16": "_mma", "tf32": "_mma_tf32"}[ctx.kind]  # tensor cores' kernels: "mma"
+    name = f"{kernel}{engine}_d{ctx.width}"
     sources.kernel("attention", name, ctx.dtype)(grid, (TILE_THREADS,), (*arrays, *ctx.args))
 
 

@@ -662,14 +662,14 @@ def test_attention_takes_the_tensor_cores_from_sm_80_on(on_emulator, monkeypatch
         return F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=0.3, generator=fresh_stream(1))
 
     assert_fast_equals_reference(attend, [q, k, v], on_emulator, ag.bfloat16)
-    assert ("attention_forward_d64" in launched) == tensor_cores
+    assert ("attention_forward_mma_d64" in launched) == tensor_cores
     launched.clear()
     with ag.use_precision("tf32"):
         assert_fast_equals_reference(attend, [q, k, v], on_emulator, np.float32)
-    expected = "attention_forward_tf32_d64" if tensor_cores else "attention_forward_d64"
+    expected = "attention_forward_mma_tf32_d64" if tensor_cores else "attention_forward_d64"
     assert (
         expected in launched
-        and len(set(launched) & {"attention_forward_tf32_d64", "attention_forward_d64"}) == 1
+        and len(set(launched) & {"attention_forward_mma_tf32_d64", "attention_forward_d64"}) == 1
     )
 
 

@@ -164,13 +164,20 @@ FUSED_SINCE_THE_PROFILE = {
 }
 
 
+# the tensor cores' attention kernels, named without "mma" when the H100 profiled them
+RENAMED = {
+    f"attention_{k}_d64_bf16": f"attention_{k}_mma_d64_bf16"
+    for k in ("forward", "backward_keys", "backward_queries")
+}
+
+
 def test_the_bf16_step_launches_what_the_profiler_saw_on_an_h100_but_the_fused_glue(gpt1_step):
     """Every kernel the H100's profiler saw in the bf16 step of bench/gpu/gpu_profile.py (no clipping),
     counted by name for the project's kernels and by category for all, against the model of the step
     as it is now: the same but for FUSED_SINCE_THE_PROFILE."""
     measured = json.loads((RESULTS / "gpu-profile-bf16-nvidia-h100-80gb-hbm3.json").read_text())
     seen = measured["precisions"]["bf16"]["tinygpt"]["launches_by_name"]
-    names = [name for name, count in seen.items() for _ in range(count)]
+    names = [RENAMED.get(name, name) for name, count in seen.items() for _ in range(count)]
     agreement = gpu_costs.compare(gpt1_step("bf16", clip=False), names)
     rows = {"total": agreement["total"], **agreement["categories"], **agreement["kernels"]}
     assert {what: row for what, row in rows.items() if row[0] != row[1]} == FUSED_SINCE_THE_PROFILE
@@ -311,7 +318,7 @@ def test_counting_changes_no_number_and_counts_inside_its_block_alone():
 
 # as CUDA's profiler (torch.profiler, bench/gpu_check.py) names the kernels of a step
 PROFILER_NAMES = {
-    "attention_forward_d64_bf16": "attention",
+    "attention_forward_mma_d64_bf16": "attention",
     "attention_backward_queries_d64_f32": "attention",
     "layer_norm_backward_warps_f32": "layer norm",
     "layer_norm_column_sums_f32": "layer norm",

@@ -664,6 +664,24 @@ def test_a_backward_that_writes_into_its_grad_is_named_with_the_rule(upstream):
             DoubledInPlace.apply(x).backward(np.ones(3))
 
 
+def test_a_fast_forward_without_its_backward_is_named_before_it_runs():
+    """A fast path is a pair: the backward reads what its own forward saved."""
+
+    class Halved(ag.Function):
+        forward_cpu = staticmethod(lambda ctx, x: x / 2)
+
+        @staticmethod
+        def forward(ctx, x):
+            return x / 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad / 2
+
+    with pytest.raises(TypeError, match="^Halved: forward_cpu without backward_cpu$"):
+        Halved.apply(ag.tensor(np.ones(3), requires_grad=True))
+
+
 def test_the_first_gradient_a_leaf_gets_is_its_own_to_add_into(device):
     """The pass's first gradient is read-only; a leaf given it keeps a copy, which later passes add into."""
     x = ag.tensor(np.arange(3.0), requires_grad=True, device=device)

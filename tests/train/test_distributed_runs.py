@@ -250,9 +250,10 @@ def test_two_ranks_fine_tune_as_one_process_with_uneven_shares(mpiexec, tmp_path
     )
     model = GPT(config)
     pretrained = tmp_path / "pretrained"
-    save_checkpoint(pretrained, 1, model, Adam(model.parameters()), {})
+    pretrained.mkdir()  # the run's files first, as a run writes them: its checkpoint records their digests
     write_config(pretrained, config, {})
     save_tokenizer(tokenizer, pretrained)
+    save_checkpoint(pretrained, 1, model, Adam(model.parameters()), {})
     for name, n, seed in (("train", 65, 1), ("dev", 30, 2)):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(examples(n, seed)) + "\n", encoding="utf-8")
     args = [

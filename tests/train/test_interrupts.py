@@ -189,6 +189,25 @@ def test_a_full_disk_or_read_only_folder_while_fine_tuning_is_one_line(
     assert "\n" not in message and message.startswith(named.format(out=out))
 
 
+def test_a_ctrl_c_during_the_last_epochs_evaluation_ends_the_run_once_its_checkpoint_is_saved(
+    setup, tmp_path, monkeypatch, capsys
+):
+    """After the last step's check nothing is left to stop but the closing lines: the run says it is
+    complete and ends with status 130, not 0 as if no Ctrl-C had come."""
+    real = finetune.evaluate
+
+    def evaluate_then_ctrl_c(*args, **kwargs):
+        figures = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return figures
+
+    monkeypatch.setattr(finetune, "evaluate", evaluate_then_ctrl_c)
+    with pytest.raises(SystemExit) as stop:
+        finetune_run(setup, tmp_path / "run", "--epochs", 1, "--limit-train", 32)
+    assert stop.value.code == 130 and "interrupted (SIGINT); the run is complete" in capsys.readouterr().err
+    assert checkpoint_steps(tmp_path / "run") and (tmp_path / "run" / "best").is_dir()
+
+
 def test_a_resume_removes_what_a_killed_save_left(corpus, tmp_path):
     out = tmp_path / "run"
     pretrain_into(corpus, out, "--steps", "4", "--save-every", "2")

@@ -14,7 +14,7 @@ import pytest
 from autograd.serialization import load_file, save_file
 from tinygpt import GPT
 from tinygpt.tokenizer import BPETokenizer
-from train import checkpoint, evaluate, finetune, generate, pretrain
+from train import checkpoint, evaluate, finetune, generate, prepare, pretrain
 from train.checkpoint import checkpoint_steps
 from train.run_folder import read_metrics
 
@@ -249,6 +249,39 @@ def test_a_new_run_inside_another_runs_own_folders_is_refused(run, tmp_path, cap
     assert line.endswith(f"--out: {out} lies in {folder}, a folder of the run {run}: choose another")
     assert snapshot(run) == before
     assert inside == "best" or not out.exists()
+
+
+@pytest.mark.parametrize("out", ["run", "run/tokenizer", "run/checkpoints/ds", "link/ds"])
+def test_a_dataset_is_never_prepared_into_a_run(run, tmp_path, capsys, out):
+    """prepare writes tokenizer/ and shards/ into --out: a run's folder, or one of its own, would lose
+    its tokenizer."""
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20)
+    (tmp_path / "link").symlink_to(run / "checkpoints")
+    before, path = snapshot(run), tmp_path / out if out.startswith("link") else run.parent / out
+    line = one_line(capsys, prepare.main, ["--data", str(tmp_path / "text.txt"), "--out", str(path)])
+    assert line.endswith(": choose another") and f"--out: {path} " in line and snapshot(run) == before
+
+
+@pytest.mark.parametrize("flag", ["predict --out", "perplexity --json"])
+def test_an_evaluation_never_writes_into_another_runs_folders(run, tuned, tmp_path, capsys, flag):
+    target = run / "checkpoints" / "4" / "model.safetensors"
+    (tmp_path / "text.txt").write_text("the cat sat on the mat. " * 20)
+    write_jsonl(tmp_path / "dev.jsonl", examples(8, 0))
+    command, data, out = (
+        ("predict", "dev.jsonl", "--out") if flag == "predict --out" else ("perplexity", "text.txt", "--json")
+    )
+    argv = [command, "--run", str(tuned), "--data", str(tmp_path / data), out, str(target), "--device", "cpu"]
+    before = snapshot(run)
+    line = one_line(capsys, evaluate.main, argv)
+    assert f"{flag.split()[1]}: {target} lies in {run / 'checkpoints'}, a folder of the run {run}" in line
+    assert snapshot(run) == before
+
+
+def test_a_link_to_a_checkpoint_is_that_checkpoint_of_its_run(run, tmp_path):
+    (tmp_path / "four").symlink_to(run / "checkpoints" / "4")
+    swap_tokenizer(run)  # the run's files checked through the link too
+    with pytest.raises(ValueError, match="tokenizer/.*: changed since"):
+        GPT.from_pretrained(tmp_path / "four")
 
 
 def swap_tokenizer(run):

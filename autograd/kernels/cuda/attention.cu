@@ -533,9 +533,9 @@ struct Bf16Operands {
     static constexpr int K = 16, PAD = 8;
 
     // ldmatrix's four matrices: A's (0, k0), (8, k0), (0, k0 + 8), (8, k0 + 8)
-    static TG_DEVICE void load_a(unsigned int a[4], const bf16* tile, int ld, int k0) {
+    static TG_DEVICE void load_a(unsigned int a_frag[4], const bf16* tile, int ld, int k0) {
         const int lane = threadIdx.x % 32;
-        ldmatrix_x4<false>(a, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + k0 + 8 * (lane / 16));
+        ldmatrix_x4<false>(a_frag, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + k0 + 8 * (lane / 16));
     }
     static TG_DEVICE void load_b_of_rows(unsigned int b[4], const bf16* tile, int ld, int n0, int k0) {
         const int lane = threadIdx.x % 32;
@@ -545,18 +545,18 @@ struct Bf16Operands {
         const int lane = threadIdx.x % 32;
         ldmatrix_x4<true>(b, tile + (k0 + lane % 8 + 8 * (lane / 8 % 2)) * ld + n0 + 8 * (lane / 16));
     }
-    static TG_DEVICE void mma(float d[4], const unsigned int a[4], const unsigned int b[2]) {
-        mma_bf16_m16n8k16(d, a, b, d);
+    static TG_DEVICE void mma(float d[4], const unsigned int a_frag[4], const unsigned int b[2]) {
+        mma_bf16_m16n8k16(d, a_frag, b, d);
     }
     // the C tiles 2j and 2j + 1 are chunk j's columns 0 .. 7 and 8 .. 15
     template <int N>
-    static TG_DEVICE void pack(unsigned int (&a)[N / K][4], const float (&c)[N / 8][4]) {
+    static TG_DEVICE void pack(unsigned int (&a_frag)[N / K][4], const float (&c)[N / 8][4]) {
 #pragma unroll
         for (int j = 0; j < N / K; ++j) {
-            a[j][0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);          // row g, columns 2t, 2t + 1
-            a[j][1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);          // row g + 8
-            a[j][2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);  // row g, columns 8 + 2t, 9 + 2t
-            a[j][3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);  // row g + 8
+            a_frag[j][0] = pack_bf16x2(c[2 * j][0], c[2 * j][1]);          // row g, columns 2t, 2t + 1
+            a_frag[j][1] = pack_bf16x2(c[2 * j][2], c[2 * j][3]);          // row g + 8
+            a_frag[j][2] = pack_bf16x2(c[2 * j + 1][0], c[2 * j + 1][1]);  // row g, columns 8 + 2t, 9 + 2t
+            a_frag[j][3] = pack_bf16x2(c[2 * j + 1][2], c[2 * j + 1][3]);  // row g + 8
         }
     }
 };
@@ -566,10 +566,10 @@ struct Tf32Operands {
     static constexpr int K = 8, PAD = 4;
 
     // lane (g, t) holds A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g), B(t + 4, g)
-    static TG_DEVICE void load_a(unsigned int a[4], const float* tile, int ld, int k0) {
+    static TG_DEVICE void load_a(unsigned int a_frag[4], const float* tile, int ld, int k0) {
         const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = tf32_of(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);
+        for (int i = 0; i < 4; ++i) a_frag[i] = tf32_of(tile[(g + 8 * (i % 2)) * ld + k0 + t + 4 * (i / 2)]);
     }
     static TG_DEVICE void load_b_of_rows(unsigned int b[4], const float* tile, int ld, int n0, int k0) {
         const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -581,12 +581,12 @@ struct Tf32Operands {
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = tf32_of(tile[(k0 + t + 4 * (i % 2)) * ld + n0 + g + 8 * (i / 2)]);
     }
-    static TG_DEVICE void mma(float d[4], const unsigned int a[4], const unsigned int b[2]) {
-        mma_tf32_m16n8k8(d, a, b, d);
+    static TG_DEVICE void mma(float d[4], const unsigned int a_frag[4], const unsigned int b[2]) {
+        mma_tf32_m16n8k8(d, a_frag, b, d);
     }
     // C tile j is chunk j: column t of a row is lane (g, t / 2)'s entry t % 2, column t + 4 lane (g, t / 2 + 2)'s
     template <int N>
-    static TG_DEVICE void pack(unsigned int (&a)[N / K][4], const float (&c)[N / 8][4]) {
+    static TG_DEVICE void pack(unsigned int (&a_frag)[N / K][4], const float (&c)[N / 8][4]) {
         const int lane = threadIdx.x % 32, holder = lane / 4 * 4 + lane % 4 / 2;
         const bool odd = lane % 2;
 #pragma unroll
@@ -597,8 +597,8 @@ struct Tf32Operands {
                                        __shfl_sync(0xFFFFFFFFu, c[j][2 * r + 1], holder)};
                 const float right[2] = {__shfl_sync(0xFFFFFFFFu, c[j][2 * r], holder + 2),
                                         __shfl_sync(0xFFFFFFFFu, c[j][2 * r + 1], holder + 2)};
-                a[j][r] = tf32_of(odd ? left[1] : left[0]);
-                a[j][2 + r] = tf32_of(odd ? right[1] : right[0]);
+                a_frag[j][r] = tf32_of(odd ? left[1] : left[0]);
+                a_frag[j][2 + r] = tf32_of(odd ? right[1] : right[0]);
             }
     }
 };
@@ -616,14 +616,14 @@ TG_DEVICE void multiply_by_rows(float (&c)[N / 8][4], const typename Operands::E
                                 const typename Operands::Element* y, int ld) {
     static_assert(N % 16 == 0 && KN % Operands::K == 0, "two 8-column tiles at a time, whole mmas");
     for (int k0 = 0; k0 < KN; k0 += Operands::K) {
-        unsigned int a[4];
-        Operands::load_a(a, x, ld, k0);
+        unsigned int a_frag[4];
+        Operands::load_a(a_frag, x, ld, k0);
 #pragma unroll
         for (int n = 0; n < N / 8; n += 2) {
             unsigned int b[4];
             Operands::load_b_of_rows(b, y, ld, 8 * n, k0);
-            Operands::mma(c[n], a, b);
-            Operands::mma(c[n + 1], a, b + 2);
+            Operands::mma(c[n], a_frag, b);
+            Operands::mma(c[n + 1], a_frag, b + 2);
         }
     }
 }
@@ -795,8 +795,8 @@ __device__ void attention_forward_mma(const Attention& a, const T* q, const T* k
 
 // Backward over keys: dk and dv for one head per blockIdx.x and 64 keys at a time, summed over the tiles of BR
 // queries that see them. The warp's transposed tiles S2^T = K Q^T scale log2 e and dW^T = V dy^T give
-// P^T = 2^(S2^T - L2), W^T (dropped out) and dS^T = P^T (dP^T - D), the A fragments of dv += W^T dy and
-// dk += dS^T q (times scale at the end).
+// P^T = 2^(S2^T - L2), W^T (dropped out) and dS^T = P^T (dP^T - dot), dot = rowsum(dy y), the A fragments of
+// dv += W^T dy and dk += dS^T q (times scale at the end).
 template <typename Operands, typename T, int D, int BR>
 __device__ void attention_backward_keys_mma(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
                                             const float* lse, const float* dot, T* grad_k, T* grad_v) {
@@ -818,7 +818,7 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
         __syncthreads();  // the last tile's products are done with every buffer
         load_mma_rows<Operands, MMA_ROWS, D>(sk, k, k_bias, a.k.row, k0, a.n_keys, a.d);
         load_mma_rows<Operands, MMA_ROWS, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
-        float gk[D / 8][4] = {}, gv[D / 8][4] = {};
+        float dk[D / 8][4] = {}, dv[D / 8][4] = {};
         const int first = a.first_query(k0);
         for (int q0 = first / BR * BR; q0 < a.n_queries; q0 += BR) {
             __syncthreads();  // the last step's products are done with sq, sg, sl, sdot
@@ -830,34 +830,36 @@ __device__ void attention_backward_keys_mma(const Attention& a, const T* q, cons
             }
             keep.draw(a, bh, q0, k0);
             __syncthreads();
-            float st[BR / 8][4] = {}, gwt[BR / 8][4] = {}, wt[BR / 8][4], dst[BR / 8][4];  // S^T, dW^T, W^T, dS^T
-            scores_and_dw_mma<Operands, BR, D>(st, gwt, sk + 16 * warp * LD, sq, sv + 16 * warp * LD, sg, LD);
+            // S^T, dW^T, W^T (W: P dropped out), dS^T
+            float s_t[BR / 8][4] = {}, dw_t[BR / 8][4] = {}, w_t[BR / 8][4], ds_t[BR / 8][4];
+            scores_and_dw_mma<Operands, BR, D>(s_t, dw_t, sk + 16 * warp * LD, sq, sv + 16 * warp * LD, sg, LD);
 #pragma unroll
             for (int n = 0; n < BR / 8; ++n)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int c = fragment_column(n, i), t = q0 + c, key = keys[i / 2];
-                    const float p = (t < a.n_queries && a.sees(t, key)) ? exp2_of(st[n][i] * scale_base2 - sl[c]) : 0.0f;
+                    const bool seen = t < a.n_queries && a.sees(t, key);
+                    const float p = seen ? exp2_of(s_t[n][i] * scale_base2 - sl[c]) : 0.0f;
                     const bool kept = p > 0.0f && keep.keeps(a, c, key - k0);
                     const float dropout_scale = kept ? a.keep_scale : 0.0f;  // times 0: a NaN stays
-                    const float grad_p = gwt[n][i] * dropout_scale;
-                    wt[n][i] = p * dropout_scale;
-                    dst[n][i] = p * (grad_p - sdot[c]);
+                    const float grad_p = dw_t[n][i] * dropout_scale;
+                    w_t[n][i] = p * dropout_scale;
+                    ds_t[n][i] = p * (grad_p - sdot[c]);
                 }
             unsigned int w[BR / Operands::K][4], ds[BR / Operands::K][4];
-            Operands::template pack<BR>(w, wt);
-            Operands::template pack<BR>(ds, dst);
-            multiply_fragments<Operands, BR, D>(gv, w, sg, LD);
-            multiply_fragments<Operands, BR, D>(gk, ds, sq, LD);
+            Operands::template pack<BR>(w, w_t);
+            Operands::template pack<BR>(ds, ds_t);
+            multiply_fragments<Operands, BR, D>(dv, w, sg, LD);
+            multiply_fragments<Operands, BR, D>(dk, ds, sq, LD);
         }
-        store_fragments(grad_k, gk, a.scale, a.k.row, keys, a.n_keys, a.d);
-        store_fragments(grad_v, gv, 1.0f, a.v.row, keys, a.n_keys, a.e);
+        store_fragments(grad_k, dk, a.scale, a.k.row, keys, a.n_keys, a.d);
+        store_fragments(grad_v, dv, 1.0f, a.v.row, keys, a.n_keys, a.e);
     }
 }
 
 // Backward over queries: dq for one head per blockIdx.x and 64 queries at a time (the longest causal rows first),
-// summed over the tiles of BC keys they see: S2 = Q K^T scale log2 e and dW = dy V^T give dS = P (dP - D), the A
-// fragments of dq += dS k (times scale at the end).
+// summed over the tiles of BC keys they see: S2 = Q K^T scale log2 e and dW = dy V^T give dS = P (dP - dot), dot =
+// rowsum(dy y), the A fragments of dq += dS k (times scale at the end).
 template <typename Operands, typename T, int D, int BC>
 __device__ void attention_backward_queries_mma(const Attention& a, const T* q, const T* k, const T* v, const T* grad,
                                                const float* lse, const float* dot, T* grad_q) {
@@ -877,7 +879,7 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
         __syncthreads();  // the last tile's products are done with sq, sg
         load_mma_rows<Operands, MMA_ROWS, D>(sq, q, q_bias, a.q.row, q0, a.n_queries, a.d);
         load_mma_rows<Operands, MMA_ROWS, D>(sg, grad, nullptr, a.o.row, q0, a.n_queries, a.e);
-        float row_lse[2], row_dot[2], gq[D / 8][4] = {};
+        float row_lse[2], row_dot[2], dq[D / 8][4] = {};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             row_lse[h] = rows[h] < a.n_queries ? lse[rows[h]] : 0.0f;
@@ -890,8 +892,8 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
             load_mma_rows<Operands, BC, D>(sv, v, v_bias, a.v.row, k0, a.n_keys, a.e);
             keep.draw(a, bh, q0, k0);
             __syncthreads();
-            float s[BC / 8][4] = {}, gw[BC / 8][4] = {};
-            scores_and_dw_mma<Operands, BC, D>(s, gw, sq + 16 * warp * LD, sk, sg + 16 * warp * LD, sv, LD);
+            float s[BC / 8][4] = {}, dw[BC / 8][4] = {};
+            scores_and_dw_mma<Operands, BC, D>(s, dw, sq + 16 * warp * LD, sk, sg + 16 * warp * LD, sv, LD);
 #pragma unroll
             for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
@@ -900,32 +902,33 @@ __device__ void attention_backward_queries_mma(const Attention& a, const T* q, c
                     const float p =
                         (t < a.n_queries && a.sees(t, key)) ? exp2_of(s[n][i] * scale_base2 - row_lse[i / 2]) : 0.0f;
                     const bool kept = p > 0.0f && keep.keeps(a, 16 * warp + fragment_row(i), key - k0);
-                    const float grad_p = gw[n][i] * (kept ? a.keep_scale : 0.0f);  // times 0: a NaN stays
+                    const float grad_p = dw[n][i] * (kept ? a.keep_scale : 0.0f);  // times 0: a NaN stays
                     s[n][i] = p * (grad_p - row_dot[i / 2]);  // dS
                 }
             unsigned int ds[BC / Operands::K][4];
             Operands::template pack<BC>(ds, s);
-            multiply_fragments<Operands, BC, D>(gq, ds, sk, LD);
+            multiply_fragments<Operands, BC, D>(dq, ds, sk, LD);
         }
-        store_fragments(grad_q, gq, a.scale, a.q.row, rows, a.n_queries, a.d);
+        store_fragments(grad_q, dq, a.scale, a.q.row, rows, a.n_queries, a.d);
     }
 }
 
-// The tensor cores' kernels, with the parameters of the CUDA cores' ones: for bfloat16, attention_*_d64_bf16 and
-// attention_*_d128_bf16; for float32 read as tf32, attention_*_tf32_d64_f32.
+// The tensor cores' kernels, with the parameters of the CUDA cores' ones and "mma" in their names (a profile tells
+// the engines apart): for bfloat16, attention_*_mma_d64_bf16 and attention_*_mma_d128_bf16; for float32 read as
+// tf32, attention_*_mma_tf32_d64_f32.
 #define ATTENTION_MMA_KERNELS(name, D, Operands, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_##name(                          \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_forward_mma_##name(                      \
         const T* q, const T* k, const T* v, T* out, float* out_float, float* lse, ATTENTION_PARAMS) {             \
         attention_forward_mma<Operands, T, D, MmaTiles<Operands::Element, D>::forward_keys>(                      \
             ATTENTION_OF_PARAMS, q, k, v, out, out_float, lse);                                                   \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_##name(                    \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_keys_mma_##name(                \
         const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_k,         \
         T* grad_v, ATTENTION_PARAMS) {                                                                            \
         attention_backward_keys_mma<Operands, T, D, MmaTiles<Operands::Element, D>::keys_queries>(                \
             ATTENTION_OF_PARAMS, q, k, v, grad, lse, dot, grad_k, grad_v);                                        \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_##name(                 \
+    extern "C" __global__ void __launch_bounds__(TILE_THREADS) attention_backward_queries_mma_##name(             \
         const T* q, const T* k, const T* v, const T* grad, const float* lse, const float* dot, T* grad_q,         \
         ATTENTION_PARAMS) {                                                                                       \
         attention_backward_queries_mma<Operands, T, D, MmaTiles<Operands::Element, D>::queries_keys>(             \
