@@ -105,6 +105,8 @@ def check_dependencies(folder):
     path, run_dir = os.path.join(folder, DIGESTS_FILE), run_of(folder)
     if run_dir is None:
         return  # weights outside a run
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path}: not a file of digests")
     if not os.path.isfile(path):
         check_digests_kept(folder, run_dir)
         return

@@ -278,6 +278,8 @@ def read_moments(path, model):
         if array.dtype.kind != "f" or tuple(array.shape) != tuple(p.shape):
             shapes = f"{array.dtype} {tuple(array.shape)}; its parameter is {p.dtype} {tuple(p.shape)}"
             raise SafetensorsError(f"{path}: {name} is {shapes}")
-        if not np.isfinite(array).all():
-            raise SafetensorsError(f"{path}: {name} holds NaN or infinite numbers: not a usable checkpoint")
+        finite = np.isfinite(array).all()
+        if not finite or name.startswith("v.") and (array < 0).any():  # v: a mean of squares
+            bad = "NaN or infinite numbers" if not finite else "negative second moments"
+            raise SafetensorsError(f"{path}: {name} holds {bad}: not a usable checkpoint")
     return moments

@@ -385,7 +385,10 @@ def check_tokenizer_fits(parser, run, vocab_size, tokenizer):
 def check_output_file(parser, flag, path):
     """A usage error before any work where the file `path` could not be written: its folder is
     missing, or see check_writable."""
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        parser.error(f"{flag}: {folder} is a file, not a folder")
+    if not os.path.isdir(folder):
         parser.error(f"{flag}: the folder of {path} does not exist")
     check_writable(parser, flag, path)
 

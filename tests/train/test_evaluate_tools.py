@@ -317,6 +317,10 @@ def test_attention_refuses_an_out_in_a_missing_folder_before_loading(run, tmp_pa
     with pytest.raises(SystemExit) as stop:
         attention(run[0], out)
     assert stop.value.code == 2 and f"--out: the folder of {out} does not exist" in capsys.readouterr().err
+    (tmp_path / "a file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        attention(run[0], tmp_path / "a file" / "a.png")
+    assert f"--out: {tmp_path / 'a file'} is a file, not a folder" in capsys.readouterr().err
 
 
 # ----- summary ---------------------------------------------------------------------------------

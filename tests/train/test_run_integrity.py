@@ -380,6 +380,10 @@ def test_nan_weights_are_refused_by_the_python_api_and_nan_moments_by_a_resume(r
     before = snapshot(run)
     line = one_line(capsys, pretrain.main, ["--resume", str(run), "--steps", "6"])
     assert f"{moments}: " in line and "holds NaN or infinite numbers: not a usable checkpoint" in line
+    save_file({name: -np.ones_like(a) for name, a in load_file(str(moments)).items()}, str(moments))
+    before = snapshot(run)
+    line = one_line(capsys, pretrain.main, ["--resume", str(run), "--steps", "6"])
+    assert f"{moments}: v." in line and "holds negative second moments: not a usable checkpoint" in line
     assert snapshot(run) == before
 
 
@@ -400,6 +404,14 @@ def test_checkpoints_older_than_the_runs_digests_load_with_a_warning_and_a_best_
         ValueError, match=r"best/digests.json: removed, though .*/checkpoints/\d+, written before"
     ):
         GPT.from_pretrained(tmp_path / "tuned")
+
+
+def test_digests_that_are_not_a_file_are_named_as_such(run):
+    digests = run / "checkpoints" / "4" / "digests.json"
+    digests.unlink()
+    digests.mkdir()
+    with pytest.raises(ValueError, match=f"^{digests}: not a file of digests$"):
+        GPT.from_pretrained(run)
 
 
 def test_a_run_without_digests_loads_with_a_one_line_warning(run, capsys):
