@@ -127,7 +127,7 @@ def check_digests_kept(folder, run_dir):
     (weights of a run older than digests, or resumed since) say in one line that they go unchecked."""
     steps = checkpoint_steps(run_dir)
     kept = [s for s in steps if os.path.isfile(os.path.join(run_dir, "checkpoints", str(s), DIGESTS_FILE))]
-    name = os.path.basename(os.path.normpath(folder))
+    name = os.path.basename(os.path.realpath(folder))  # a link's own name is not its step
     earlier = [s for s in kept if s < int(name)] if is_step(name) else kept if kept == steps else []
     if earlier:
         raise ValueError(

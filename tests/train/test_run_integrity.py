@@ -279,6 +279,10 @@ def test_an_evaluation_never_writes_into_another_runs_folders(run, tuned, tmp_pa
 
 def test_a_link_to_a_checkpoint_is_that_checkpoint_of_its_run(run, tmp_path):
     (tmp_path / "four").symlink_to(run / "checkpoints" / "4")
+    (tmp_path / "two").symlink_to(run / "checkpoints" / "2")
+    (run / "checkpoints" / "2" / "digests.json").unlink()  # its step is 2, though the link's name is not
+    with pytest.raises(ValueError, match="two/digests.json: removed, though .*run/checkpoints/1, written"):
+        GPT.from_pretrained(tmp_path / "two")
     swap_tokenizer(run)  # the run's files checked through the link too
     with pytest.raises(ValueError, match="tokenizer/.*: changed since"):
         GPT.from_pretrained(tmp_path / "four")
