@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 from tinygpt.tokenizer.text import (
+    _INFIX,
+    _PREFIX,
+    _SUFFIX,
     EnglishWordSplitter,
     GPT1Normalizer,
     _fix_segment,
@@ -270,6 +273,33 @@ def test_text_standardize_properties(text):
         if char in SPACED:
             assert i == 0 or out[i - 1] in (" ", char)
             assert i == len(out) - 1 or out[i + 1] in (" ", char)
+
+
+def original_text_standardize(text):
+    """finetune-transformer-lm's text_standardize step by step. Its punctuation pattern is written
+    here as Python read it: the string was not raw, so its '\\\\+' entry came out as a second '\\+'."""
+    for char, replacement in zip("\u2014\u2013\u2015\u2026\u00b4", ["-", "-", "-", "...", "'"]):
+        text = text.replace(char, replacement)
+    text = re.sub(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\++|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""", r" \1 ", text)
+    text = re.sub(r"\s*\n\s*", " \n ", text)
+    text = re.sub(r"[^\S\n]+", " ", text)
+    return text.strip()
+
+
+# A character of each case text_standardize treats
+STANDARDIZED = [*sorted(SPACED), *"ab.'\\ \n\t\r\x0b\x1c\xa0\u2028\u2014\u2013\u2015\u2026\xb4"]
+
+
+@given(st.text(alphabet=st.sampled_from(STANDARDIZED)))
+def test_text_standardize_is_the_originals(text):
+    assert text_standardize(text) == original_text_standardize(text)
+
+
+@given(st.text(alphabet=st.characters(categories=["Lu", "Ll", "Lt", "Lm", "Lo"]), min_size=1))
+def test_no_affix_or_infix_rule_matches_letters_alone(word):
+    # The word splitter passes a chunk of letters whole without trying the rules, on this premise.
+    assert word.isalpha()
+    assert not (_PREFIX.match(word) or _SUFFIX.search(word) or _INFIX.search(word))
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,14 @@
 and the one definition of the special tokens and of the ignored target."""
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from autograd import functional as F
 from tinygpt import transformations
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer, base
 from tinygpt.tokenizer.base import SPECIAL_TOKENS, Tokenizer, ids_after
-from tinygpt.tokenizer.merges import apply_merges
+from tinygpt.tokenizer.merges import Merges
 
 VOCAB = {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}
 MERGES = [("a", "b"), ("ab", "c")]
@@ -28,7 +30,7 @@ class CharTokenizer(Tokenizer):
 
     def _encode_word(self, word):
         self.words_merged.append(word)
-        return [self._token_to_id[piece] for piece in apply_merges(tuple(word), self._ranks)]
+        return [self._token_to_id[piece] for piece in self._apply_merges(word)]
 
 
 def test_special_tokens_follow_the_vocabulary():
@@ -140,3 +142,42 @@ def test_decode_refuses_what_is_not_a_list_of_integer_ids(ids, message):
     for tokenizer in both_tokenizers():
         with pytest.raises(TypeError, match=f"^decode: .*{message}"):
             tokenizer.decode(ids)
+
+
+def merged_by_definition(word, merges):
+    """BPE as it is defined: join the lowest-ranked adjacent pair, each occurrence left to right."""
+    ranks, symbols = {pair: rank for rank, pair in enumerate(merges)}, list(word)
+    while True:
+        pairs = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
+        if not pairs:
+            return symbols
+        left, right = min(pairs, key=ranks.get)
+        joined, i = [], 0
+        while i < len(symbols):
+            if symbols[i : i + 2] == [left, right]:
+                joined.append(left + right)
+                i += 2
+            else:
+                joined.append(symbols[i])
+                i += 1
+        symbols = joined
+
+
+@st.composite
+def learned_merges(draw):
+    """Merges as training makes them: each joins two pieces there are already."""
+    pieces, merges = ["a", "b"], []
+    for _ in range(draw(st.integers(0, 12))):
+        pair = (draw(st.sampled_from(pieces)), draw(st.sampled_from(pieces)))
+        if pair not in merges:
+            merges.append(pair)
+            pieces.append(pair[0] + pair[1])
+    return merges
+
+
+@given(learned_merges(), st.lists(st.text(alphabet="abc", min_size=1, max_size=12), max_size=8))
+@example(merges=[("aa", "a"), ("a", "a")], words=["aaaa"])  # each "aa", left to right, before "aaa"
+def test_merges_join_the_lowest_ranked_pair_first(merges, words):  # "c" is in no merge
+    apply = Merges(merges).apply
+    for word in words:
+        assert apply(word) == merged_by_definition(word, merges)

@@ -11,6 +11,7 @@ import numbers
 from collections.abc import Iterable
 from itertools import chain
 
+from .merges import Merges
 from .text import mend_surrogates
 
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # the paper's task tokens, in id order
@@ -47,7 +48,7 @@ class Tokenizer:
         self._token_to_id = dict(vocab)
         self._special_tokens = dict(special_tokens)
         self._merges = [tuple(pair) for pair in merges]
-        self._ranks = {pair: rank for rank, pair in enumerate(self._merges)}
+        self._apply_merges = Merges(self._merges).apply
         ids = sorted([*self._token_to_id.values(), *self._special_tokens.values()])
         if ids != list(range(len(ids))):
             raise ValueError(f"the token ids (ordinary and special) must be 0 .. {len(ids) - 1}, each once")

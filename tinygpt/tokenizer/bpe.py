@@ -18,13 +18,13 @@ import heapq
 import json
 from array import array
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 import regex
 
 from ..files import read_json, read_text, read_text_files
 from .base import MERGES_HEADER, SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
-from .merges import apply_merges
 from .text import GPT1Normalizer, mend_surrogates
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -90,7 +90,8 @@ def count_words(texts, pattern, special_tokens, normalize=None):
 
 
 def learn_merges(word_counts, num_merges, on_merge=None):
-    """Learn up to `num_merges` merges from {word: count}; returns [(left bytes, right bytes)].
+    """Learn up to `num_merges` merges from (word, count) pairs, each word once; returns
+    [(left bytes, right bytes)].
 
     Each step merges the pair with the highest count; ties go to the smallest pair in byte order
     (left bytes first, then right bytes), so the result does not depend on the order of the input.
@@ -102,8 +103,12 @@ def learn_merges(word_counts, num_merges, on_merge=None):
     too high is pushed again with the count the pair has now. Stops early when no pair is left
     (every word is a single token). `on_merge(1)`, if given, hears of each merge.
     """
-    words = [word.encode("utf-8").decode("latin-1") for word in word_counts]
-    freqs = list(word_counts.values())
+    words, freqs = [], []
+    for word, freq in word_counts:
+        words.append(word.encode("utf-8").decode("latin-1"))
+        freqs.append(freq)
+    if not words:
+        raise ValueError("the training corpus is empty: no text to learn from")
     token_bytes = [bytes([byte]) for byte in range(256)]
 
     pair_counts = defaultdict(int)  # "xy" -> count, for the ids x and y side by side
@@ -232,15 +237,15 @@ class BPETokenizer(Tokenizer):
         normalizer=None,
         on_merge=None,
     ):
-        """train() from {word: count}, the words as `pattern` cut them (count_words); a corpus
-        counted in parts is the sum of the parts' counts. `on_merge(1)` hears of each merge."""
+        """train() from {word: count}, or (word, count) pairs, the words as `pattern` cut them
+        (count_words); a corpus counted in parts is the sum of the parts' counts. `on_merge(1)`
+        hears of each merge."""
         special_tokens = list(special_tokens)
-        if not word_counts:
-            raise ValueError("the training corpus is empty: no text to learn from")
         smallest = 256 + len(special_tokens)
+        pairs = word_counts.items() if isinstance(word_counts, Mapping) else word_counts
         merges = [
             (bytes_to_token(left), bytes_to_token(right))
-            for left, right in learn_merges(word_counts, vocab_size - smallest, on_merge)
+            for left, right in learn_merges(pairs, vocab_size - smallest, on_merge)
         ]
         vocab = {char: byte for byte, char in enumerate(BYTE_TO_CHAR)}
         for left, right in merges:
@@ -285,7 +290,7 @@ class BPETokenizer(Tokenizer):
     def _encode_word(self, word):
         """One pre-tokenized word -> ids: its UTF-8 bytes, merged."""
         symbols = tuple(bytes_to_token(word.encode("utf-8")))
-        return [self._token_to_id[piece] for piece in apply_merges(symbols, self._ranks)]
+        return [self._token_to_id[piece] for piece in self._apply_merges(symbols)]
 
     def decode(self, ids, errors="replace"):
         """Ids -> text. A cut through a multi-byte character decodes as U+FFFD (errors="replace")."""

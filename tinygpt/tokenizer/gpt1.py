@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ..files import read_json, read_text
 from .base import SPECIAL_TOKENS, Tokenizer, check_made_by_merges, ids_after
-from .merges import apply_merges
 from .text import EnglishWordSplitter, fix_text, text_standardize
 
 UNKNOWN_ID = 0
@@ -123,13 +122,13 @@ class GPT1Tokenizer(Tokenizer):
 
     def _encode_word(self, word):
         """BPE of one word, `</w>` on its last symbol."""
-        pieces = apply_merges((*word[:-1], word[-1] + WORD_END), self._ranks)
-        # The original joined the pieces with spaces and split them again; spaCy's newline token
-        # "\n " comes out as "\n  </w>" that way, which it mapped to the piece "\n</w>".
-        joined = " ".join(pieces)
-        if joined == "\n  </w>":
-            joined = "\n</w>"
-        return [self._token_to_id.get(piece, UNKNOWN_ID) for piece in joined.split(" ")]
+        pieces = self._apply_merges((*word[:-1], word[-1] + WORD_END))
+        if " " in word:
+            # The original joined the pieces with spaces and split them again; spaCy's newline
+            # token "\n " comes out as "\n  </w>" that way, which it mapped to the piece "\n</w>".
+            joined = " ".join(pieces)
+            pieces = ["\n</w>"] if joined == "\n  </w>" else joined.split(" ")
+        return [self._token_to_id.get(piece, UNKNOWN_ID) for piece in pieces]
 
     def decode(self, ids):
         """Ids -> text: the pieces joined, each `</w>` a space (lower case, spaced punctuation)."""

@@ -177,18 +177,19 @@ def fix_text(text):
 # ----------------------------------------------------------------------------------------------
 # 2. The original text_standardize.
 
-_DASHES_AND_ELLIPSIS = str.maketrans({"—": "-", "–": "-", "―": "-", "…": "...", "´": "'"})
+_DASHES_AND_ELLIPSIS = {"—": "-", "–": "-", "―": "-", "…": "...", "´": "'"}
 # A run of one of these characters gets a space on each side. (The original pattern also meant to
 # list the backslash, but its escaping turned that entry into a second '+', so '\' stays as it is.)
 _SPACED_PUNCTUATION = re.compile(r'([-~!";?+,)(/*\[\]}{|_])\1*')
 _NEWLINE = re.compile(r"\s*\n\s*")
-_OTHER_WHITESPACE = re.compile(r"[^\S\n]+")
+_OTHER_WHITESPACE = re.compile(r"[^\S\n]{2,}|[^\S\n ]")  # what is not one ' ' already
 
 
 def text_standardize(text):
     """The original GPT-1 clean-up: unify dashes, spell out the ellipsis, make the acute accent
     an apostrophe, set punctuation runs apart, and keep each line break as ' \\n '."""
-    text = text.translate(_DASHES_AND_ELLIPSIS)
+    for char, replacement in _DASHES_AND_ELLIPSIS.items():
+        text = text.replace(char, replacement)
     text = _SPACED_PUNCTUATION.sub(r" \g<0> ", text)
     text = _NEWLINE.sub(" \n ", text)
     text = _OTHER_WHITESPACE.sub(" ", text)
@@ -375,6 +376,8 @@ class EnglishWordSplitter:
         special = self._special_cases if use_special_cases else {}
         if chunk in special:
             return list(special[chunk])
+        if chunk.isalpha():  # no affix or infix rule matches letters alone: most words end here
+            return [chunk]
         prefixes, suffixes = [], []
         while chunk and chunk not in special:
             prefix = _PREFIX.match(chunk)
