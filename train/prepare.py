@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import Counter
 
 import numpy as np
 from tqdm import tqdm
@@ -213,7 +212,7 @@ def describe(held):
 
 def train_tokenizer(args, records):
     """A byte-level BPE of --vocab-size: words counted by the workers, chunk by chunk (on an even
-    sample of chunks with --tokenizer-sample) and summed here, then merged by learn_bpe."""
+    sample of chunks with --tokenizer-sample), then summed and merged by learn_bpe."""
     chunks = [(path, start, end) for path, record in records.items() for start, end, _ in record["chunks"]]
     total = sum(end - start for _, start, end in chunks)
     if args.tokenizer_sample and args.tokenizer_sample < total:
@@ -226,20 +225,17 @@ def train_tokenizer(args, records):
     os.makedirs(counts_dir)
     settings = (args.encoding, args.errors, args.normalize)
     tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
-    counts, sizes = Counter(), {task[2]: task[0][2] - task[0][1] for task in tasks}
+    sizes = {task[2]: task[0][2] - task[0][1] for task in tasks}
     progress = Progress("counting words", sum(sizes.values()), "B")
-
-    def add(path):
-        counts.update(shards.read_counts(path))
-        os.remove(path)
-        progress.update(sizes[path])
-
-    run_tasks(shards.count_chunk_words, tasks, args.workers, add, progress.total)
+    run_tasks(
+        shards.count_chunk_words,
+        tasks,
+        args.workers,
+        lambda path: progress.update(sizes[path]),
+        progress.total,
+    )
     progress.close()
-    counts_path = os.path.join(counts_dir, "all.json")
-    write_whole(counts_path, json.dumps(counts, ensure_ascii=False).encode())
-    counts.clear()
-    task = (counts_path, args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
+    task = (list(sizes), args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
     run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
     shutil.rmtree(counts_dir)
@@ -248,16 +244,26 @@ def train_tokenizer(args, records):
 
 
 def learn_bpe(task):
-    """Train the BPE on the summed word counts and save it. It runs in a worker, where there are
-    workers: the memory the merges take (it grows with the distinct words) is the system's again
-    when the worker ends, not kept by this process for the encoding."""
-    counts_path, vocab_size, normalizer, folder = task
+    """Sum the chunks' word counts, train the BPE on them and save it. It runs in a worker, where
+    there are workers: the memory the merges take (it grows with the distinct words) is the
+    system's again when the worker ends, not kept by this process for the encoding."""
+    counts_paths, vocab_size, normalizer, folder = task
     merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
     tokenizer = BPETokenizer.train_from_counts(
-        shards.read_counts(counts_path), vocab_size, normalizer=normalizer, on_merge=merging.update
+        drained(shards.summed_counts(counts_paths)),
+        vocab_size,
+        normalizer=normalizer,
+        on_merge=merging.update,
     )
     merging.close()
     tokenizer.save(folder)
+
+
+def drained(counts):
+    """The (word, count) pairs of `counts`, each taken out of it as it is handed on, so that the
+    merges' copy of the words is not held beside the counts'."""
+    while counts:
+        yield counts.popitem()
 
 
 def even_sample(chunks, fraction):

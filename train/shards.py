@@ -53,9 +53,14 @@ def count_chunk_words(task):
     return out
 
 
-def read_counts(path):
-    with open(path, encoding="utf-8") as file:
-        return Counter(json.load(file))
+def summed_counts(paths):
+    """The sum of the {word: count} files count_chunk_words wrote, each removed once read."""
+    counts = Counter()
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            counts.update(json.load(file))
+        os.remove(path)
+    return counts
 
 
 def encode_chunk(task):
