@@ -14,6 +14,7 @@ the copy that lays the heads out, the kernels as they load q, k and v. Its gradi
 of dqkv."""
 
 import math
+import re
 
 import numpy as np
 
@@ -140,16 +141,24 @@ def multi_head_backward_cpu(ctx, grad):
 # ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
 
 WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in the first that holds it
-# The kernels of each kind by head width, and the rows a block takes per tile: queries in the forward,
-# keys in the backward over keys, queries in the backward over queries. "fp32": float32 on CUDA cores
-# (attention.cu's Tiles); on tensor cores, 16 rows for each of 4 warps, "bf16" for bfloat16 and "tf32"
-# for float32 under the tf32 policy (heads up to 64 wide; not CUPY_TF32's). The kernels stride
-# over their tiles: any grid gives the same numbers.
-TILE_ROWS = {
-    "fp32": {64: (64, 32, 32), 128: (32, 16, 16)},
-    "tf32": {64: (64, 64, 64)},
-    "bf16": {64: (64, 64, 64), 128: (64, 64, 64)},
-}
+CUDA_TEXT = (sources.SOURCES / "attention.cu").read_text()  # where the kernels' tile sizes are written
+
+
+def cuda_tiles(struct, text=CUDA_TEXT):
+    """{template arguments: {name: value}} of the specializations of a struct of `text` that holds only
+    `static constexpr int name = value, ...;`: cuda_tiles("Tiles")["64"]["forward_keys"] is attention.cu's
+    Tiles<64>::forward_keys. Each tile size is written there once, beside the shared memory it fills."""
+    found = re.findall(rf"struct {struct}<([^>]+)> \{{\s*static constexpr int ([^;]+);", text)
+    return {args: {name: int(n) for name, n in re.findall(r"(\w+) = (\d+)", body)} for args, body in found}
+
+
+# The rows a block takes per tile set the launch grid. On CUDA cores ("fp32"), Tiles<width>'s
+# forward_queries (the forward), backward_keys (the backward over keys) and backward_queries (over
+# queries); on tensor cores ("bf16" for bfloat16, "tf32" for float32 under the tf32 policy, not
+# CUPY_TF32's; for the head widths of MmaTiles<Element, width>), MMA_ROWS in every kernel. The kernels
+# stride over their tiles: any grid gives the same numbers.
+TILES, MMA_TILES = cuda_tiles("Tiles"), cuda_tiles("MmaTiles")
+MMA_ROWS = int(re.search(r"constexpr int MMA_ROWS = (\d+);", CUDA_TEXT)[1])
 TILE_THREADS = 128
 MAX_GRID_Y = 65535
 NO_BIAS = (np.uintp(0),) * 3  # null pointers: nothing added to q, k and v
@@ -169,11 +178,11 @@ def _layout(a, n_head):
 
 
 def _kind(xp, dtype, width):
-    """Which kernels of TILE_ROWS run heads of `width` in arrays of `dtype` (tensor cores' for bfloat16:
-    _fits asks for them)."""
+    """Which kernels run heads of `width` in arrays of `dtype`: "fp32", "tf32" or "bf16" (tensor cores' for
+    bfloat16: _fits asks for them)."""
     if dtype == bfloat16:
         return "bf16"
-    tf32 = width in TILE_ROWS["tf32"] and products.tf32_asked() and products.tensor_cores(xp)
+    tf32 = f"float, {width}" in MMA_TILES and products.tf32_asked() and products.tensor_cores(xp)
     return "tf32" if tf32 else "fp32"
 
 
@@ -185,8 +194,9 @@ def _fits(array, d, e):
 
 
 def _launch(ctx, kernel, tile, n_rows, arrays):
-    """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y)."""
-    rows = TILE_ROWS[ctx.kind][ctx.width][tile]
+    """One tile kernel over every head (grid x) and the tiles of n_rows rows (grid y): `tile` names the
+    field of Tiles that holds the rows a block takes on CUDA cores."""
+    rows = TILES[str(ctx.width)][tile] if ctx.kind == "fp32" else MMA_ROWS
     grid = (ctx.n_heads, min(-(-n_rows // rows), MAX_GRID_Y))
     engine = {"fp32": "", "bf16": "_mma", "tf32": "_mma_tf32"}[ctx.kind]  # tensor cores' kernels: "mma"
     name = f"{kernel}{engine}_d{ctx.width}"
@@ -214,24 +224,15 @@ def _flash_forward(ctx, q, k, v, n_head, causal, dropout_p, generator, rows_per_
         *_layout(k, n_head),
         *_layout(v, n_head),
         *_layout(out, n_head),
-        np.int32(n_head),
-        np.int32(n_queries),
-        np.int32(n_keys),
-        np.int32(d),
-        np.int32(e),
-        np.int32(causal),
+        *map(np.int32, (n_head, n_queries, n_keys, d, e, causal)),
         np.float32(1 / math.sqrt(d)),
         np.float32(masks.keep_scale(dropout_p)),
         np.uint64(seed),
-        np.uint32(step),
-        np.uint32(site),
-        np.uint32(threshold),
-        np.uint32(first),
-        np.uint32(rows_per_example),
+        *map(np.uint32, (step, site, threshold, first, rows_per_example)),
     )
     ctx.lse = xp.empty((batch * n_head, n_queries), np.float32)
     ctx.out_float = out if out.dtype == np.float32 else xp.empty(out.shape, np.float32)  # y in float32
-    _launch(ctx, "attention_forward", 0, n_queries, (q, k, v, out, ctx.out_float, ctx.lse))
+    _launch(ctx, "attention_forward", "forward_queries", n_queries, (q, k, v, out, ctx.out_float, ctx.lse))
     ctx.q, ctx.k, ctx.v = q, k, v
     return out
 
@@ -248,8 +249,8 @@ def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
     row_dot = sources.kernel("attention", "attention_row_dot", ctx.dtype)
     row_dot((sources.blocks(32 * dot.size),), (sources.THREADS,), args)  # a warp per row
     inputs = (ctx.q, ctx.k, ctx.v, grad, ctx.lse, dot)
-    _launch(ctx, "attention_backward_keys", 1, ctx.k.shape[1], (*inputs, grad_k, grad_v))
-    _launch(ctx, "attention_backward_queries", 2, n_queries, (*inputs, grad_q))
+    _launch(ctx, "attention_backward_keys", "backward_keys", ctx.k.shape[1], (*inputs, grad_k, grad_v))
+    _launch(ctx, "attention_backward_queries", "backward_queries", n_queries, (*inputs, grad_q))
 
 
 def scaled_dot_product_fits_gpu(q, k, v, causal, dropout_p, generator):

@@ -192,12 +192,25 @@ CAUSAL_KEY_EDGES = [
 def test_causal_attention_where_the_last_key_seen_starts_a_tile(device, n_queries, n_keys, width):
     """A key range one short (or one long) of what a causal row sees shows only where that key is
     the first of its tile: forward, and both backward kernels, which walk the keys and queries."""
-    tile = attention_kernels.TILE_ROWS["fp32"][64 if width <= 64 else 128][1]
+    tile = attention_kernels.TILES["64" if width <= 64 else "128"]["backward_keys"]
     assert (n_keys - n_queries) % tile == 1, "the case no longer meets a tile's edge: update it"
     inputs = normal(n_keys, (2, n_queries, width), (2, n_keys, width), (2, n_keys, width))
     assert_fast_equals_reference(
         attend(True, 0.0, 0), inputs, device, np.float32, reference_without_tf32=True
     )
+
+
+def test_the_launch_grid_reads_the_tile_sizes_where_the_kernels_write_them():
+    """attention.cu writes each tile size once; the launcher reads a struct's specializations and their
+    constants from it (a declaration wrapped over lines too), and finds the tiles of every kernel it
+    launches."""
+    text = "struct Steps<bf16, 64> {\n    static constexpr int keys = 64,\n        queries = 32;\n};"
+    assert attention_kernels.cuda_tiles("Steps", text) == {"bf16, 64": {"keys": 64, "queries": 32}}
+    for width in attention_kernels.WIDTHS:
+        tiles = attention_kernels.TILES[str(width)]
+        assert {"forward_queries", "backward_keys", "backward_queries"} <= set(tiles)
+        assert f"bf16, {width}" in attention_kernels.MMA_TILES
+    assert "float, 64" in attention_kernels.MMA_TILES and attention_kernels.MMA_ROWS > 0  # tf32's, and rows
 
 
 @pytest.mark.parametrize("n_queries, n_keys, width", [(3, 7, 8), (5, 13, 100), (2, 9, 64)])

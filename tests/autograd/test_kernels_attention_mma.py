@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import backend, emulator, masks
 from autograd import functional as F
+from autograd.kernels import attention as attention_kernels
 from tests.autograd.test_functional import SEEDS, fresh_stream
 from tests.autograd.test_kernels import upstream
 
@@ -32,20 +33,21 @@ def bf16(x):
 
 class Kind(NamedTuple):
     """The tensor cores' kernels for one type: how an operand is rounded for a product, the columns an mma
-    adds at a time, the forward's keys per step by kernel head width (attention.cu's MmaTiles), how the
-    results are stored, the block in which they run, and how far a GPU may be from the twin."""
+    adds at a time, its Element in attention.cu's MmaTiles<Element, D> (whose forward_keys are the forward's
+    keys per step), how the results are stored, the block in which they run, and how far a GPU may be from
+    the twin."""
 
     dtype: object
     operand: Callable
     chunk: int
-    keys_per_step: dict
+    element: str
     stored: Callable
     context: Callable
     on_a_gpu: float  # the relative error allowed there, of the largest entry's size
 
 
-BF16 = Kind(ag.bfloat16, bf16, 16, {64: 64, 128: 32}, bf16, contextlib.nullcontext, 2**-7)
-TF32 = Kind(np.float32, emulator.tf32, 8, {64: 32}, np.asarray, lambda: ag.use_precision("tf32"), 2**-9)
+BF16 = Kind(ag.bfloat16, bf16, 16, "bf16", bf16, contextlib.nullcontext, 2**-7)
+TF32 = Kind(np.float32, emulator.tf32, 8, "float", np.asarray, lambda: ag.use_precision("tf32"), 2**-9)
 KINDS = {"bf16": BF16, "tf32": TF32}
 
 
@@ -145,7 +147,8 @@ def twin(kind, q, k, v, dy, causal, keep, dropout_p):
     """y, dq, dk, dv in float32, as the kernels store them."""
     width = 64 if max(q.shape[-1], v.shape[-1]) <= 64 else 128
     keep_scale = masks.keep_scale(dropout_p)
-    y, lse2 = twin_forward(kind, q, k, v, causal, keep, keep_scale, kind.keys_per_step[width])
+    keys_per_step = attention_kernels.MMA_TILES[f"{kind.element}, {width}"]["forward_keys"]
+    y, lse2 = twin_forward(kind, q, k, v, causal, keep, keep_scale, keys_per_step)
     return [kind.stored(a) for a in (y, *twin_backward(kind, q, k, v, dy, y, lse2, causal, keep, keep_scale))]
 
 

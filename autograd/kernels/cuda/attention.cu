@@ -23,8 +23,8 @@
 
 constexpr int TILE_THREADS = 128;
 
-// Queries (rows) and keys of a tile, per head width, so that a block's float32 tiles fit 48 KB of shared
-// memory. Both backward kernels use the backward pair.
+// Queries (rows) and keys of a tile, per head width, so that a block's float32 tiles fit 48 KB of shared memory;
+// both backward kernels use the backward pair. Written here only: autograd/kernels/attention.py:TILES reads them.
 template <int D>
 struct Tiles;
 template <>
@@ -474,13 +474,13 @@ ATTENTION_ROW_DOT(bf16, bf16)
 // cores' bfloat16 and tf32 products came with sm_80 (Ampere): older GPUs build only the kernels above.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
-constexpr int MMA_ROWS = 64;  // a block's rows: 16 for each of its 4 warps
+constexpr int MMA_ROWS = 64;  // a block's rows: 16 for each of its 4 warps (autograd/kernels/attention.py reads it)
 static_assert(TILE_THREADS == 32 * MMA_ROWS / 16, "a warp for each 16 rows");
 constexpr float LOG2_E = 1.4426950408889634f;
 
 // The inner tiles, within 48 KB of shared memory and 255 registers a thread, by the tiles' element type and the
 // head width: keys per step of the forward, queries per step of dk and dv, keys per step of dq. (No tf32 kernels
-// for heads of 128: their float32 tiles would need more.)
+// for heads of 128: their float32 tiles would need more; autograd/kernels/attention.py:MMA_TILES reads which.)
 template <typename Element, int D>
 struct MmaTiles;
 template <>
