@@ -49,7 +49,7 @@ import numpy as np
 
 from . import emulator
 from .emulator import kernels as emulator_kernels
-from .kernels import sources
+from .kernels import compiling
 
 CATEGORIES = ("attention", "matrix products", "layer norm", "elementwise", "reductions", "casts")
 CATEGORIES += ("optimizer", "embedding", "loss", "dropout", "copies", "other")
@@ -364,7 +364,7 @@ def _typed(name, operands):
 @functools.cache
 def _const_parameters(source):
     """{kernel: whether each of its parameters is const} of autograd/kernels/cuda/<source>.cu."""
-    declared = emulator_kernels.kernel_declarations(sources.source(source)).items()
+    declared = emulator_kernels.kernel_declarations(compiling.text(source)).items()
     return {kernel: [p.split()[0] == "const" for p in params.split(",")] for kernel, params in declared}
 
 

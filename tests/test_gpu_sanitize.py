@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from autograd.emulator import kernels as emulator_kernels
-from autograd.kernels import sources
+from autograd.kernels import compiling, sources
 
 BENCH = Path(__file__).parents[1] / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]  # gpu_check and its parts
@@ -44,12 +44,12 @@ sys.exit(status)
 @pytest.mark.skipif(shutil.which("g++") is None, reason="the emulated device builds the kernels with g++")
 def test_the_cases_launch_every_kernel_the_sources_export(monkeypatch):
     exported = set()
-    for source in sources.SOURCES.glob("*.cu"):
-        exported |= emulator_kernels.kernel_declarations(sources.source(source.stem)).keys()
+    for source in compiling.SOURCES.glob("*.cu"):
+        exported |= emulator_kernels.kernel_declarations(compiling.text(source.stem)).keys()
     launched, kernel = set(), sources.kernel
 
     def recorded(name, function, dtype):
-        launched.add(f"{function}_{sources.SUFFIXES[np.dtype(dtype)]}")
+        launched.add(f"{function}_{compiling.SUFFIXES[np.dtype(dtype)]}")
         return kernel(name, function, dtype)
 
     monkeypatch.setattr(sources, "kernel", recorded)

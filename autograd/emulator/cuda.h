@@ -1,6 +1,6 @@
 // CUDA's built-ins with their GPU meaning on the CPU: the emulated CUDA device of autograd/emulator/kernels.py.
 //
-// A source of autograd/kernels/cuda (sources.source(name): common.cuh, then the source) compiles with g++ after
+// A source of autograd/kernels/cuda (compiling.text(name): the headers, then the source) compiles with g++ after
 // `#include "cuda.h"`, unchanged, into a shared library together with cuda.cpp, which runs a launch:
 //   - each CUDA thread of a block is a fiber (its own stack, on one OS thread), run until it reaches
 //     __syncthreads(), a warp shuffle or its end; blocks run one after another;

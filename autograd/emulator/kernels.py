@@ -28,7 +28,7 @@ Each source is built once into a shared library, kept in ~/.cache/autograd/emula
 $XDG_CACHE_HOME/autograd/emulator) under a hash of the source, the emulator, the flags and the
 compiler. AUTOGRAD_EMULATOR_DEBUG=1 builds with -O0 -g, so that gdb can stop inside a kernel
 (`break attention_forward_d64_f32 if threadIdx.x == 9`, then `print threadIdx`, `print sk[0][0]`);
-it shows the file of autograd/kernels/cuda itself, which sources.source names in #line directives.
+it shows the file of autograd/kernels/cuda itself, which compiling.headed names in #line directives.
 """
 
 import contextlib
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import emulator
-from ..kernels import sources
+from ..kernels import compiling
 from ..precision import bfloat16
 
 EMULATOR = Path(__file__).parent  # cuda.h and cuda.cpp
@@ -94,8 +94,8 @@ def thread_orders(*orders, seed=0):
 
 def kernel(name, function, dtype):
     """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, as sources.kernel
-    names it (f"{function}_{sources.SUFFIXES[dtype]}"), built for the emulated device."""
-    return build(sources.source(name), name).kernel(sources.exported(name, function, dtype))
+    names it (compiling.exported), built for the emulated device."""
+    return build(compiling.text(name), name).kernel(compiling.exported(name, function, dtype))
 
 
 def build(text, name="source"):
@@ -119,22 +119,22 @@ def _build(text, name, debug):
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
             for k in kernels
         )
-        sources.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
+        compiling.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
         unit = f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}'
-        sources.write_whole(stem.with_suffix(".cpp"), unit)
+        compiling.write_whole(stem.with_suffix(".cpp"), unit)
         partial = f"{library}.partial-{os.getpid()}"
         core = EMULATOR / "cuda.cpp"
         command = ["g++", *flags, "-I", str(EMULATOR), "-o", partial, f"{stem}.cpp", str(core)]
-        with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as compiling:
+        with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as gxx:
             try:
                 limits = ptx_limits(text, name)  # NVRTC, while g++ runs
             except BaseException:
-                compiling.kill()
+                gxx.kill()
                 raise
-            errors = compiling.communicate()[1]
-        if compiling.returncode:
+            errors = gxx.communicate()[1]
+        if gxx.returncode:
             raise EmulatorError(f"{name}: g++ does not compile it for the emulator:\n{errors}")
-        sources.write_whole(about, json.dumps({"kernels": kernels, "limits": limits}))
+        compiling.write_whole(about, json.dumps({"kernels": kernels, "limits": limits}))
         os.replace(partial, library)  # whole or not at all: another process may load it meanwhile
     return Library(name, library, **json.loads(about.read_text()))
 
@@ -166,9 +166,9 @@ def kernel_declarations(text):
 
 def ptx_limits(text, name):
     """{kernel: [its __launch_bounds__ (0: none), its bytes of static shared memory]} from the PTX that
-    NVRTC makes of the source (as sources.compile_source does), or None where NVRTC is not installed."""
+    NVRTC makes of the source (compiling.compiled), or None where NVRTC is not installed."""
     try:
-        ptx = sources.compile_source(name, "compute_90", text).decode()
+        ptx = compiling.compiled(text, name, "compute_90").decode()
     except ImportError:
         return None
     except RuntimeError as error:

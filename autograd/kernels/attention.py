@@ -22,8 +22,8 @@ from .. import buffers, masks, products, threads
 from ..backend import get_array_module
 from ..ops import unbroadcast
 from ..precision import bfloat16
+from . import launching, sources
 from . import linear as linear_kernels
-from . import sources
 
 
 def _dropped(ctx, heads, probs):
@@ -247,7 +247,7 @@ def _flash_backward(ctx, grad, grad_q, grad_k, grad_v):
     args = (ctx.out_float, grad, dot, *_layout(ctx.out_float, ctx.n_head))
     args += (np.int32(ctx.n_head), np.int32(n_queries), np.int32(e), np.int64(dot.size))
     row_dot = sources.kernel("attention", "attention_row_dot", ctx.dtype)
-    row_dot((sources.blocks(32 * dot.size),), (sources.THREADS,), args)  # a warp per row
+    row_dot((launching.blocks(32 * dot.size),), (launching.THREADS,), args)  # a warp per row
     inputs = (ctx.q, ctx.k, ctx.v, grad, ctx.lse, dot)
     _launch(ctx, "attention_backward_keys", "backward_keys", ctx.k.shape[1], (*inputs, grad_k, grad_v))
     _launch(ctx, "attention_backward_queries", "backward_queries", n_queries, (*inputs, grad_q))
@@ -304,7 +304,7 @@ def multi_head_forward_gpu(ctx, qkv, bias, n_head, dropout_p, generator):
         return tuple(a[..., i * width : (i + 1) * width] for i in range(3))
 
     q, k, v = thirds(xp.ascontiguousarray(qkv))
-    biases = NO_BIAS if bias is None else thirds(sources.float32_or_null(xp, bias))
+    biases = NO_BIAS if bias is None else thirds(launching.float32_or_null(xp, bias))
     ctx.bias_dtype = None if bias is None else bias.dtype
     # the mask is drawn as the reference draws it, (batch, head, time, time): a head's rows per example
     return _flash_forward(ctx, q, k, v, n_head, True, dropout_p, generator, n_head * qkv.shape[1], biases)

@@ -14,7 +14,7 @@ A mean loss costs two launches forward and one back.
 import numpy as np
 
 from .. import backend, buffers, threads
-from . import sources
+from . import launching, sources
 
 REDUCE_THREADS = 1024  # the one block that adds the rows' losses
 
@@ -78,7 +78,7 @@ def forward_gpu(ctx, logits, targets, ignore_index, reduction):
         written = (losses, ctx.row_max, ctx.log_sum)
         kernel(
             (rows,),
-            (sources.THREADS,),
+            (launching.THREADS,),
             (ctx.logits, ctx.targets, *written, np.int64(n_classes), np.int64(ignore_index)),
         )
     ctx.divisor = None  # the gradient is one per row
@@ -103,7 +103,7 @@ def backward_gpu(ctx, grad):
         divisor = np.uintp(0) if ctx.divisor is None else ctx.divisor
         kernel(
             (rows,),
-            (sources.THREADS,),
+            (launching.THREADS,),
             (*saved, grad, divisor, grad_logits, np.int64(n_classes), np.int64(ctx.ignore_index)),
         )
     return grad_logits, None

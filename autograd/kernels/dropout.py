@@ -4,7 +4,7 @@ bits autograd/random.py draws, and applied in the same pass."""
 import numpy as np
 
 from .. import backend, masks
-from . import sources
+from . import launching, sources
 
 
 def forward_gpu(ctx, x, p, generator):
@@ -28,7 +28,7 @@ def forward_gpu(ctx, x, p, generator):
         np.uint32(threshold),
         np.float32(ctx.scale),
     )
-    sources.kernel("dropout", "dropout_forward", x.dtype)((sources.blocks(n),), (sources.THREADS,), args)
+    sources.kernel("dropout", "dropout_forward", x.dtype)((launching.blocks(n),), (launching.THREADS,), args)
     return out
 
 
@@ -37,6 +37,6 @@ def backward_gpu(ctx, grad):
     grad, out = xp.ascontiguousarray(grad), xp.empty(grad.shape, grad.dtype)
     args = (grad, ctx.keep, out, np.int64(grad.size), np.float32(ctx.scale))
     sources.kernel("dropout", "dropout_backward", grad.dtype)(
-        (sources.blocks(grad.size),), (sources.THREADS,), args
+        (launching.blocks(grad.size),), (launching.THREADS,), args
     )
     return out

@@ -10,14 +10,14 @@ of 8 x 512), growing with the batch where a sort would grow as n log n."""
 import numpy as np
 
 from .. import backend
-from . import sources
+from . import compiling, launching, sources
 
 ROWS_PER_BLOCK = 8  # embedding.cu's: the table rows a block of the backward sums at once
 
 
 def _kernel(function, read_dtype, write_dtype):
     """The kernel `<function>_<read>_<write>` of embedding.cu: reads read_dtype, writes write_dtype."""
-    return sources.kernel("embedding", f"{function}_{sources.SUFFIXES[np.dtype(read_dtype)]}", write_dtype)
+    return sources.kernel("embedding", f"{function}_{compiling.SUFFIXES[np.dtype(read_dtype)]}", write_dtype)
 
 
 def forward_gpu(ctx, ids, weight, dtype):
@@ -30,9 +30,8 @@ def forward_gpu(ctx, ids, weight, dtype):
     if out.size:
         sizes = (np.int64(len(ctx.ids)), np.int64(n_rows), np.int64(dim))
         args = (xp.ascontiguousarray(weight), ctx.ids, out, *sizes)
-        _kernel("embedding_forward", weight.dtype, dtype)(
-            (sources.blocks(out.size),), (sources.THREADS,), args
-        )
+        kernel = _kernel("embedding_forward", weight.dtype, dtype)
+        kernel((launching.blocks(out.size),), (launching.THREADS,), args)
     return out.reshape(*ids.shape, dim)
 
 
@@ -44,5 +43,5 @@ def backward_gpu(ctx, grad):
     if grad_weight.size:
         args = (grad, ctx.ids, grad_weight, np.int64(len(ctx.ids)), np.int64(n_rows), np.int64(dim))
         grid = (min(-(-n_rows // ROWS_PER_BLOCK), 2**31 - 1),)
-        _kernel("embedding_backward", grad.dtype, ctx.weight_dtype)(grid, (sources.THREADS,), args)
+        _kernel("embedding_backward", grad.dtype, ctx.weight_dtype)(grid, (launching.THREADS,), args)
     return None, grad_weight

@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from .. import backend, buffers, threads
+from . import launching, sources
 from . import linear as linear_kernels
-from . import sources
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 ROWS_PER_CHUNK = 32  # rows a block of the GPU kernels walks: a GPT-1 step's 4,096 give 128 chunks of db
@@ -99,17 +99,17 @@ def _gpu_rows(x, bias):
 def _grid(rows, width):
     """A block per chunk of ROWS_PER_CHUNK rows and per THREADS columns, at most 65535 of those (a
     grid's y limit): in a wider row each thread takes several columns."""
-    return (max(1, -(-rows // ROWS_PER_CHUNK)), max(1, min(-(-width // sources.THREADS), 65535)))
+    return (max(1, -(-rows // ROWS_PER_CHUNK)), launching.blocks(width))
 
 
 def forward_gpu(ctx, x, bias):
     xp = backend.get_array_module(x)
     ctx.x = x = xp.ascontiguousarray(x).reshape(x.shape)  # (ascontiguousarray makes a 0-d x 1-d)
-    ctx.bias, ctx.bias_dtype = sources.float32_or_null(xp, bias), getattr(bias, "dtype", None)
+    ctx.bias, ctx.bias_dtype = launching.float32_or_null(xp, bias), getattr(bias, "dtype", None)
     ctx.rows, ctx.width = rows, width = _gpu_rows(x, bias)
     out = xp.empty_like(x)
     args = (x, ctx.bias, out, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
-    sources.kernel("gelu", "gelu_forward", x.dtype)(_grid(rows, width), (sources.THREADS,), args)
+    sources.kernel("gelu", "gelu_forward", x.dtype)(_grid(rows, width), (launching.THREADS,), args)
     return out
 
 
@@ -122,6 +122,6 @@ def backward_gpu(ctx, grad):
     grid, grad_x = _grid(rows, width), xp.empty_like(x)
     sums = linear_kernels.partial_sums(xp, grid[0], width, trees=grid[1]) if need_bias else (np.uintp(0),) * 3
     args = (x, ctx.bias, grad, grad_x, *sums, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
-    sources.kernel("gelu", "gelu_backward", x.dtype)(grid, (sources.THREADS,), args)
+    sources.kernel("gelu", "gelu_backward", x.dtype)(grid, (launching.THREADS,), args)
     grad_bias = sums[2].astype(ctx.bias_dtype, copy=False) if need_bias else None
     return grad_x if need_x else None, grad_bias

@@ -9,8 +9,8 @@ import functools
 import numpy as np
 
 from .. import backend, buffers, masks, threads
+from . import launching, sources
 from . import linear as linear_kernels
-from . import sources
 
 
 def _row_dot(a, b):
@@ -121,7 +121,7 @@ def _row_kernel(name, direction, items, width, dtype):
     threads with a warp per item, or a block per item of just enough warps."""
     if width <= WARP_WIDTH:
         kernel = sources.kernel("layer_norm", f"{name}_{direction}_warps", dtype)
-        return kernel, (-(-items // (sources.THREADS // WARP)),), (sources.THREADS,)
+        return kernel, (-(-items // (launching.THREADS // WARP)),), (launching.THREADS,)
     kernel = sources.kernel("layer_norm", f"{name}_{direction}_blocks", dtype)
     return kernel, (items,), (WARP * -(-width // (WARP * BLOCK_PER_THREAD)),)
 
@@ -139,10 +139,10 @@ def forward_gpu(ctx, x, weight, bias, eps):
     rows, x = x.size // width, xp.ascontiguousarray(x)
     out = xp.empty_like(x)
     ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
-    ctx.x, ctx.weight = x, sources.float32_or_null(xp, weight)
+    ctx.x, ctx.weight = x, launching.float32_or_null(xp, weight)
     ctx.param_dtype = next((p.dtype for p in (weight, bias) if p is not None), x.dtype)
     kernel, grid, block = _row_kernel("layer_norm", "forward", rows, width, x.dtype)
-    args = (x, ctx.weight, sources.float32_or_null(xp, bias), out, ctx.mean, ctx.rstd, np.int64(rows))
+    args = (x, ctx.weight, launching.float32_or_null(xp, bias), out, ctx.mean, ctx.rstd, np.int64(rows))
     kernel(grid, block, args + (np.int32(width), np.float32(eps)))
     return out
 
@@ -182,15 +182,15 @@ def residual_forward_gpu(ctx, x, y, bias, weight, ln_bias, eps, dropout_p, gener
     xp, width = backend.get_array_module(x), x.shape[-1]
     rows = x.size // width
     ctx.x, ctx.y = xp.ascontiguousarray(x), xp.ascontiguousarray(y)
-    ctx.bias, ctx.weight = sources.float32_or_null(xp, bias), sources.float32_or_null(xp, weight)
+    ctx.bias, ctx.weight = launching.float32_or_null(xp, bias), launching.float32_or_null(xp, weight)
     ctx.mask = _mask_arguments(generator, dropout_p, x.shape, rows)
     ctx.mean, ctx.rstd = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.param_dtype = next((p.dtype for p in (weight, ln_bias) if p is not None), x.dtype)
     out = xp.empty_like(ctx.x)
     kernel, grid, block = _row_kernel("residual_layer_norm", "forward", rows, width, x.dtype)
-    args = (ctx.x, ctx.y, ctx.bias, ctx.weight, sources.float32_or_null(xp, ln_bias), out, ctx.mean, ctx.rstd)
-    kernel(grid, block, args + (np.int64(rows), np.int32(width), np.float32(eps)) + ctx.mask)
+    args = (ctx.x, ctx.y, ctx.bias, ctx.weight, launching.float32_or_null(xp, ln_bias), out, ctx.mean)
+    kernel(grid, block, args + (ctx.rstd, np.int64(rows), np.int32(width), np.float32(eps)) + ctx.mask)
     return out
 
 

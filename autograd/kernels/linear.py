@@ -6,7 +6,7 @@ launch of autograd/kernels/cuda/column_sums.cu, with no float32 copy of it."""
 import numpy as np
 
 from .. import backend, threads
-from . import sources
+from . import launching, sources
 
 ROWS_PER_CHUNK = 32  # rows a block of column_sums' first pass adds: a GPT-1 step's 4,096 give 128 chunks
 
@@ -42,10 +42,10 @@ def column_sums(x):
     (rows, width), chunks = x.shape, max(1, -(-x.shape[0] // ROWS_PER_CHUNK))
     if not width:
         return xp.empty(width, np.float32)
-    column_blocks = min(-(-width // sources.THREADS), 65535)
+    column_blocks = min(-(-width // launching.THREADS), 65535)
     scratch, counters, sums = partial_sums(xp, chunks, width, trees=column_blocks)
     args = (x, scratch, counters, sums, np.int64(rows), np.int64(width), np.int32(ROWS_PER_CHUNK))
-    sources.kernel("column_sums", "column_sums", x.dtype)((chunks, column_blocks), (sources.THREADS,), args)
+    sources.kernel("column_sums", "column_sums", x.dtype)((chunks, column_blocks), (launching.THREADS,), args)
     return sums
 
 
@@ -64,7 +64,7 @@ def partial_sums(xp, items, width, trees=1):
             break
         rows += level
     scratch, sums = xp.empty((rows, width), np.float32), xp.empty(width, np.float32)
-    return scratch, sources.counters(xp, trees * counters), sums
+    return scratch, launching.counters(xp, trees * counters), sums
 
 
 def _is_transposed(a):

@@ -1,37 +1,16 @@
-"""The CUDA fast paths' plumbing: each source of autograd/kernels/cuda, with the shared headers
-(HEADERS) in front, compiled once per process and device by NVRTC and loaded as a CUDA module.
-
-A source defines each kernel once as a template over the storage type (float, or bf16: bfloat16
-as its 16 bits) and exports it as `<name>_f32` and `<name>_bf16`; `kernel` picks the one for an
-array's dtype. Every source compiles under NVRTC in CI, where there is no GPU, with the options
-used here (tests/autograd/test_cuda_sources.py). A user's op brings CUDA code of its own the same
-way, as a CudaSource.
-
-The sources are compiled here rather than by cupy.RawModule, because CuPy appends -ftz=true to
-the options of every compile it makes: subnormal floats would become zero, and the kernels would
-no longer give their references' numbers (Adam's second moments go subnormal). NVRTC's own
-default keeps them.
-"""
+"""The CUDA fast paths' kernels: a source of autograd/kernels/cuda, or a user's op's CUDA code (a
+CudaSource), its text (autograd/kernels/compiling.py) compiled once per process and device: by NVRTC and
+loaded as a CUDA module on a GPU, by g++ on the emulated device. `kernel` gives a launcher the one a
+source exports for its arrays' dtype."""
 
 import functools
-import hashlib
-import json  # a path as a C string literal: JSON escapes it the same way
-import os
-import re
-import threading
 from pathlib import Path
 
 import numpy as np
 
 from .. import backend, emulator
-from ..precision import bfloat16
-
-SOURCES = (Path(__file__).parent / "cuda").absolute()
-OPTIONS = ("-std=c++17",)
-THREADS = 256  # threads per block of the elementwise kernels
-SUFFIXES = {np.dtype(np.float32): "f32", bfloat16: "bf16"}
-CACHE = Path(os.environ.get("CUPY_CACHE_DIR", "~/.cupy/kernel_cache")).expanduser()  # CuPy's own
-HEADERS = ("common.cuh", "partial_sums.cuh", "mma.cuh")  # in front of every source
+from ..emulator import kernels as emulator_kernels
+from . import compiling
 
 
 class CudaSource:
@@ -44,7 +23,7 @@ class CudaSource:
     """
 
     def __init__(self, text, name="source", path=None, checked=True):
-        self.name, self.text, self.checked = name, headed(text, path or f"{name}.cu"), checked
+        self.name, self.text, self.checked = name, compiling.headed(text, path or f"{name}.cu"), checked
 
     @classmethod
     def from_file(cls, path, checked=True):
@@ -54,11 +33,9 @@ class CudaSource:
 
     def kernel(self, function, dtype=None):
         """The extern "C" __global__ `function` on the current device; given a dtype, the one exported for
-        it as f"{function}_f32" or "_bf16" (SUFFIXES), as the project's sources export theirs."""
-        function = function if dtype is None else exported(self.name, function, dtype)
+        it as f"{function}_f32" or "_bf16" (compiling.exported), as the project's sources export theirs."""
+        function = function if dtype is None else compiling.exported(self.name, function, dtype)
         if emulator.current():  # the same text, built for the CPU
-            from ..emulator import kernels as emulator_kernels
-
             return emulator_kernels.build(self.text, self.name).kernel(function)
         try:
             device = backend.cupy.cuda.Device().id
@@ -67,17 +44,29 @@ class CudaSource:
                 f"{self.name}.{function}: no CUDA device is current: an op makes its arrays' current; "
                 "elsewhere, launch inside `with autograd.backend.device_scope(array):` (for any GPU array)"
             ) from error
-        return loaded(self, function, device)
+        return gpu_kernel(self, function, device)
+
+
+def kernel(name, function, dtype):
+    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, on the current
+    device: an op runs with its arrays' device current (backend.device_scope), the emulated one's included."""
+    return source(name).kernel(function, dtype)
+
+
+@functools.cache  # the files do not change while the process runs; a launch asks each time
+def source(name):
+    """autograd/kernels/cuda/<name>.cu, its launches unchecked."""
+    return CudaSource.from_file(compiling.SOURCES / f"{name}.cu", checked=False)
 
 
 @functools.cache
-def loaded(source, function, device):
+def gpu_kernel(source, function, device):
     """A CudaSource's kernel on a GPU: CuPy's Function, behind argument checks where the source is checked."""
     get_function = module(source.text, source.name, device).get_function
     if not source.checked:
         return get_function(function)
     arch = "compute_" + architecture(device).split("_")[1]
-    entries = ptx_entries(cached_compile(source.text, source.name, arch).decode())
+    entries = compiling.ptx_entries(compiling.cached(source.text, source.name, arch).decode())
     if function not in entries:
         raise ValueError(f"{source.name}.cu has no kernel {function} (it has {', '.join(entries)})")
     launch, params = get_function(function), entries[function]
@@ -89,48 +78,6 @@ def loaded(source, function, device):
         launch(grid, block, args, shared_mem=shared_mem, **options)
 
     return checked
-
-
-@functools.cache  # the files do not change while the process runs; a launch asks each time
-def own(name):
-    """autograd/kernels/cuda/<name>.cu."""
-    return CudaSource.from_file(SOURCES / f"{name}.cu", checked=False)
-
-
-def source(name):
-    """The text NVRTC compiles for autograd/kernels/cuda/<name>.cu."""
-    return own(name).text
-
-
-def headed(code, path):
-    """`code` as NVRTC compiles it: the HEADERS, then the code, each after a #line naming its file (`path`
-    for the code), so that compilers' messages and gdb name each file and its own lines."""
-    parts = [(SOURCES / header, (SOURCES / header).read_text()) for header in HEADERS] + [(path, code)]
-    return "".join(f"#line 1 {json.dumps(str(file))}\n{text}\n" for file, text in parts)
-
-
-def exported(name, function, dtype):
-    """The name a source exports `function` under for arrays of `dtype`."""
-    dtype = np.dtype(dtype)
-    if dtype not in SUFFIXES:
-        raise TypeError(f"{name}.{function}: the CUDA path takes float32 or bfloat16, not {dtype}")
-    return f"{function}_{SUFFIXES[dtype]}"
-
-
-def compile_source(name, arch, text=None):
-    """autograd/kernels/cuda/<name>.cu (or `text`, under that name) compiled by NVRTC with OPTIONS for
-    `arch`: PTX for a virtual architecture ("compute_90"), a binary for a real one ("sm_90")."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    program = nvrtc.createProgram(source(name) if text is None else text, f"{name}.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *OPTIONS])
-        except nvrtc.NVRTCError as error:
-            raise RuntimeError(f"{name}.cu does not compile:\n{nvrtc.getProgramLog(program)}") from error
-        return nvrtc.getCUBIN(program) if arch.startswith("sm_") else nvrtc.getPTX(program)
-    finally:
-        nvrtc.destroyProgram(program)
 
 
 def architecture(device_id):
@@ -145,54 +92,22 @@ def architecture(device_id):
 
 @functools.cache
 def module(text, name, device_id):
-    """The module of a source's text (named `name`) on one device."""
+    """The CUDA module of a source's text (named `name`) on one device."""
     cupy = backend.cupy
     with cupy.cuda.Device(device_id):
-        loaded = cupy.cuda.Module()
-        loaded.load(cached_compile(text, name, architecture(device_id)))
-    return loaded
-
-
-def cached_compile(text, name, arch):
-    """compile_source, kept on disk in CuPy's kernel cache folder under a hash of the text, the
-    options, the architecture and NVRTC's version (the attention source takes seconds to compile).
-    A folder that cannot be written only means compiling again next time."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    key = repr((text, OPTIONS, arch, nvrtc.getVersion())).encode()
-    path = CACHE / f"autograd-{name}-{hashlib.sha256(key).hexdigest()[:32]}.bin"
-    if path.is_file():
-        return path.read_bytes()
-    binary = compile_source(name, arch, text)
-    try:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        write_whole(path, binary)
-    except OSError:
-        pass
-    return binary
-
-
-def ptx_entries(ptx):
-    """{kernel: [(PTX type, width in bytes) of each parameter]} of the .entry functions of a PTX text; a
-    struct passed by value is `.param .align N .b8 name[K]`: K bytes."""
-    param = r"\.param\s+(?:\.align\s+\d+\s+)?\.([busf])(\d+)[^,\[]*(?:\[(\d+)\])?"
-    entries = re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx)
-    return {
-        name: [(f".{k}{b}", int(b) // 8 * int(n or 1)) for k, b, n in re.findall(param, p)]
-        for name, p in entries
-    }
+        cuda_module = cupy.cuda.Module()
+        cuda_module.load(compiling.cached(text, name, architecture(device_id)))
+    return cuda_module
 
 
 def argument_problems(params, args, arrays=np.ndarray, device=None):
     """Why `args` do not fit a kernel's PTX parameters `params` (ptx_entries), in the emulator's words: their
     count; an array (of `arrays`, on `device` where given) only for a 64-bit integer (a pointer), NumPy
     scalars of the width and kind of the others. What a pointer points at, the PTX does not say."""
-    from ..emulator.kernels import argument_problem
-
     problems = [f"{len(args)} arguments for {len(params)} parameters"] if len(args) != len(params) else []
     for i, (arg, (ptx, width)) in enumerate(zip(args, params)):
         if not isinstance(arg, (arrays, np.ndarray)):
-            problem = argument_problem(arg, f"v{'f' if ptx[1] == 'f' else 'i'}{width}")
+            problem = emulator_kernels.argument_problem(arg, f"v{'f' if ptx[1] == 'f' else 'i'}{width}")
         elif ptx[1] == "f" or ptx[2:] != "64":
             problem = f"an array for the value {ptx}"
         else:  # a host array for a GPU's kernel, or one of another GPU
@@ -200,49 +115,3 @@ def argument_problems(params, args, arrays=np.ndarray, device=None):
             problem = None if on_device else f"an array not on the kernel's device {device}"
         problems += [f"argument {i}: {problem}"] if problem else []
     return problems
-
-
-def write_whole(path, data):
-    """Write bytes or text to `path` (a Path) whole or not at all, through a .partial-<pid> file:
-    another process may read it at the same time."""
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    if isinstance(data, bytes):
-        partial.write_bytes(data)
-    else:
-        partial.write_text(data)
-    partial.replace(path)
-
-
-def kernel(name, function, dtype):
-    """The kernel `function` of autograd/kernels/cuda/<name>.cu for arrays of `dtype`, on the
-    current device: an op runs with its arrays' device current (backend.device_scope), the
-    emulated one's included."""
-    return own(name).kernel(function, dtype)
-
-
-def float32_or_null(xp, array):
-    """A weight or bias as the kernels read it, float32 (a bfloat16 one widened, as the references'
-    float32 math reads it), or a null pointer where there is none."""
-    return np.uintp(0) if array is None else xp.ascontiguousarray(array, dtype=np.float32)
-
-
-def counters(xp, n):
-    """n uint32 counters at 0 on the current device, for a kernel whose blocks count their arrivals
-    (partial_sums.cuh): the last block to arrive sets its counter back to 0, so the same counters
-    serve each launch of a stream after another. Kept per device, stream, host thread (CuPy's
-    per-thread default streams share one handle) and n."""
-    thread = threading.get_ident()
-    if emulator.current():
-        return _counters(xp, emulator.NAME, 0, thread, n)
-    cuda = backend.cupy.cuda
-    return _counters(xp, cuda.Device().id, cuda.get_current_stream().ptr, thread, n)
-
-
-@functools.lru_cache(maxsize=64)
-def _counters(xp, device, stream, thread, n):
-    return xp.zeros(n, np.uint32)
-
-
-def blocks(n):
-    """Blocks of THREADS for a grid-stride loop over n items (capped: each thread takes several)."""
-    return max(1, min(-(-n // THREADS), 65535))

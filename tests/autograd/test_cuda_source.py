@@ -18,7 +18,7 @@ import autograd as ag
 from autograd import backend, emulator
 from autograd.emulator import kernels as emulator_kernels
 from autograd.emulator.kernels import EmulatorError
-from autograd.kernels import sources
+from autograd.kernels import compiling, sources
 from tests import fake_cuda
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
@@ -100,7 +100,7 @@ def test_a_file_sources_kernel_is_built_once_and_its_text_names_the_file(tmp_pat
     )
     first, second = ag.CudaSource.from_file(path), ag.CudaSource.from_file(str(path))
     assert first.name == "swish" and first.text == second.text
-    assert first.text.index(str(sources.SOURCES / "common.cuh")) < first.text.index(
+    assert first.text.index(str(compiling.SOURCES / "common.cuh")) < first.text.index(
         f'#line 1 "{path}"\n{TEXT}'
     )
     assert '#line 1 "swish.cu"\n' in SWISH.text and ag.CudaSource is sources.CudaSource
@@ -118,7 +118,7 @@ def test_a_compile_error_names_the_users_file_and_line(tmp_path, monkeypatch):
     path.write_text(BROKEN)
     source, where = ag.CudaSource.from_file(path), re.escape(str(path))
     with pytest.raises(RuntimeError, match=rf"broken.cu does not compile:\n{where}\(2\): error"):
-        sources.compile_source(source.name, "compute_90", source.text)
+        compiling.compiled(source.text, source.name, "compute_90")
     with emulator.Device():
         with pytest.raises(EmulatorError, match=rf"^broken: NVRTC: .*\n{where}\(2\): error"):
             source.kernel("broken")
@@ -170,9 +170,7 @@ def test_wrong_arguments_and_an_unknown_name_are_refused_on_the_emulator(mistake
 @pytest.fixture(scope="module")
 def params():
     """The PTX parameters of swish_f32, from NVRTC: x and y pointers, beta a float, n an unsigned int."""
-    return sources.ptx_entries(sources.compile_source("swish", "compute_90", SWISH.text).decode())[
-        "swish_f32"
-    ]
+    return compiling.ptx_entries(compiling.compiled(SWISH.text, "swish", "compute_90").decode())["swish_f32"]
 
 
 ARRAY, BETA, N = "an array", np.float32(1), np.uint32(3)  # ARRAY: a NumPy array stands for a device's
@@ -216,7 +214,7 @@ def fake_gpu(monkeypatch, tmp_path):
             return lambda *launch, **options: launches.append((name, *launch))
 
     monkeypatch.setattr(backend.cupy.cuda, "Module", Module, raising=False)
-    monkeypatch.setattr(sources, "CACHE", tmp_path)
+    monkeypatch.setattr(compiling, "CACHE", tmp_path)
     return launches
 
 
@@ -242,8 +240,8 @@ def test_on_a_gpu_a_launch_is_checked_then_made(fake_gpu, tmp_path):
 
 def test_the_projects_own_kernels_are_cupys_functions_unwrapped(fake_gpu):
     """No work per launch: their launches are checked in CI (tests/autograd/test_kernel_launches.py)."""
-    assert sources.own("gelu").kernel("gelu_forward", np.float32).__name__ == "<lambda>"
-    assert not sources.own("gelu").checked and SWISH.checked
+    assert sources.source("gelu").kernel("gelu_forward", np.float32).__name__ == "<lambda>"
+    assert not sources.source("gelu").checked and SWISH.checked
 
 
 @pytest.mark.gpu
@@ -284,7 +282,7 @@ def test_the_fast_math_intrinsics_run_on_the_emulator_as_the_exact_functions():
     """__expf and its family compile for a GPU and run on the emulated device, where they give the exact
     functions' numbers (on a GPU they are within their documented error of them)."""
     x = np.linspace(0.5, 2.0, 40, dtype=np.float32)
-    assert sources.compile_source("fast_math", "compute_90", ag.CudaSource(INTRINSICS, "fast_math").text)
+    assert compiling.compiled(ag.CudaSource(INTRINSICS, "fast_math").text, "fast_math", "compute_90")
     with emulator.Device():
         xe, out = emulator.xp.asarray(x), emulator.xp.empty(40, np.float32)
         ag.CudaSource(INTRINSICS, "fast_math").kernel("fast_math")((1,), (64,), (xe, out, np.int64(40)))

@@ -15,12 +15,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from autograd import backend, random
-from autograd.kernels import sources
+from autograd.kernels import compiling, sources
 
 from .. import fake_cuda
 from .test_random import GOLDEN_KEEP, GOLDEN_P, ONE_ABOVE
 
-SOURCES = sorted(path.stem for path in sources.SOURCES.glob("*.cu"))
+SOURCES = sorted(path.stem for path in compiling.SOURCES.glob("*.cu"))
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def nvrtc():
 @pytest.mark.parametrize("arch", ["compute_80", "compute_90", "sm_75", "sm_80", "sm_90"])  # PTX, binaries
 @pytest.mark.parametrize("name", SOURCES)
 def test_every_cuda_source_compiles_without_a_warning(nvrtc, name, arch):
-    program = nvrtc.createProgram(sources.source(name), f"{name}.cu", [], [])
+    program = nvrtc.createProgram(compiling.text(name), f"{name}.cu", [], [])
     try:
-        nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *sources.OPTIONS])
+        nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *compiling.OPTIONS])
     except nvrtc.NVRTCError:
         pytest.fail(nvrtc.getProgramLog(program))
     assert nvrtc.getProgramLog(program).strip() == ""
@@ -78,9 +78,9 @@ def test_the_mma_helpers_assemble_for_the_gpus_with_tensor_cores(arch):
     """mma.cuh's inline PTX (mma, cvt, ldmatrix), used by a kernel, goes through ptxas to a binary
     (PTX alone never meets ptxas: a malformed asm string would show first on a GPU), and the PTX holds
     the instructions."""
-    text = sources.source("column_sums") + MMA_USER  # every source has the headers in front
-    assert sources.compile_source("mma_user", arch, text)
-    ptx = sources.compile_source("mma_user", "compute_" + arch[3:], text).decode()
+    text = compiling.text("column_sums") + MMA_USER  # every source has the headers in front
+    assert compiling.compiled(text, "mma_user", arch)
+    ptx = compiling.compiled(text, "mma_user", "compute_" + arch[3:]).decode()
     for instruction in (
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
@@ -98,7 +98,7 @@ def test_attentions_kernels_multiply_on_the_tensor_cores_of_their_kind():
     ldmatrix (plain and transposing); the tf32 ones, mma.sync m16n8k8 on operands rounded by cvt.rna;
     the float32 ones on CUDA cores and the row dot products, none of them. Every tensor-core kernel
     takes 2^x as ex2.approx; the forwards alone take log2 (of a row's sum), as lg2.approx."""
-    ptx = sources.compile_source("attention", "compute_90").decode()
+    ptx = compiling.compiled(compiling.text("attention"), "attention", "compute_90").decode()
     kernels = {part.split("(")[0].strip(): part for part in ptx.split(".entry ")[1:]}
     assert len(kernels) == 17
     instructions = {
@@ -155,7 +155,7 @@ def common_on_host(tmp_path_factory):
     if shutil.which("g++") is None and not os.environ.get("CI"):
         pytest.skip("needs g++ to build common.cuh on the host")
     folder = tmp_path_factory.mktemp("common")
-    (folder / "driver.cpp").write_text((sources.SOURCES / "common.cuh").read_text() + DRIVER)
+    (folder / "driver.cpp").write_text((compiling.SOURCES / "common.cuh").read_text() + DRIVER)
     subprocess.run(
         ["g++", "-std=c++17", "-O1", "-o", str(folder / "driver"), str(folder / "driver.cpp")], check=True
     )
@@ -295,10 +295,10 @@ def test_the_compiled_kernels_keep_subnormal_floats(nvrtc, name):
     them (Adam's second moments of small gradients are subnormal). Only CUDA's own expf and tanhf
     use .ftz approximations inside, with any options. CuPy's RawModule would append -ftz=true;
     compiled with it, Adam's kernel flushes in every add and multiply."""
-    assert flushing_instructions(sources.compile_source(name, "compute_90")) <= LIBRARY_FTZ
+    assert flushing_instructions(compiling.compiled(compiling.text(name), name, "compute_90")) <= LIBRARY_FTZ
     if name == "adam":
-        program = nvrtc.createProgram(sources.source(name), "adam.cu", [], [])
-        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", *sources.OPTIONS, "-ftz=true"])
+        program = nvrtc.createProgram(compiling.text(name), "adam.cu", [], [])
+        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", *compiling.OPTIONS, "-ftz=true"])
         assert {b"add.rn.ftz.f32", b"mul.rn.ftz.f32"} <= flushing_instructions(nvrtc.getPTX(program))
 
 
@@ -315,15 +315,15 @@ class LoadedModule:
 @pytest.mark.usefixtures("nvrtc")  # sources.module asks NVRTC which architectures it knows
 def test_a_module_is_nvrtcs_binary_for_the_device_compiled_once(monkeypatch, tmp_path):
     """sources.module loads NVRTC's binary for the device's architecture (sm_90 on an H100), compiled
-    with sources.OPTIONS and kept on disk: a second process reads it instead of compiling again."""
+    with compiling.OPTIONS and kept on disk: a second process reads it instead of compiling again."""
     fake_cuda.install(monkeypatch)
     monkeypatch.setattr(backend.cupy.cuda, "Module", LoadedModule, raising=False)
-    monkeypatch.setattr(sources, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(compiling, "CACHE", tmp_path / "cache")
     compiled = []
     monkeypatch.setattr(
-        sources, "compile_source", lambda name, arch, text: compiled.append(arch) or arch.encode()
+        compiling, "compiled", lambda text, name, arch: compiled.append(arch) or arch.encode()
     )
     for _ in range(2):
         sources.module.cache_clear()  # as a new process would
-        assert sources.module(sources.source("gelu"), "gelu", 0).binary == b"sm_90"
+        assert sources.module(compiling.text("gelu"), "gelu", 0).binary == b"sm_90"
     assert compiled == ["sm_90"] and len(list((tmp_path / "cache").iterdir())) == 1

@@ -22,8 +22,8 @@ from autograd import functional as F
 from autograd.emulator import kernels as emulator_kernels
 from autograd.emulator.kernels import EmulatorError
 from autograd.kernels import attention as attention_kernels
+from autograd.kernels import compiling, sources
 from autograd.kernels import linear as linear_kernels
-from autograd.kernels import sources
 from tests import fake_cuda
 from tests.autograd.test_functional import fresh_stream, on_device
 from tests.autograd.test_kernels import assert_fast_equals_reference, column_sums_in_their_order
@@ -913,13 +913,13 @@ MUTATIONS = {
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_mutated_kernel_fails_its_check_and_the_unmutated_one_passes(on_emulator, monkeypatch, mutation):
     name, old, new, check, (failure, message) = MUTATIONS[mutation]
-    text = sources.source(name)
+    text = compiling.text(name)
     for other in ATTENTION_OTHERS if name == "attention" else ():
         text = text.replace(f"\n{other}\n", "\n")
     assert text.count(old) == 1, "the mutation no longer applies: update it to the source"
-    source = sources.source
+    original = compiling.text
     for copy in (text, text.replace(old, new)):
-        monkeypatch.setattr(sources, "source", lambda n, copy=copy: copy if n == name else source(n))
+        monkeypatch.setattr(compiling, "text", lambda n, copy=copy: copy if n == name else original(n))
         if copy is text:
             check(on_emulator)
         else:
@@ -947,7 +947,7 @@ emulator_kernels.kernel("gelu", "gelu_forward", np.float32)((1, 4), (256,), args
 
 def line_of(file, start):
     """The number of the line of autograd/kernels/cuda/<file> that starts with `start`."""
-    lines = (sources.SOURCES / file).read_text().splitlines()
+    lines = (compiling.SOURCES / file).read_text().splitlines()
     return next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith(start))
 
 
@@ -966,7 +966,7 @@ def test_gdb_stops_a_second_library_on_its_own_coordinates_at_the_real_line(tmp_
     if "ptrace: Operation not permitted" in done.stderr:
         pytest.skip("gdb may not trace a process here")
     first = line_of("gelu.cu", "__device__ void gelu_forward(") + 2  # its first statement (2-line signature)
-    assert f") at {sources.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
+    assert f") at {compiling.SOURCES / 'gelu.cu'}:{first}\n" in done.stdout, done.stdout + done.stderr
     assert "\nat 1 3 256 4\n" in done.stdout  # blockIdx.y, threadIdx.x, blockDim.x, gridDim.y
 
 
@@ -1026,15 +1026,15 @@ def test_gdb_sessions_of_the_internals_page_print_what_the_page_shows(tmp_path, 
 
 
 def test_compilers_name_the_real_file_and_line_of_an_error():
-    """sources.source's #line directives: NVRTC, and g++ as the emulator builds a source, give the lines of
+    """compiling.headed's #line directives: NVRTC, and g++ as the emulator builds a source, give the lines of
     common.cuh and of the source themselves."""
-    text, expected = sources.source("gelu"), []
+    text, expected = compiling.text("gelu"), []
     for file, start in (("common.cuh", "typedef unsigned short bf16;"), ("gelu.cu", "constexpr float CUBIC")):
         assert text.count(start) == 1
         text = text.replace(start, f'static_assert(false, "here"); {start}')
-        expected.append(rf"{re.escape(str(sources.SOURCES / file))}[:(]{line_of(file, start)}\b")
+        expected.append(rf"{re.escape(str(compiling.SOURCES / file))}[:(]{line_of(file, start)}\b")
     with pytest.raises(RuntimeError) as nvrtc:
-        sources.compile_source("gelu", "compute_90", text)
+        compiling.compiled(text, "gelu", "compute_90")
     cuda_h = str(emulator_kernels.EMULATOR / "cuda.h")
     gxx = ["g++", "-fsyntax-only", "-std=c++17", "-include", cuda_h, "-x", "c++", "-"]
     for log in (str(nvrtc.value), subprocess.run(gxx, input=text, capture_output=True, text=True).stderr):

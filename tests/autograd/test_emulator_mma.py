@@ -12,7 +12,7 @@ import pytest
 from autograd import backend
 from autograd.emulator import kernels as emulator_kernels
 from autograd.emulator.kernels import EmulatorError
-from autograd.kernels import sources
+from autograd.kernels import compiling
 
 KERNELS = r"""
 #define LANE long long lane = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -69,7 +69,7 @@ extern "C" __global__ void tf32(const float* x, unsigned int* out, int n) {
 """
 
 
-TEXT = "".join((sources.SOURCES / header).read_text() for header in sources.HEADERS) + KERNELS
+TEXT = "".join((compiling.SOURCES / header).read_text() for header in compiling.HEADERS) + KERNELS
 
 
 class OnTheGpu:
@@ -79,7 +79,7 @@ class OnTheGpu:
     def __init__(self):
         self.module = backend.cupy.cuda.Module()
         capability = backend.cupy.cuda.Device().compute_capability
-        self.module.load(sources.compile_source("mma_test", f"sm_{capability}", TEXT))
+        self.module.load(compiling.compiled(TEXT, "mma_test", f"sm_{capability}"))
 
     def kernel(self, name):
         function = self.module.get_function(name)

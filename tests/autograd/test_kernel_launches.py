@@ -19,7 +19,7 @@ import autograd as ag
 from autograd import functional as F
 from autograd.emulator import kernels as emulator_kernels
 from autograd.functional import Embedding
-from autograd.kernels import sources
+from autograd.kernels import compiling
 from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
@@ -30,7 +30,7 @@ if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one m
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to preprocess the CUDA sources", allow_module_level=True)
 
-SOURCES = sorted(path.stem for path in sources.SOURCES.glob("*.cu"))
+SOURCES = sorted(path.stem for path in compiling.SOURCES.glob("*.cu"))
 DTYPES = [np.dtype(np.float32), ag.bfloat16]
 # the C types of the sources' parameters: each one's NumPy dtype (of a value, or of what a pointer points at)
 C_TYPES = {
@@ -63,7 +63,7 @@ class Param(NamedTuple):
 def c_kernels(name):
     """{kernel name: [(C type less const, pointer?)]} of the extern "C" __global__ functions of a source
     once preprocessed by g++ (the macros that define them expanded)."""
-    declarations = emulator_kernels.kernel_declarations(sources.source(name))
+    declarations = emulator_kernels.kernel_declarations(compiling.text(name))
     return {
         kernel: [c_type(p) for p in params.split(",") if p.strip()] for kernel, params in declarations.items()
     }
@@ -81,7 +81,8 @@ def signatures():
     """{kernel: (its PTX parameters, its C parameters)} for every entry point of every source."""
     found = {}
     for name in SOURCES:
-        ptx, c = sources.ptx_entries(sources.compile_source(name, "compute_90").decode()), c_kernels(name)
+        ptx = compiling.ptx_entries(compiling.compiled(compiling.text(name), name, "compute_90").decode())
+        c = c_kernels(name)
         found.update({kernel: (ptx[kernel], c.get(kernel)) for kernel in ptx})
         found.update({kernel: (None, c[kernel]) for kernel in c.keys() - ptx.keys()})
     return found

@@ -16,8 +16,8 @@ import autograd as ag
 from autograd import backend, kernels
 from autograd import functional as F
 from autograd.kernels import gelu as gelu_kernels
+from autograd.kernels import launching
 from autograd.kernels import layer_norm as layer_norm_kernels
-from autograd.kernels import sources
 from autograd.testing import shapes
 from tests.autograd.test_functional import SEEDS
 from tests.autograd.test_kernels import WITH_BF16, column_sums_in_their_order, compares_fast_path_of
@@ -270,7 +270,7 @@ def test_gelu_at_gpt1s_size(device, dtype, with_bias):
 def test_gelu_over_more_entries_than_a_grid_has_threads(device):
     """Without a bias x is one row on a GPU: each thread of the columns' grid-stride loop takes a second
     entry, some of them."""
-    x = normal(np.random.default_rng(7), sources.blocks(2**40) * sources.THREADS + 1000, 2.0)
+    x = normal(np.random.default_rng(7), launching.blocks(2**40) * launching.THREADS + 1000, 2.0)
     assert_paths_agree(F.gelu, [x], [np.float32], device)
 
 

@@ -9,7 +9,7 @@
 // The arithmetic is that of autograd/optim.py's whole-array code, one rounding per operator in the same
 // order: the _rn intrinsics are never fused into FMAs, so the numbers are its numbers.
 
-#define CLIP_THREADS 256  // the clipping kernels' blocks (sources.THREADS): their tree sums halve from here
+#define CLIP_THREADS 256  // the clipping kernels' blocks (launching.THREADS): their tree sums halve from here
 
 struct Chunk {
     int tensor;

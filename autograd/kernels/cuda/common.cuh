@@ -1,7 +1,7 @@
 // What every CUDA source of autograd/kernels/cuda shares: bfloat16 as its 16 bits, and Philox4x32-10
 // with the dropout layout of autograd/random.py, so that a kernel draws the masks the numpy twin draws.
-// autograd/kernels/sources.py puts this file in front of each source. It also compiles as plain C++ (the
-// tests build it with g++ and check its bits against numpy).
+// autograd/kernels/compiling.py:headed puts this file in front of each source. It also compiles as plain C++
+// (the tests build it with g++ and check its bits against numpy).
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define TG_DEVICE __device__ __forceinline__
 #else

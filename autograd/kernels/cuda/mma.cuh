@@ -2,8 +2,8 @@
 // column-major, c and d (16 x 8) float32, every lane holding its fragments as the PTX ISA lays them out (written
 // out in autograd/emulator/cuda.cpp:meet_at_mma). On a GPU, inline PTX; on the emulated device, a meeting
 // of the warp's 32 lanes that computes D under the contract written there. Every lane of the warp must get there
-// together, as at a shuffle; so at ldmatrix, which loads fragments from shared memory. autograd/kernels/sources.py
-// puts this file in front of each source, after common.cuh.
+// together, as at a shuffle; so at ldmatrix, which loads fragments from shared memory.
+// autograd/kernels/compiling.py:headed puts this file in front of each source, after common.cuh.
 
 // The operands of every mma.sync below: d, then a, b and c.
 #define MMA_OPERANDS                                                                                              \

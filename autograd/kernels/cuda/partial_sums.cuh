@@ -5,7 +5,7 @@
 // block that completes a group of FAN_IN consecutive items (as a counter of the group tells: the counter only
 // picks who adds) adds the group's rows in order into a row of the next level, and so on up to a group that
 // is the last level: its sum goes to `sums`. The order of every addition is fixed by n alone.
-// autograd/kernels/sources.py puts this file after common.cuh in front of each source.
+// autograd/kernels/compiling.py:headed puts this file after common.cuh in front of each source.
 
 constexpr int FAN_IN = 8;  // the rows one addition of a finisher takes: the tree's branching
 
