@@ -227,13 +227,11 @@ def train_tokenizer(args, records):
     tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
     sizes = {task[2]: task[0][2] - task[0][1] for task in tasks}
     progress = Progress("counting words", sum(sizes.values()), "B")
-    run_tasks(
-        shards.count_chunk_words,
-        tasks,
-        args.workers,
-        lambda path: progress.update(sizes[path]),
-        progress.total,
-    )
+
+    def counted(path):  # the file stays for learn_bpe
+        progress.update(sizes[path])
+
+    run_tasks(shards.count_chunk_words, tasks, args.workers, counted, progress.total)
     progress.close()
     task = (list(sizes), args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
     run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
@@ -249,11 +247,9 @@ def learn_bpe(task):
     system's again when the worker ends, not kept by this process for the encoding."""
     counts_paths, vocab_size, normalizer, folder = task
     merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
+    pairs = drained(shards.summed_counts(counts_paths))  # the only hold on the summed counts
     tokenizer = BPETokenizer.train_from_counts(
-        drained(shards.summed_counts(counts_paths)),
-        vocab_size,
-        normalizer=normalizer,
-        on_merge=merging.update,
+        pairs, vocab_size, normalizer=normalizer, on_merge=merging.update
     )
     merging.close()
     tokenizer.save(folder)

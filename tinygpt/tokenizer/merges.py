@@ -10,11 +10,9 @@ _NEVER = sys.maxsize  # the rank of a pair no merge joins
 class Merges:
     """Learned merges, applied to a word lowest-ranked pair first until no known pair is left.
 
-    Each piece gets a one-character code and a word is held as the string of its pieces' codes,
-    as training holds it (bpe.learn_merges): the ranks of a word's pairs are looked up by its
-    two-character substrings, and a merge is str.replace, which joins each occurrence of the
-    pair, left to right, as BPE does.
-    """
+    A word is held as the string of its pieces' one-character codes, as training holds it
+    (bpe.learn_merges): a pair's rank is looked up by two characters, and a merge is str.replace,
+    which joins each occurrence of the pair left to right, as BPE does."""
 
     def __init__(self, merges):
         """merges: [(left, right)] in rank order, rank 0 merged first."""
