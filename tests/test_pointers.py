@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FENCED
+
 ROOT = Path(__file__).parents[1]
 DOC = ROOT / "docs" / "internals.md"
-FENCED = re.compile(r"^```.*?^```", re.M | re.S)  # code blocks: commands and shapes, not references
 TOP = r"(?:autograd|tinygpt|train|tests|bench|docs|\.ci)"  # where a path of the repository starts
 PATH = rf"({TOP}/[\w./-]*\.(?:py|cuh|cu|h|cpp|md|toml)\b)(?::([A-Za-z_]\w*(?:\.\w+)*))?"
 REFERENCE = re.compile(f"`{PATH}`")  # a page's; other files it names (an output, another project's) are not

@@ -25,14 +25,21 @@ from autograd.kernels import attention as attention_kernels
 from autograd.kernels import compiling, sources
 from autograd.kernels import linear as linear_kernels
 from tests import fake_cuda
-from tests.autograd.test_functional import fresh_stream, on_device
-from tests.autograd.test_kernels import assert_fast_equals_reference, column_sums_in_their_order
-from tests.autograd.test_kernels_adam import assert_close as assert_adam_close
-from tests.autograd.test_kernels_adam import train
-from tests.autograd.test_kernels_loss_embedding import assert_close, both_paths, summation_slack
-from tests.autograd.test_kernels_norm_gelu import assert_paths_agree, layer_norm_dtypes
-from tests.test_pointers import FENCED
-from tests.test_pointers import TEXT as INTERNALS
+from tests.helpers import (
+    FENCED,
+    INTERNALS,
+    assert_adam_close,
+    assert_close,
+    assert_fast_equals_reference,
+    assert_paths_agree,
+    both_paths,
+    column_sums_in_their_order,
+    fresh_stream,
+    layer_norm_dtypes,
+    on_device,
+    summation_slack,
+    train_with_adam,
+)
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
@@ -815,7 +822,7 @@ def test_adam_and_clip_grad_norm(on_emulator, l2_mode, clip):
     shapes = [(5000,), (7, 9), (3,)]
     with emulator_kernels.thread_orders("written"):
         runs = [
-            train(shapes, 4, 3, on_emulator, reference, clip, l2_mode=l2_mode, lr=1e-2, l2=0.01)
+            train_with_adam(shapes, 4, 3, on_emulator, reference, clip, l2_mode=l2_mode, lr=1e-2, l2=0.01)
             for reference in (False, True)
         ]
     for what, fast, reference in zip(("parameter", "moment", "norm"), *runs):

@@ -12,38 +12,27 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import backend
 from autograd import functional as F
-from autograd.gradcheck import jacobian_check
-from autograd.testing import arrays, assert_gradients, checks_gradient_of, indices, leaf, shapes
+from autograd.testing import arrays, checks_gradient_of, indices, leaf, shapes
 from tests import tf32
+from tests.helpers import (
+    SEEDS,
+    attention_inputs,
+    check_gradients_at,
+    fresh_stream,
+    linear_inputs,
+    logits_and_targets,
+    on_device,
+    packed_heads,
+    ref_gelu_tanh,
+)
 
-JACOBIAN_MAX_ENTRIES = 64  # full Jacobian checks only below this many input entries: they cost O(n^2)
 TOLERANCE = {np.float32: dict(rtol=1e-5, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
-SEEDS = st.integers(0, 2**32 - 1)
 
 pytestmark = pytest.mark.usefixtures("each_path")  # every test on the fast and the reference paths
-
-
-def check_gradients_at(fn, inputs):
-    """The gradients along a random direction, the full Jacobian too when the inputs are small."""
-    assert_gradients(fn, *inputs)
-    if sum(x.size for x in inputs if x.requires_grad) <= JACOBIAN_MAX_ENTRIES:
-        jacobian_check(fn, inputs)
-
-
-def on_device(array, device):
-    """A raw integer array (ids, targets) on `device`, as a caller would pass it."""
-    return backend.to_device(array, backend.parse_device(device))
-
-
-def fresh_stream(seed):
-    """A new mask stream: one per call, so that each call with a seed draws the same dropout
-    masks, on any device."""
-    return ag.random.MaskStream(seed)
 
 
 def float_tensor(array, device, dtype):
@@ -82,10 +71,6 @@ def ref_cross_entropy_grad(logits, targets, ignore_index, reduction):
     return grad / counted.sum() if reduction == "mean" else grad
 
 
-def ref_gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-
-
 def ref_gelu_exact(x):
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
@@ -117,14 +102,6 @@ def huge_logits(dtype):
 
 # ----------------------------------------------------------------------------------------------
 # linear
-
-
-@st.composite
-def linear_inputs(draw):
-    """x (..., n_in) with 1 to 3 axes, weight (n_in, n_out), and bias (n_out,) or None."""
-    x = draw(arrays(shapes(min_dims=1, max_dims=3)))
-    n_in, n_out = x.shape[-1], draw(st.integers(1, 4))
-    return x, draw(arrays((n_in, n_out))), draw(st.none() | arrays((n_out,)))
 
 
 @given(linear_inputs())
@@ -334,20 +311,6 @@ def test_softmax_and_log_softmax_of_huge_logits(device, dtype, fn, ref_forward, 
 # cross_entropy
 
 REDUCTIONS = ["mean", "sum", "none"]
-
-
-@st.composite
-def logits_and_targets(draw, logits=None):
-    """Logits (N, C) or (B, T, C), integer targets, and an ignore_index that some targets (never
-    all) equal."""
-    if logits is None:
-        logits = draw(arrays(shapes(min_dims=2, max_dims=3, max_side=5)))
-    n_classes = logits.shape[-1]
-    targets = draw(indices(n_classes, logits.shape[:-1]))
-    ignore_index = draw(st.sampled_from([-100, -1]))
-    ignored = draw(hnp.arrays(np.bool_, targets.shape))
-    ignored.flat[0] = False
-    return logits, np.where(ignored, ignore_index, targets), ignore_index
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -657,25 +620,6 @@ def test_dropout_rejects_p_outside_zero_one(device, p):
 # scaled_dot_product_attention
 
 
-@st.composite
-def attention_inputs(draw, causal=st.booleans()):
-    """q (..., T, d), k (..., S, d), v (..., S, e), causal: 0 to 2 leading head axes, each of
-    which q, k or v may share (size 1, broadcast); S = T when causal, any S otherwise."""
-    causal = draw(causal)
-    heads = draw(shapes(min_dims=0, max_dims=2, max_side=3))
-    n_queries, d, e = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
-    n_keys = n_queries if causal else draw(st.integers(1, 4))
-
-    def heads_of_one_input():
-        shared = draw(st.lists(st.booleans(), min_size=len(heads), max_size=len(heads)))
-        return tuple(1 if s else n for s, n in zip(shared, heads))
-
-    q = draw(arrays(heads_of_one_input() + (n_queries, d)))
-    k = draw(arrays(heads_of_one_input() + (n_keys, d)))
-    v = draw(arrays(heads_of_one_input() + (n_keys, e)))
-    return q, k, v, causal
-
-
 @given(attention_inputs())
 def test_attention_is_softmax_of_scaled_scores_times_values(device, inputs):
     """Output = softmax(q k^T / sqrt(d) + causal mask) v, computed directly in NumPy."""
@@ -733,13 +677,6 @@ def test_attention_dropout_drops_attention_weights(device, p, seed):
     zeroed = dropped == 0  # softmax weights are positive, so only dropout makes zeros
     np.testing.assert_allclose(dropped[~zeroed], weights[~zeroed] / (1 - p), rtol=1e-12)
     assert abs(zeroed.mean() - p) <= 6 * math.sqrt(p * (1 - p) / zeroed.size)
-
-
-@st.composite
-def packed_heads(draw):
-    """qkv (batch, time, 3 * width) as c_attn makes it, and the number of heads."""
-    batch, time, n_head, head_width = (draw(st.integers(1, n)) for n in (2, 4, 3, 3))
-    return draw(arrays((batch, time, 3 * n_head * head_width))), n_head
 
 
 def split_attention(qkv, n_head, **options):

@@ -1,7 +1,6 @@
 """The fast paths of autograd/kernels give the numbers of their ops' reference paths, and the
 rule that picks a path does what it says."""
 
-import contextlib
 import importlib
 import os
 import subprocess
@@ -18,68 +17,21 @@ from autograd import backend, kernels
 from autograd import functional as F
 from autograd.kernels import linear as linear_kernels
 from autograd.testing import arrays, functions_of, shapes
-from tests import tf32
-from tests.autograd.test_functional import (
+from tests.helpers import (
+    FAST_PATH_TESTED,
     SEEDS,
+    WITH_BF16,
+    assert_fast_equals_reference,
     attention_inputs,
+    column_sums_in_their_order,
+    compares_fast_path_of,
     fresh_stream,
     linear_inputs,
     logits_and_targets,
     packed_heads,
 )
 
-FAST_PATH_TESTED = set()  # Functions whose fast paths a test below compares with the reference
-TOLERANCE = {
-    np.dtype(np.float32): dict(rtol=2e-5, atol=2e-6),
-    np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
-    ag.bfloat16: dict(rtol=2**-7, atol=2**-7),  # one bfloat16 rounding apart at most
-}
 DTYPES = [np.float32, np.float64]
-WITH_BF16 = [np.float32, np.float64, ag.bfloat16]  # the GPU's fast paths take bfloat16 too
-
-
-def compares_fast_path_of(*functions):
-    FAST_PATH_TESTED.update(functions)
-    return lambda test: test
-
-
-def upstream(shape):
-    """The fixed random gradient that forward_and_backward sends into an output of `shape`."""
-    return np.random.default_rng(0).standard_normal(shape)
-
-
-def forward_and_backward(fn, inputs, device, dtype, reference):
-    """fn's output and its inputs' gradients for a fixed random upstream, as host arrays, on the
-    reference path or on the fast ones."""
-    with ag.use_reference(reference):
-        tensors = [ag.tensor(a, requires_grad=True, dtype=dtype, device=device) for a in inputs]
-        out = fn(*tensors)
-        out.backward(upstream(out.shape))
-    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
-
-
-def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
-    fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
-    # a fast path with products of its own (attention's kernels: float32's on CUDA cores, whatever
-    # CUPY_TF32 says, or TF32's on tensor cores under the tf32 policy) is held to a reference whose
-    # float32 products are float32's, and to TF32's error where TF32 was asked for
-    with tf32.off(device) if reference_without_tf32 else contextlib.nullcontext():
-        reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
-    for name, a, b in zip(
-        ["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference
-    ):
-        assert a.dtype == b.dtype == dtype, name
-        a, b, tolerance = a.astype(np.float64), b.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-        # rounding follows the largest values an entry is computed from (a row's sums, the inputs,
-        # `terms`: the largest term of a sum inside the op), so the absolute tolerance scales with the
-        # largest of them: a small entry next to large ones may come out of a cancellation. Finite
-        # ones: a NaN or an infinity passes only where the other side has the same
-        # (assert_allclose), and widens no tolerance.
-        scale = max([1.0, terms] + [float(np.abs(x[np.isfinite(x)]).max(initial=0)) for x in [b, *inputs]])
-        allowed = dict(rtol=tolerance["rtol"], atol=tolerance["atol"] * scale)
-        if np.dtype(dtype) == np.float32:
-            allowed = tf32.tolerance(device, **allowed, scale=scale)
-        np.testing.assert_allclose(a, b, **allowed, err_msg=name)
 
 
 @compares_fast_path_of(F.Linear)
@@ -89,27 +41,6 @@ def test_linear(device, dtype, case):
     x, weight, bias = case
     inputs = [x, weight] + ([bias] if bias is not None else [])
     assert_fast_equals_reference(F.linear, inputs, device, dtype)
-
-
-def column_sums_in_their_order(x, rows_per_chunk):
-    """The column sums of a (rows, width) array as column_sums.cu and partial_sums.cuh add them, in
-    float32: each chunk's rows one after another, then FAN_IN of the chunks' sums at a time, one after
-    another, and so on up a tree of such groups to one."""
-    x = x.astype(np.float32)
-
-    def in_order(rows):
-        total = np.zeros(x.shape[1], np.float32)
-        for row in rows:
-            total += row
-        return total
-
-    firsts = range(0, max(len(x), 1), rows_per_chunk)
-    level = [in_order(x[first : first + rows_per_chunk]) for first in firsts]
-    fan_in = linear_kernels.FAN_IN
-    while True:
-        level = [in_order(level[first : first + fan_in]) for first in range(0, len(level), fan_in)]
-        if len(level) == 1:
-            return level[0]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ag.bfloat16])

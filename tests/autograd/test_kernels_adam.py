@@ -16,7 +16,7 @@ from autograd import backend
 from autograd.kernels import adam as adam_kernels
 from autograd.nn import Parameter
 from autograd.optim import Adam, clip_grad_norm
-from tests.autograd.test_kernels import TOLERANCE
+from tests.helpers import assert_adam_close, global_norm, train_with_adam
 
 CHUNK = adam_kernels.CHUNK
 SIDES = st.sampled_from([1, 2, 3, 7, 63, 64, 65]) | st.integers(1, 100)  # 64 x 64 is one CHUNK
@@ -37,59 +37,6 @@ def options():
     )
 
 
-def gradients(rng, shapes, device):
-    """One step's gradients, about one in four None; 2-D ones sometimes strided (a transposed copy)."""
-    grads = []
-    for shape in shapes:
-        if rng.random() < 0.25:
-            grads.append(None)
-            continue
-        g = (rng.standard_normal(shape) * rng.uniform(0.1, 10)).astype(np.float32)
-        strided = len(shape) == 2 and rng.random() < 0.3
-        grads.append(backend.to_device(g.T.copy(), device).T if strided else backend.to_device(g, device))
-    return grads
-
-
-def global_norm(grads):
-    return float(
-        np.sqrt(sum((backend.to_host(g).astype(np.float64) ** 2).sum() for g in grads if g is not None))
-    )
-
-
-def train(shapes, seed, steps, device, reference, clip=None, restart_at=None, **options):
-    """Float32 parameters of `shapes` stepped `steps` times by Adam(**options) on the kernels or on the
-    reference: lr rising each step as a schedule would, clip_grad_norm(max_norm = clip x the norm)
-    before each step when `clip`, and the optimizer rebuilt from its saved state at step
-    `restart_at` (new moment arrays). Returns host copies of the parameters, the moments and the norms."""
-    rng = np.random.default_rng(seed)
-    device = backend.parse_device(device)
-    params = [Parameter(backend.to_device(rng.standard_normal(s).astype(np.float32), device)) for s in shapes]
-    lr, norms = options.pop("lr"), []
-    with ag.use_reference(reference):
-        opt = Adam(params, lr=lr, **options)
-        for step in range(steps):
-            if step == restart_at:
-                state, opt = opt.state_dict(), Adam(params)
-                opt.load_state_dict(state)  # copies of the moments: new arrays
-            for p, g in zip(params, gradients(rng, shapes, device)):
-                p.grad = g
-            if clip is not None:
-                norms.append(
-                    backend.to_host(clip_grad_norm(params, clip * global_norm([p.grad for p in params])))
-                )
-            opt.lr = lr * (step + 1) / steps
-            opt.step()
-    return [p.numpy() for p in params], [backend.to_host(a) for a in opt.m + opt.v], norms
-
-
-def assert_close(fast, reference, what):
-    tolerance = TOLERANCE[np.dtype(np.float32)]
-    assert len(fast) == len(reference)
-    for i, (a, b) in enumerate(zip(fast, reference)):
-        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape, f"{what} {i}"
-        np.testing.assert_allclose(a, b, **tolerance, err_msg=f"{what} {i}")
-
-
 @pytest.mark.parametrize("clip", CLIPS)
 @pytest.mark.parametrize("vector_l2", [False, True])
 @pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
@@ -100,13 +47,15 @@ def test_adam_and_clipping_on_the_kernels_equal_the_reference(
 ):
     """Parameters, moments and returned norms after several steps: kernels == reference."""
     runs = [
-        train(shapes, seed, steps, device, reference, clip, l2_mode=l2_mode, vector_l2=vector_l2, **opts)
+        train_with_adam(
+            shapes, seed, steps, device, reference, clip, l2_mode=l2_mode, vector_l2=vector_l2, **opts
+        )
         for reference in (False, True)
     ]
     (params, moments, norms), (ref_params, ref_moments, ref_norms) = runs
-    assert_close(params, ref_params, "parameter")
-    assert_close(moments, ref_moments, "moment")
-    assert_close(norms, ref_norms, "norm")
+    assert_adam_close(params, ref_params, "parameter")
+    assert_adam_close(moments, ref_moments, "moment")
+    assert_adam_close(norms, ref_norms, "norm")
 
 
 @pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
@@ -114,11 +63,11 @@ def test_adam_and_clipping_on_the_kernels_equal_the_reference(
 def test_adam_on_the_kernels_after_load_state_dict(device, l2_mode, shapes, seed, opts):
     """A restored optimizer holds new moment arrays: the kernels read their pointers, not stale ones."""
     runs = [
-        train(shapes, seed, 4, device, reference, restart_at=2, l2_mode=l2_mode, **opts)
+        train_with_adam(shapes, seed, 4, device, reference, restart_at=2, l2_mode=l2_mode, **opts)
         for reference in (False, True)
     ]
-    assert_close(runs[0][0], runs[1][0], "parameter")
-    assert_close(runs[0][1], runs[1][1], "moment")
+    assert_adam_close(runs[0][0], runs[1][0], "parameter")
+    assert_adam_close(runs[0][1], runs[1][1], "moment")
 
 
 @pytest.mark.parametrize("limit", [0.5, 1.0, 3.0])  # times the norm: clipped, at the limit, under it

@@ -18,12 +18,14 @@ from autograd import functional as F
 from autograd.kernels import attention as attention_kernels
 from autograd.testing import shapes
 from tests import tf32
-from tests.autograd.test_functional import SEEDS, fresh_stream
-from tests.autograd.test_kernels import (
+from tests.helpers import (
+    SEEDS,
     TOLERANCE,
     WITH_BF16,
     assert_fast_equals_reference,
     compares_fast_path_of,
+    forward_and_backward_typed,
+    fresh_stream,
     upstream,
 )
 
@@ -103,16 +105,6 @@ def attend_packed(n_head, dropout_p, seed):
 def bias_dtype(dtype):
     """The bias's type beside qkv of `dtype`: float32 for bfloat16 qkv (the bf16 policy's parameters)."""
     return np.dtype(np.float32) if dtype == ag.bfloat16 else np.dtype(dtype)
-
-
-def forward_and_backward_typed(fn, inputs, dtypes, device, reference):
-    """fn's output and its inputs' gradients, each input in its own type, for the fixed upstream, as
-    host arrays, on the reference path or on the fast ones."""
-    with ag.use_reference(reference):
-        tensors = [ag.tensor(a, requires_grad=True, dtype=t, device=device) for a, t in zip(inputs, dtypes)]
-        out = fn(*tensors)
-        out.backward(upstream(out.shape))
-    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
 
 
 def assert_packed_fast_equals_reference(qkv, bias, n_head, dropout_p, seed, device, dtype):

@@ -20,8 +20,7 @@ import autograd as ag
 from autograd import backend, emulator, masks
 from autograd import functional as F
 from autograd.kernels import attention as attention_kernels
-from tests.autograd.test_functional import SEEDS, fresh_stream
-from tests.autograd.test_kernels import upstream
+from tests.helpers import SEEDS, fresh_stream, upstream
 
 LOG2_E = np.float32(1.4426950408889634)
 

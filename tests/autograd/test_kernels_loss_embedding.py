@@ -6,7 +6,6 @@ Both ops mix floating types (bfloat16 logits give float32 losses; a float32 tabl
 activations under bf16 and keeps a float32 gradient), so the comparison here checks that the two
 paths give the same types, and the values within the tolerance of the inputs' type."""
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given
@@ -15,37 +14,20 @@ from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import functional as F
-from tests.autograd.test_functional import SEEDS, on_device
-from tests.autograd.test_kernels import (
-    TOLERANCE,
+from tests.helpers import (
+    SEEDS,
     WITH_BF16,
+    assert_close,
+    both_paths,
     compares_fast_path_of,
     forward_and_backward,
+    on_device,
+    summation_slack,
     upstream,
 )
 
 GPT1_VOCAB, GPT1_WIDTH = 40478, 768
 BLOCK_EDGES = [1, 31, 32, 33, 255, 256, 257, 1023]  # around a warp and a block of 256 threads
-
-
-def both_paths(fn, inputs, device, dtype):
-    """(fast, reference): fn's output and its inputs' gradients on each path, as host arrays."""
-    return [forward_and_backward(fn, inputs, device, dtype, reference=on) for on in (False, True)]
-
-
-def assert_close(name, fast, reference, dtype, slack=0.0):
-    """Same type, and values within the TOLERANCE of `dtype` (the absolute part scaled by the
-    largest entry, as assert_fast_equals_reference does), plus `slack` (a scalar or an array). A NaN
-    or an infinity passes only where the other side has the same."""
-    assert fast.dtype == reference.dtype, f"{name}: {fast.dtype} against {reference.dtype}"
-    a, b, tolerance = fast.astype(np.float64), reference.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-    finite = np.isfinite(a) & np.isfinite(b)
-    agree = finite | (a == b) | (np.isnan(a) & np.isnan(b))
-    assert agree.all(), f"{name}: {np.count_nonzero(~agree)} entries NaN or infinite on one side only"
-    a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)  # the others agree: no tolerance
-    atol = tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
-    excess = np.abs(a - b) - (atol + tolerance["rtol"] * np.abs(b) + slack)
-    assert (excess <= 0).all(), f"{name}: {np.count_nonzero(excess > 0)} entries out, by up to {excess.max()}"
 
 
 @pytest.mark.parametrize("odd", [np.nan, np.inf, -np.inf])
@@ -160,18 +142,6 @@ def ids_and_table(draw):
     distinct = draw(st.integers(1, n_rows))
     ids = rng.integers(0, distinct, draw(hnp.array_shapes(min_dims=0, max_dims=3, max_side=9)))
     return ids, rng.standard_normal((n_rows, dim))
-
-
-def summation_slack(ids, upstream, n_rows, dtype):
-    """How far apart two sums of a table row's m gradient vectors, added in different orders, may
-    be: each is within (m - 1) u sum|g| of the exact sum (u: the unit roundoff of `dtype`, in which
-    the reference adds), so 2 m u sum|g|, per entry of the table."""
-    unit_roundoff = ml_dtypes.finfo(dtype).eps / 2
-    flat = upstream.reshape(-1, upstream.shape[-1])
-    magnitudes = np.zeros((n_rows, flat.shape[1]))
-    np.add.at(magnitudes, ids.reshape(-1), np.abs(flat))
-    repeats = np.bincount(ids.reshape(-1), minlength=n_rows)[:, None]
-    return 2 * repeats * unit_roundoff * magnitudes
 
 
 @compares_fast_path_of(F.Embedding)

@@ -13,53 +13,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import backend, kernels
 from autograd import functional as F
+from autograd import kernels
 from autograd.kernels import gelu as gelu_kernels
 from autograd.kernels import launching
 from autograd.kernels import layer_norm as layer_norm_kernels
 from autograd.testing import shapes
-from tests.autograd.test_functional import SEEDS
-from tests.autograd.test_kernels import WITH_BF16, column_sums_in_their_order, compares_fast_path_of
-from tests.autograd.test_kernels_loss_embedding import assert_close
+from tests.helpers import (
+    GPT1_WIDTH,
+    LEADS,
+    SEEDS,
+    WIDTHS,
+    WITH_BF16,
+    assert_paths_agree,
+    column_sums_in_their_order,
+    compares_fast_path_of,
+    forward_and_backward_typed,
+    layer_norm_dtypes,
+    mean_rounding_slack,
+    normal,
+    upstream,
+)
 
-GPT1_WIDTH, GPT1_CONTEXT, GPT1_INNER = 768, 512, 3072
+GPT1_CONTEXT, GPT1_INNER = 512, 3072
 AFFINE = [(), ("weight",), ("bias",), ("weight", "bias")]
-# widths around a warp's and a block's registers (1024: a warp per row; 16384: a block per row; wider:
-# the reference), GPT-1's, and odd ones
-WIDTHS = [1, 2, 3, 31, 32, 33, 767, GPT1_WIDTH, 1023, 1024, 1025, 3000, 16384, 16385]
-# leading axes: one row, rows around a block of 8 warps and a chunk of 32 rows of dw and db, two axes
-LEADS = [(), (1,), (3,), (8,), (9,), (31,), (33,), (65,), (2, 5), (3, 33)]
-
-
-def upstream(shape):
-    """The fixed random gradient that run sends back through an output of `shape`."""
-    return np.random.default_rng(0).standard_normal(shape)
-
-
-def run(fn, inputs, dtypes, device, reference):
-    """fn's output and its inputs' gradients (each input in its own dtype) for a fixed random
-    upstream, as host arrays, on the reference path or on the fast ones."""
-    with ag.use_reference(reference):
-        tensors = [ag.tensor(a, requires_grad=True, dtype=d, device=device) for a, d in zip(inputs, dtypes)]
-        out = fn(*tensors)
-        out.backward(upstream(out.shape))
-    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
-
-
-def assert_paths_agree(fn, inputs, dtypes, device, slack=()):
-    """The fast path's output and gradients have the reference's types, and values within the
-    TOLERANCE of their type, its absolute part scaled by the largest entry (a small entry next to
-    large ones may come out of a cancellation), as assert_fast_equals_reference has it, plus
-    slack[i] (a number or an array) for the output or gradient i where given."""
-    fast, reference = (run(fn, inputs, dtypes, device, on) for on in (False, True))
-    names = ["output"] + [f"gradient of input {i}" for i in range(len(inputs))]
-    for i, (name, a, b) in enumerate(zip(names, fast, reference)):
-        assert_close(name, a, b, a.dtype, slack[i] if i < len(slack) else 0.0)
-
-
-def normal(rng, shape, scale=1.0, shift=0.0):
-    return rng.standard_normal(shape) * scale + shift
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,39 +51,10 @@ def layer_norm_inputs(draw):
     them."""
     width = draw(st.one_of(st.integers(1, 40), st.sampled_from(WIDTHS)))
     lead = draw(st.sampled_from(LEADS if width <= 4096 else [(), (1,), (3,)]))
-    rng = np.random.default_rng([draw(SEEDS), 1])  # not run's upstream: a dy along x cancels dx away
+    rng = np.random.default_rng([draw(SEEDS), 1])  # not upstream()'s: a dy along x cancels dx away
     scale, shift = draw(st.sampled_from([(0.1, 0.0), (1.0, 0.0), (10.0, 0.0), (1.0, 3.0), (10.0, -5.0)]))
     x = normal(rng, (*lead, width), scale, shift)
     return x, normal(rng, width, 1.0, 1.0), normal(rng, width, 0.5)
-
-
-def layer_norm_dtypes(dtype, n_params):
-    """x in `dtype`; the weight and bias float32 for bfloat16 x (the bf16 policy), else `dtype`."""
-    return [dtype] + [np.float32 if dtype == ag.bfloat16 else dtype] * n_params
-
-
-MEAN_CHAIN = 40  # the most additions in a chain of either path's sum of a row: a lane's 32 entries,
-# then 5 shuffles; NumPy's pairwise sum, 8 accumulators over blocks of 128
-
-
-def mean_rounding_slack(x, weight, affine, dtype, eps=1e-5):
-    """How far apart the rounding of a row's mean alone may put the two paths' y, dx, dw and db. Each
-    path sums the row in its own order, its mean within (k + 1) u max|x| of the exact one (k additions
-    in a chain, u the unit roundoff of the float32 math, float64's for float64). A mean off by delta
-    moves n = (x - mean) rstd by delta rstd, so, to first order, y by delta rstd |w|, dx by
-    delta rstd^2 |mean(g n) + n mean(g)| (g = dy w), dw by the sum over rows of delta rstd |dy|, and
-    db not at all: nothing in most rows, much where a row's spread is tiny beside its values."""
-    u = np.finfo(np.float32 if dtype == ag.bfloat16 else dtype).eps / 2
-    x = x.astype(dtype).astype(np.float64)
-    delta = 2 * (min(x.shape[-1] - 1, MEAN_CHAIN) + 1) * u * np.abs(x).max(axis=-1, keepdims=True)
-    centered = x - x.mean(axis=-1, keepdims=True)
-    rstd = 1 / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
-    n, w, dy = centered * rstd, weight if "weight" in affine else 1.0, upstream(x.shape)
-    g, moved_n = dy * w, delta * rstd  # moved_n: how far every n of a row may move
-    mean_gn, mean_g = (g * n).mean(axis=-1, keepdims=True), g.mean(axis=-1, keepdims=True)
-    dx = moved_n * rstd * (np.abs(mean_gn) + np.abs(n * mean_g))
-    dw = (moved_n * np.abs(dy)).reshape(-1, x.shape[-1]).sum(axis=0)
-    return [moved_n * np.abs(w), dx] + [dw if name == "weight" else 0.0 for name in affine]
 
 
 def assert_layer_norm_paths_agree(x, weight, bias, affine, dtype, device):
@@ -172,7 +120,8 @@ def test_layer_norm_repeats_bit_for_bit(device, dtype, width):
     rng = np.random.default_rng(5)
     inputs = [normal(rng, (4, 512, width)), normal(rng, width, 1.0, 1.0), normal(rng, width)]
     first, second = (
-        run(F.layer_norm, inputs, layer_norm_dtypes(dtype, 2), device, reference=False) for _ in range(2)
+        forward_and_backward_typed(F.layer_norm, inputs, layer_norm_dtypes(dtype, 2), device, reference=False)
+        for _ in range(2)
     )
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
@@ -280,7 +229,9 @@ def test_gelus_bias_gradient_repeats_bit_for_bit(device, dtype):
     rng = np.random.default_rng(10)
     inputs = [normal(rng, (2, GPT1_CONTEXT, GPT1_INNER), 2.0), normal(rng, GPT1_INNER)]
     first, second = (
-        run(lambda x, b: F.gelu(x, bias=b), inputs, layer_norm_dtypes(dtype, 1), device, reference=False)
+        forward_and_backward_typed(
+            lambda x, b: F.gelu(x, bias=b), inputs, layer_norm_dtypes(dtype, 1), device, reference=False
+        )
         for _ in range(2)
     )
     for a, b in zip(first, second):
@@ -296,7 +247,9 @@ def test_gelus_bias_gradient_on_a_gpu_adds_each_chunks_rows_in_order_then_the_ch
     chunk's edge."""
     rng = np.random.default_rng(seed)
     x, bias = normal(rng, (rows, width), 2.0), normal(rng, width)
-    _, grad_x, grad_bias = run(lambda x, b: F.gelu(x, bias=b), [x, bias], [np.float32] * 2, gpu_device, False)
+    _, grad_x, grad_bias = forward_and_backward_typed(
+        lambda x, b: F.gelu(x, bias=b), [x, bias], [np.float32] * 2, gpu_device, False
+    )
     np.testing.assert_array_equal(grad_bias, column_sums_in_their_order(grad_x, gelu_kernels.ROWS_PER_CHUNK))
 
 

@@ -13,15 +13,17 @@ import autograd as ag
 from autograd import functional as F
 from autograd.random import MaskStream
 from autograd.testing import arrays, checks_gradient_of, leaf, shapes
-from tests.autograd.test_functional import SEEDS, check_gradients_at
-from tests.autograd.test_kernels import WITH_BF16, compares_fast_path_of
-from tests.autograd.test_kernels_norm_gelu import (
+from tests.helpers import (
     LEADS,
+    SEEDS,
     WIDTHS,
+    WITH_BF16,
     assert_paths_agree,
+    check_gradients_at,
+    compares_fast_path_of,
+    forward_and_backward_typed,
     mean_rounding_slack,
     normal,
-    run,
     upstream,
 )
 
@@ -232,7 +234,9 @@ def test_the_fast_path_repeats_bit_for_bit(device, dtype):
     values = [normal(rng, (4, 512, 768)) for _ in range(2)] + [normal(rng, 768) for _ in range(3)]
     dtypes = [dtype, dtype] + [np.float32] * 3
     fn = fused(0.1, **dict.fromkeys(PARAMETERS))
-    first, second = (run(fn, values, dtypes, device, reference=False) for _ in range(2))
+    first, second = (
+        forward_and_backward_typed(fn, values, dtypes, device, reference=False) for _ in range(2)
+    )
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
 

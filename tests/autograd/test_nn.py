@@ -12,33 +12,10 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd import backend, nn
-from autograd.gradcheck import jacobian_check
-from autograd.testing import arrays, assert_gradients, away_from_zero, indices, leaf, shapes
-
-SEEDS = st.integers(0, 2**32 - 1)
-JACOBIAN_MAX_ENTRIES = 128  # the full Jacobian too when the input and parameters are this small
-EXACT = dict(rtol=1e-10, atol=1e-12)  # float64 against a NumPy formula of the same arithmetic
+from autograd.testing import arrays, away_from_zero, indices, leaf, shapes
+from tests.helpers import EXACT, SEEDS, check_layer_gradients, host, on, with_values
 
 pytestmark = pytest.mark.usefixtures("each_path")  # every test on the fast and the reference paths
-
-
-def on(device):
-    return backend.parse_device(device)
-
-
-def with_values(module, seed, device):
-    """`module` on `device` with float64 parameters drawn from U(-1, 1): generic values, so that
-    (unlike the near-zero init) every path through the layer shows in its output."""
-    rng = np.random.default_rng(seed)
-    module.to(device)
-    for p in module.parameters():
-        p.data = backend.to_device(rng.uniform(-1.0, 1.0, p.shape), on(device))
-    return module
-
-
-def host(module):
-    """{name: host copy} of the module's parameters."""
-    return {name: p.numpy() for name, p in module.named_parameters()}
 
 
 def assert_bitwise_equal(arrays_a, arrays_b):
@@ -48,30 +25,11 @@ def assert_bitwise_equal(arrays_a, arrays_b):
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
 
 
-def check_layer_gradients(module, x, seed=0):
-    """Finite-difference checks of module(x) with respect to x (when a Tensor) and every
-    parameter; the dropout masks are reseeded on each call so every call computes the same function."""
-
-    def fn(x, *params):
-        ag.manual_seed(seed)
-        return module(x)
-
-    named = dict(module.named_parameters())
-    inputs = [x, *named.values()]
-    assert_gradients(fn, *inputs, names=["x", *named])
-    if sum(t.size for t in inputs if isinstance(t, ag.Tensor)) <= JACOBIAN_MAX_ENTRIES:
-        jacobian_check(fn, inputs)
-
-
 # NumPy references -------------------------------------------------------------------------------
 
 
 def ref_layer_norm(x, weight, bias, eps):
     return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * weight + bias
-
-
-def ref_gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 # A model to exercise registration -----------------------------------------------------------------

@@ -14,7 +14,7 @@ from autograd import backend, threads
 from autograd import functional as F
 from autograd.random import MaskStream, current, default_generator, manual_seed, philox4x32_10, use_masks
 from autograd.testing import arrays, leaf
-from tests.autograd.test_kernels import assert_fast_equals_reference
+from tests.helpers import assert_fast_equals_reference
 
 SEEDS = st.integers(0, 2**64 - 1)
 STEPS = st.integers(0, 2**40)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import autograd as ag
 from autograd.testing import arrays, away_from_zero, leaf, shapes
-from tests.autograd.test_nn import EXACT, SEEDS, check_layer_gradients, host, ref_gelu_tanh, with_values
+from tests.helpers import EXACT, SEEDS, check_layer_gradients, host, ref_gelu_tanh, with_values
 from tinygpt.model import MLP, CausalSelfAttention
 
 pytestmark = pytest.mark.usefixtures("each_path")  # every test on the fast and the reference paths
