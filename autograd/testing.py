@@ -8,12 +8,13 @@
 The strategies draw shapes and float64 values that keep finite differences honest: away from
 zero denominators, from an op's kinks, from ties. `check_gradients` draws inputs, compares the
 backward pass with central finite differences and, when they disagree, lets hypothesis shrink
-the inputs to a small example whose error names the input and the entries. `check_fast_paths`
-compares an op's fast paths with its reference on any device (the CPU, the emulated CUDA device, a
-GPU), in float32 and bfloat16. `checks_gradient_of` and `assert_every_function_tested` make a suite
-fail when one of its ops has no gradient test; `DEVICES` and `each_path` are for pytest.
+the inputs to a small example whose error names the input and the entries. `check_fast_paths` compares
+an op's fast paths with its reference on any device (the CPU, the emulated CUDA device, a GPU), in float32
+and bfloat16, as `assert_fast_path_matches` does for inputs a test gives. `checks_gradient_of` and
+`assert_every_function_tested` fail a suite where an op has no gradient test; `DEVICES`, `each_path`: pytest.
 """
 
+import contextlib
 import importlib
 import inspect
 import math
@@ -170,8 +171,7 @@ def check_gradients(fn, *strategies, device="cpu", settings=None, requires_grad=
 
     float64 on a GPU runs the reference paths, so on a GPU device the fast paths are checked too,
     as check_fast_paths does in float32. Returns what it ran, a line for each property."""
-    unknown = set(tolerances) - {"eps", "atol", "rtol", "max_jacobian"}
-    if unknown:
+    if unknown := set(tolerances) - {"eps", "atol", "rtol", "max_jacobian"}:
         raise TypeError(
             f"check_gradients: no argument {', '.join(sorted(unknown))} (its tolerances: eps, atol, rtol, "
             "max_jacobian)"
@@ -215,12 +215,8 @@ def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, toleran
     def fast_matches_reference(values, wanted, names, data):
         seed = data.draw(st.integers(0, 2**32 - 1), label="output gradient seed")
         for dtype in dtypes:
-            fast, reference = (
-                _forward_backward(fn, values, wanted, device, dtype, seed, r) for r in (False, True)
-            )
-            for (what, a), (_, b) in zip(fast, reference):
-                what = f"{what} ({dtype} on {device}): fast path and reference differ"
-                np.testing.assert_allclose(a, b, *limits[str(dtype)], err_msg=what)
+            options = dict(device=device, dtype=dtype, seed=seed, requires_grad=wanted)
+            assert_fast_path_matches(fn, *values, tolerances={dtype: limits[str(dtype)]}, **options)
 
     examples, paths = _property(
         "check_fast_paths", fn, strategies, requires_grad, settings, fast_matches_reference
@@ -232,18 +228,32 @@ def _fast_paths(fn, strategies, device, dtypes, settings, requires_grad, toleran
     return f"{kinds} on {device}: {matched} ({paths})", True
 
 
+def assert_fast_path_matches(
+    fn, *values, device, dtype, seed=0, tolerances=None, requires_grad=None, scale=None, reference=None
+):
+    """check_fast_paths's comparison, for inputs a test gives (float arrays become tensors of `dtype` on
+    `device` that require grad, or as `requires_grad` says): of one type, close, for an output gradient drawn
+    from `seed`. `reference`: a context for the reference run; `scale`: see docs/your-own-op.md."""
+    dtype, wanted = np.dtype(dtype), requires_grad or [True] * sum(map(_floating, values))
+    rtol, atol = _limits([dtype], tolerances or {})[str(dtype)]
+    fast = _forward_backward(fn, values, wanted, device, dtype, seed, False)
+    with reference or contextlib.nullcontext():
+        slow = _forward_backward(fn, values, wanted, device, dtype, seed, True)
+    for (what, a), (_, b) in zip(fast, slow):
+        what = f"{what} ({dtype} on {device}): fast path and reference differ"
+        assert a.dtype == b.dtype, f"{what} in type: {a.dtype} against {b.dtype}"
+        a, b, largest = a.astype(np.float64), b.astype(np.float64), [1.0, scale or 0.0]
+        if scale is not None:  # finite ones: a NaN or an infinity passes only where both have it
+            largest += [np.abs(x[np.isfinite(x)]).max(initial=0) for x in [b, *values] if _floating(x)]
+        np.testing.assert_allclose(a, b, rtol, atol * float(max(largest)), err_msg=what)
+
+
 def _limits(dtypes, tolerances):
     """{dtype name: (rtol, atol)} for each of dtypes: TOLERANCES', or those `tolerances` gives."""
     limits = {str(dtype): TOLERANCES.get(str(dtype), TOLERANCES["float32"]) for dtype in dtypes}
     named = isinstance(tolerances, dict)
-    given = (
-        {k if isinstance(k, str) else str(np.dtype(k)): pair for k, pair in tolerances.items()}
-        if named
-        else {}
-    )
-    if not named or not all(
-        k in limits and isinstance(pair, tuple) and len(pair) == 2 for k, pair in given.items()
-    ):
+    given = {k if isinstance(k, str) else str(np.dtype(k)): v for k, v in tolerances.items()} if named else {}
+    if not named or not all(k in limits and isinstance(v, tuple) and len(v) == 2 for k, v in given.items()):
         raise TypeError(
             f"check_fast_paths: tolerances are {{dtype: (rtol, atol)}} for {list(limits)}, not {tolerances!r}"
         )
@@ -251,7 +261,7 @@ def _limits(dtypes, tolerances):
 
 
 def _forward_backward(fn, values, wanted, device, dtype, seed, reference):
-    """[("output", fn's output), ("gradient of <name>", its gradient) ...] as float64 host arrays, for
+    """[("output", fn's output), ("gradient of <name>", its gradient) ...] as host arrays, for
     inputs of `dtype` on `device` and an output gradient drawn from `seed`, on the reference paths or not."""
     with use_reference(reference):
         inputs = _inputs(values, wanted, device, dtype)
@@ -261,13 +271,9 @@ def _forward_backward(fn, values, wanted, device, dtype, seed, reference):
                 f"check_fast_paths: fn gave a {type(out).__name__}, not a Tensor (add several outputs up)"
             )
         out.backward(np.random.default_rng(seed).standard_normal(out.shape))
-    names = _names(fn, values)
-    grads = [
-        (f"gradient of {names[i]}", x.grad)
-        for i, x in enumerate(inputs)
-        if isinstance(x, Tensor) and x.requires_grad
-    ]
-    return [(what, backend.to_host(a).astype(np.float64)) for what, a in [("output", out.data), *grads]]
+    named = zip(_names(fn, values), inputs)
+    grads = [(f"gradient of {n}", x.grad) for n, x in named if isinstance(x, Tensor) and x.requires_grad]
+    return [(what, backend.to_host(a)) for what, a in [("output", out.data), *grads]]
 
 
 def _inputs(values, wanted, device, dtype=np.float64):

@@ -2,7 +2,6 @@
 and the comparison of an op's fast path with its reference that the kernel tests make. Test modules
 import from here (and from tests/tf32.py, tests/fake_cuda.py), never from one another."""
 
-import contextlib
 import math
 import re
 from pathlib import Path
@@ -18,7 +17,7 @@ from autograd.gradcheck import jacobian_check
 from autograd.kernels import linear as linear_kernels
 from autograd.nn import Parameter
 from autograd.optim import Adam, clip_grad_norm
-from autograd.testing import arrays, assert_gradients, indices, shapes
+from autograd.testing import arrays, assert_fast_path_matches, assert_gradients, indices, shapes
 from tests import tf32
 
 ROOT = Path(__file__).parents[1]
@@ -198,27 +197,22 @@ def forward_and_backward_typed(fn, inputs, dtypes, device, reference):
 
 
 def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
-    fast = forward_and_backward(fn, inputs, device, dtype, reference=False)
+    """autograd.testing.assert_fast_path_matches, every input requiring grad, with the project's TOLERANCE,
+    its atol scaled: rounding follows the largest values an entry is computed from (a row's sums, the
+    inputs, `terms`: the largest term of a sum inside the op), so the absolute tolerance scales with the
+    largest of them, as a small entry next to large ones may come out of a cancellation. A float32 result
+    whose products ran in TF32 is held to TF32's error (tests/tf32.py)."""
+    rtol, atol = TOLERANCE[np.dtype(dtype)].values()
+    if np.dtype(dtype) == np.float32:
+        atol = tf32.tolerance(device, rtol, atol)["atol"]  # max(atol, tf32.RELATIVE_ERROR) where TF32 is on
     # a fast path with products of its own (attention's kernels: float32's on CUDA cores, whatever
     # CUPY_TF32 says, or TF32's on tensor cores under the tf32 policy) is held to a reference whose
     # float32 products are float32's, and to TF32's error where TF32 was asked for
-    with tf32.off(device) if reference_without_tf32 else contextlib.nullcontext():
-        reference = forward_and_backward(fn, inputs, device, dtype, reference=True)
-    for name, a, b in zip(
-        ["output"] + [f"gradient of input {i}" for i in range(len(inputs))], fast, reference
-    ):
-        assert a.dtype == b.dtype == dtype, name
-        a, b, tolerance = a.astype(np.float64), b.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-        # rounding follows the largest values an entry is computed from (a row's sums, the inputs,
-        # `terms`: the largest term of a sum inside the op), so the absolute tolerance scales with the
-        # largest of them: a small entry next to large ones may come out of a cancellation. Finite
-        # ones: a NaN or an infinity passes only where the other side has the same
-        # (assert_allclose), and widens no tolerance.
-        scale = max([1.0, terms] + [float(np.abs(x[np.isfinite(x)]).max(initial=0)) for x in [b, *inputs]])
-        allowed = dict(rtol=tolerance["rtol"], atol=tolerance["atol"] * scale)
-        if np.dtype(dtype) == np.float32:
-            allowed = tf32.tolerance(device, **allowed, scale=scale)
-        np.testing.assert_allclose(a, b, **allowed, err_msg=name)
+    reference = tf32.off(device) if reference_without_tf32 else None
+    tolerances = {np.dtype(dtype): (rtol, atol)}
+    assert_fast_path_matches(
+        fn, *inputs, device=device, dtype=dtype, tolerances=tolerances, scale=terms, reference=reference
+    )
 
 
 def both_paths(fn, inputs, device, dtype):

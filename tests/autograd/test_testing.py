@@ -2,6 +2,7 @@
 backward and shrinks a wrong one to a small example naming the input, and its registry names
 every Function that no test checks."""
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autograd as ag
-from autograd import Function, testing
+from autograd import Function, kernels, testing
 from autograd.testing import checks_gradient_of
 
 
@@ -320,6 +321,35 @@ def test_a_wrong_sign_in_a_fast_backward_fails_on_its_own_device(device, wrong_o
         AssertionError, match=r"gradient of x \(float32 on [\w-]+\): fast path and reference differ"
     ):
         testing.check_fast_paths(cube, testing.arrays(testing.shapes()), device=device)
+
+
+def test_inputs_a_test_gives_are_compared_as_check_fast_paths_compares_drawn_ones(device, monkeypatch):
+    """assert_fast_path_matches: check_fast_paths's comparison for given inputs; `reference` holds the
+    reference run alone."""
+    x = np.linspace(-2.0, 2.0, 12).reshape(3, 4)
+    entered = []
+
+    @contextlib.contextmanager
+    def reference():
+        entered.append(kernels.reference_only())
+        yield
+
+    testing.assert_fast_path_matches(cube, x, device=device, dtype=np.float32, reference=reference())
+    assert entered == [False]  # entered once, before the reference run asks for the reference paths
+    monkeypatch.setattr(Cube, "wrong_on", "cpu" if device == "cpu" else "gpu")
+    with pytest.raises(AssertionError, match=r"gradient of x \(float32 on [\w-]+\): fast path and reference"):
+        testing.assert_fast_path_matches(cube, x, device=device, dtype=np.float32)
+
+
+def test_scale_widens_the_absolute_tolerance_by_the_largest_magnitude(monkeypatch):
+    """An error of 5e-4 next to values up to 8 passes an atol of 1e-4 scaled, not the atol alone."""
+    off = staticmethod(lambda ctx, x: setattr(ctx, "x", x) or x * x * x + 5e-4)
+    monkeypatch.setattr(Cube, "forward_cpu", off)
+    x = np.linspace(-2.0, 2.0, 12)
+    options = dict(device="cpu", dtype=np.float32, tolerances={np.float32: (0.0, 1e-4)})
+    testing.assert_fast_path_matches(cube, x, scale=0.0, **options)
+    with pytest.raises(AssertionError, match=r"output \(float32 on cpu\): fast path and reference differ"):
+        testing.assert_fast_path_matches(cube, x, **options)
 
 
 def test_check_gradients_on_a_gpu_device_checks_the_fast_path_too(gpu_device, monkeypatch):
