@@ -4,11 +4,16 @@ runs a test on the ops' fast paths and on their reference paths (autograd.testin
 
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# Under pytest-xdist (-n auto) a worker runs on each core: each keeps to one thread, for BLAS and for
+# autograd's pieces, rather than all of them spinning threads on every core. Before numpy loads BLAS.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from autograd.backend import cuda_available
-from autograd.testing import each_path  # noqa: F401 (a fixture: the tests' modules take it by name)
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from autograd.backend import cuda_available  # noqa: E402
+from autograd.testing import each_path  # noqa: E402, F401 (a fixture: the tests' modules take it by name)
 
 # each_path holds for the whole test, every example included: a function-scoped fixture is safe
 PROFILE = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

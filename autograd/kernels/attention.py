@@ -158,8 +158,9 @@ def cuda_tiles(struct, text=CUDA_TEXT):
 # CUPY_TF32's; for the head widths of MmaTiles<Element, width>), MMA_ROWS in every kernel. The kernels
 # stride over their tiles: any grid gives the same numbers.
 TILES, MMA_TILES = cuda_tiles("Tiles"), cuda_tiles("MmaTiles")
-MMA_ROWS = int(re.search(r"constexpr int MMA_ROWS = (\d+);", CUDA_TEXT)[1])
-TILE_THREADS = 128
+MMA_ROWS, TILE_THREADS = (  # a tensor-core block's rows, and every tile kernel's threads a block
+    int(re.search(rf"constexpr int {name} = (\d+);", CUDA_TEXT)[1]) for name in ("MMA_ROWS", "TILE_THREADS")
+)
 MAX_GRID_Y = 65535
 NO_BIAS = (np.uintp(0),) * 3  # null pointers: nothing added to q, k and v
 

@@ -21,7 +21,7 @@
 // tile kernel loops over its tiles with a stride of gridDim.y: any grid gives the same numbers. No atomics:
 // each output element is written once by one thread, after sums in a fixed order.
 
-constexpr int TILE_THREADS = 128;
+constexpr int TILE_THREADS = 128;  // autograd/kernels/attention.py reads it
 
 // Queries (rows) and keys of a tile, per head width, so that a block's float32 tiles fit 48 KB of shared memory;
 // both backward kernels use the backward pair. Written here only: autograd/kernels/attention.py:TILES reads them.
