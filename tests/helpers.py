@@ -357,3 +357,16 @@ def assert_adam_close(fast, reference, what):
     for i, (a, b) in enumerate(zip(fast, reference)):
         assert a.dtype == b.dtype == np.float32 and a.shape == b.shape, f"{what} {i}"
         np.testing.assert_allclose(a, b, **tolerance, err_msg=f"{what} {i}")
+
+
+def join_pair(pieces, left, right):
+    """BPE's merge of one pair by its definition: each adjacent (left, right), left to right, joined."""
+    joined, i = [], 0
+    while i < len(pieces):
+        if pieces[i : i + 2] == [left, right]:
+            joined.append(left + right)
+            i += 2
+        else:
+            joined.append(pieces[i])
+            i += 1
+    return joined

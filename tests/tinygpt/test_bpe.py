@@ -10,6 +10,7 @@ import regex
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from tests.helpers import join_pair
 from tinygpt.tokenizer import BPETokenizer
 from tinygpt.tokenizer.bpe import GPT2_PATTERN
 from tinygpt.tokenizer.text import GPT1Normalizer
@@ -47,15 +48,7 @@ def reference_encode(tokenizer, text):
     for word in regex.findall(GPT2_PATTERN, text):
         pieces = [BYTE_CHARS[byte] for byte in word.encode("utf-8")]
         for left, right in tokenizer.merges:
-            merged, i = [], 0
-            while i < len(pieces):
-                if pieces[i : i + 2] == [left, right]:
-                    merged.append(left + right)
-                    i += 2
-                else:
-                    merged.append(pieces[i])
-                    i += 1
-            pieces = merged
+            pieces = join_pair(pieces, left, right)
         ids += [tokenizer.token_to_id(piece) for piece in pieces]
     return ids
 

@@ -6,6 +6,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from autograd import functional as F
+from tests.helpers import join_pair
 from tinygpt import transformations
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer, base
 from tinygpt.tokenizer.base import SPECIAL_TOKENS, Tokenizer, ids_after
@@ -151,16 +152,7 @@ def merged_by_definition(word, merges):
         pairs = [pair for pair in zip(symbols, symbols[1:]) if pair in ranks]
         if not pairs:
             return symbols
-        left, right = min(pairs, key=ranks.get)
-        joined, i = [], 0
-        while i < len(symbols):
-            if symbols[i : i + 2] == [left, right]:
-                joined.append(left + right)
-                i += 2
-            else:
-                joined.append(symbols[i])
-                i += 1
-        symbols = joined
+        symbols = join_pair(symbols, *min(pairs, key=ranks.get))
 
 
 @st.composite
