@@ -1001,11 +1001,11 @@ def gdb_session(script):
 
 def gdb_shows(transcript):
     """What a transcript shows, as the test compares it: the functions of the frames gdb announces, their
-    files and lines, the source lines (number, and text without its spacing) and the values of `print`."""
+    files and lines, the source lines (number, and text without its spacing) and the values of `print`.
+    gdb names the thread that hit a breakpoint only where the process has several (OMP_NUM_THREADS=1: one)."""
     transcript = re.sub(r"^\(gdb\) .*\n", "", transcript, flags=re.M)
-    names = re.findall(
-        r'^(?:Thread \d+ "\w+" hit Breakpoint [\d.]+, )?([A-Za-z_][\w:]*(?:<[^<>\n]*>)?) \(', transcript, re.M
-    )
+    hit = r'(?:(?:Thread \d+ "\w+" hit )?Breakpoint [\d.]+, )?'
+    names = re.findall(rf"^{hit}([A-Za-z_][\w:]*(?:<[^<>\n]*>)?) \(", transcript, re.M)
     places = re.findall(r" at \S*?/(autograd/\S+):(\d+)$", transcript, re.M)
     lines = [(n, " ".join(code.split())) for n, code in re.findall(r"^(\d+)\s+(.*)$", transcript, re.M)]
     values = re.findall(r"^\$\d+ = (.*?)(?:\s+# .*)?$", transcript, re.M)
