@@ -141,7 +141,7 @@ def multi_head_backward_cpu(ctx, grad):
 # ----- the CUDA path: flash attention (autograd/kernels/cuda/attention.cu), for float32 and bfloat16
 
 WIDTHS = (64, 128)  # the head widths of the kernels: a head runs zero-padded in the first that holds it
-CUDA_TEXT = (compiling.SOURCES / "attention.cu").read_text()  # where the kernels' tile sizes are written
+CUDA_TEXT = compiling.text("attention")  # where the kernels' tile sizes are written
 
 
 def cuda_tiles(struct, text=CUDA_TEXT):
