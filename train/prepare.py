@@ -31,6 +31,7 @@ from .cli import add_text_arguments, positive_int
 from .run_folder import is_run, load_tokenizer
 
 EVERY = 5.0  # seconds between progress lines off a terminal
+WORKER_BYTES = 64 << 20  # text a worker reads before a fresh one takes its place (memory stays flat)
 
 
 def parse_args(argv):
@@ -116,9 +117,9 @@ class Progress:
 def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
     """function(task) for every task, in up to `workers` processes, each result handed to
     progress(result) as it comes; in this process where --workers is 1, where the tasks read less
-    than a piece (starting a worker costs more), or where there is one task and not `one_apart` (a
-    task whose memory should go back when it ends). The workers ignore Ctrl-C from birth: this
-    process stops them."""
+    than a piece (starting a worker costs more), or where there is one task and not `one_apart`. A
+    worker that has read about WORKER_BYTES makes way for a fresh one: what it holds (a word cache,
+    memory freed but kept) does not grow with the corpus. Workers ignore Ctrl-C: this process stops them."""
     if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
         for task in tasks:
             progress(function(task))
@@ -126,7 +127,8 @@ def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
     context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
     try:
-        pool = context.Pool(min(workers, len(tasks)))
+        each = max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks a worker takes
+        pool = context.Pool(min(workers, len(tasks)), maxtasksperchild=each)
     finally:
         signal.signal(signal.SIGINT, handler)
     with pool:
@@ -409,10 +411,6 @@ def summary(manifest, seconds):
     print(f"{shards_written} of {manifest['dtype']} ids, in {seconds:.1f} s")
 
 
-def interrupt(*_):
-    raise KeyboardInterrupt
-
-
 def of_text(paths, args, given=None):
     """The dataset folder of text files, folders or globs given to train.pretrain (args: its flags),
     prepared into the cache (TINYGPT_CACHE/datasets/, named by a hash of the paths and settings) as
@@ -456,7 +454,7 @@ def of_text(paths, args, given=None):
 @cli.command(parse_args)
 def main(parser, args):
     began = time.monotonic()
-    signal.signal(signal.SIGTERM, interrupt)  # a kill stops the workers as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops the workers as Ctrl-C does
     flag = "--tokenizer" if args.tokenizer else "--gpt1-tokenizer"
     with cli.reading(parser, flag):  # before any reading of the corpus
         given = (args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args)

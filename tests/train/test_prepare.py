@@ -172,8 +172,10 @@ def prepare_argv(data, out, *extra):
 
 def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp_path, capsys):
     data = corpus_of(tmp_path / "text")
-    # Small chunks, and pieces small enough that two workers are started (they read 1 MB pieces).
-    with mock.patch.object(corpus, "CHUNK_BYTES", 4000), mock.patch.object(corpus, "PIECE_BYTES", 1000):
+    # Small chunks, pieces small enough that two workers are started (they read 1 MB pieces), and
+    # workers that make way for fresh ones after a third of the corpus.
+    small = {"CHUNK_BYTES": 4000, "PIECE_BYTES": 1000}
+    with mock.patch.multiple(corpus, **small), mock.patch.object(prepare, "WORKER_BYTES", 60_000):
         run_prepare("--data", data, "--out", tmp_path / "one", "--vocab-size", 300, "--workers", 1)
         run_prepare("--data", data, "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2)
     one = folder_bytes(tmp_path / "one")
@@ -195,6 +197,17 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
         )
     error = "--data: {} was prepared with another tokenizer than --resume's ({})"
     assert error.format(tmp_path / "other", tmp_path / "run" / "tokenizer") in capsys.readouterr().err
+
+
+def worker_pid(_task):
+    return os.getpid()
+
+
+def test_a_worker_that_has_read_worker_bytes_makes_way_for_a_fresh_one():
+    pids = []
+    with mock.patch.object(prepare, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth each
+        prepare.run_tasks(worker_pid, range(4), 2, pids.append, 4 * corpus.PIECE_BYTES)
+    assert len(set(pids)) == 4
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])

@@ -142,8 +142,8 @@ def learn_merges(word_counts, num_merges, on_merge=None):
             words[index], lost, made = merge_word(words[index], pair, new)
             for lost_pair in lost:
                 pair_counts[lost_pair] -= freqs[index]
-                if not pair_counts[lost_pair]:
-                    del pair_counts[lost_pair]
+                if not pair_counts[lost_pair]:  # no word holds it now
+                    del pair_counts[lost_pair], words_with_pair[lost_pair]
             for made_pair in made:
                 pair_counts[made_pair] += freqs[index]
                 words_with_pair[made_pair].append(index)
