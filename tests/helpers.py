@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 import autograd as ag
 from autograd import backend
 from autograd.gradcheck import jacobian_check
+from autograd.kernels import compiling
 from autograd.kernels import linear as linear_kernels
 from autograd.nn import Parameter
 from autograd.optim import Adam, clip_grad_norm
@@ -29,6 +30,12 @@ FENCED = re.compile(r"^```.*?^```", re.M | re.S)  # code blocks: commands and sh
 INTERNALS = (ROOT / "docs" / "internals.md").read_text(encoding="utf-8")
 
 # ----- inputs
+
+
+def ptx_of(name):
+    """The PTX of autograd/kernels/cuda/<name>.cu for compute_90, compiled once for all the tests:
+    the kernel cache holds it for the next test and the next process."""
+    return compiling.cached(compiling.text(name), name, "compute_90").decode()
 
 
 def on_device(array, device):

@@ -24,6 +24,7 @@ from autograd.optim import Adam, clip_grad_norm
 from tinygpt import GPT, GPTConfig
 
 from .. import fake_cuda
+from ..helpers import ptx_of
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")
@@ -81,7 +82,7 @@ def signatures():
     """{kernel: (its PTX parameters, its C parameters)} for every entry point of every source."""
     found = {}
     for name in SOURCES:
-        ptx = compiling.ptx_entries(compiling.compiled(compiling.text(name), name, "compute_90").decode())
+        ptx = compiling.ptx_entries(ptx_of(name))
         c = c_kernels(name)
         found.update({kernel: (ptx[kernel], c.get(kernel)) for kernel in ptx})
         found.update({kernel: (None, c[kernel]) for kernel in c.keys() - ptx.keys()})

@@ -220,9 +220,9 @@ def test_attention_dropout_where_a_rows_mask_starts_inside_a_draw(device, n_quer
 @pytest.mark.parametrize("dtype", [*WITH_BF16, "tf32"])
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_multi_head_attention_at_gpt1_size(device, dtype, dropout_p):
-    """GPT-1's attention: 2 sequences of 512 tokens, 12 heads of 64, with its attention dropout and
+    """GPT-1's attention: a sequence of 512 tokens, 12 heads of 64, with its attention dropout and
     c_attn's bias; "tf32": float32 under the tf32 policy (on a GPU, the tensor cores' tf32 kernels)."""
-    qkv, bias = normal(0, (2, 512, 3 * 768), 3 * 768)
+    qkv, bias = normal(0, (1, 512, 3 * 768), 3 * 768)
     precision = ag.use_precision("tf32") if dtype == "tf32" else contextlib.nullcontext()
     with precision:
         dtype = np.float32 if dtype == "tf32" else dtype
