@@ -1,5 +1,6 @@
 """What the test modules share: strategies and inputs, the gradient checks of functionals and layers,
-and the comparison of an op's fast path with its reference that the kernel tests make. Test modules
+the comparison of an op's fast path with its reference that the kernel tests make, a tokenizer of
+whole words for the input transformations and the heads, and dropout's golden case. Test modules
 import from here (and from tests/tf32.py, tests/fake_cuda.py), never from one another."""
 
 import math
@@ -20,6 +21,7 @@ from autograd.nn import Parameter
 from autograd.optim import Adam, clip_grad_norm
 from autograd.testing import arrays, assert_fast_path_matches, assert_gradients, indices, shapes
 from tests import tf32
+from tinygpt.transformations import SPECIAL_TOKENS
 
 ROOT = Path(__file__).parents[1]
 SEEDS = st.integers(0, 2**32 - 1)
@@ -95,6 +97,29 @@ def packed_heads(draw):
     """qkv (batch, time, 3 * width) as c_attn makes it, and the number of heads."""
     batch, time, n_head, head_width = (draw(st.integers(1, n)) for n in (2, 4, 3, 3))
     return draw(arrays((batch, time, 3 * n_head * head_width))), n_head
+
+
+WORDS = "the cat sat on a mat dog ran far yes no".split()
+
+
+class WordTokenizer:
+    """One id per word of a fixed list, then the three special tokens: easy to read by hand."""
+
+    def __init__(self, words=WORDS):
+        self.ids = {word: i for i, word in enumerate(words)}
+        self.special_tokens = {name: len(words) + i for i, name in enumerate(SPECIAL_TOKENS)}
+        self.vocab_size = len(words) + len(SPECIAL_TOKENS)
+
+    def encode(self, text):
+        return [self.ids[word] for word in text.split()]
+
+
+# The golden case of the keep rule u >= round(p * 2^16). MaskStream(0, 0)'s first draw, example 0,
+# positions 0..7, draws Random123's first known answer (Philox at counter 0, key 0) as 16-bit numbers,
+# the low half of each word first: E8D5 6627 C58D E169 AC4C BC57 DBD8 9B00. p = 0xBC57 / 2^16 sets
+# the threshold to position 5's own number, which is kept.
+GOLDEN_P, GOLDEN_KEEP = 0xBC57 / 2**16, [True, False, True, True, False, True, True, False]
+ONE_ABOVE = [keep and j != 5 for j, keep in enumerate(GOLDEN_KEEP)]  # p = 0xBC58 / 2^16 drops it
 
 
 def normal(rng, shape, scale=1.0, shift=0.0):

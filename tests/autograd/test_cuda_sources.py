@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 
 from autograd import backend, random
 from autograd.kernels import compiling, sources
+from tests.helpers import GOLDEN_KEEP, GOLDEN_P, ONE_ABOVE, ptx_of
 
 from .. import fake_cuda
-from ..helpers import ptx_of
-from .test_random import GOLDEN_KEEP, GOLDEN_P, ONE_ABOVE
 
 SOURCES = sorted(path.stem for path in compiling.SOURCES.glob("*.cu"))
 

@@ -21,10 +21,10 @@ from autograd.emulator import kernels as emulator_kernels
 from autograd.functional import Embedding
 from autograd.kernels import compiling
 from autograd.optim import Adam, clip_grad_norm
+from tests.helpers import ptx_of
 from tinygpt import GPT, GPTConfig
 
 from .. import fake_cuda
-from ..helpers import ptx_of
 
 if not os.environ.get("CI"):  # CI installs NVRTC and g++: there a missing one must fail, not skip
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="pip install -e '.[nvrtc]'")

@@ -14,7 +14,7 @@ from autograd import backend, threads
 from autograd import functional as F
 from autograd.random import MaskStream, current, default_generator, manual_seed, philox4x32_10, use_masks
 from autograd.testing import arrays, leaf
-from tests.helpers import assert_fast_equals_reference
+from tests.helpers import GOLDEN_KEEP, GOLDEN_P, ONE_ABOVE, assert_fast_equals_reference
 
 SEEDS = st.integers(0, 2**64 - 1)
 STEPS = st.integers(0, 2**40)
@@ -143,14 +143,7 @@ def test_a_fraction_one_minus_p_is_kept(device, seed, step, p):
     assert abs(keep.mean() - (1 - p)) <= 6 * math.sqrt(p * (1 - p) / keep.size)
 
 
-# The golden case of the keep rule u >= round(p * 2^16). MaskStream(0, 0)'s first draw, example 0,
-# positions 0..7, draws Random123's first known answer (Philox at counter 0, key 0) as 16-bit numbers,
-# the low half of each word first: E8D5 6627 C58D E169 AC4C BC57 DBD8 9B00. p = 0xBC57 / 2^16 sets
-# the threshold to position 5's own number, which is kept.
-GOLDEN_P, GOLDEN_KEEP = 0xBC57 / 2**16, [True, False, True, True, False, True, True, False]
-ONE_ABOVE = [keep and j != 5 for j, keep in enumerate(GOLDEN_KEEP)]  # p = 0xBC58 / 2^16 drops it
-
-
+# The golden case of the keep rule (tests/helpers.py): p = 0xBC57 / 2^16 is position 5's own number.
 @pytest.mark.parametrize(
     "p, expected", [(GOLDEN_P, GOLDEN_KEEP), (GOLDEN_P + 2**-16, ONE_ABOVE)], ids=["at", "above"]
 )

@@ -10,6 +10,7 @@ import autograd as ag
 from autograd import backend
 from autograd.gradcheck import gradcheck
 from autograd.optim import Adam
+from tests.helpers import WORDS, WordTokenizer
 from tinygpt import GPT, GPTConfig
 from tinygpt.heads import (
     GPTForClassification,
@@ -21,8 +22,6 @@ from tinygpt.heads import (
     resize,
 )
 from tinygpt.transformations import IGNORE, collate, encode_examples
-
-from .test_transformations import WORDS, WordTokenizer
 
 VOCAB = 14  # WordTokenizer's 11 words and 3 special tokens
 NO_DROPOUT = dict(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers import WORDS, WordTokenizer
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 from tinygpt.transformations import (
     IGNORE,
@@ -21,21 +22,6 @@ from tinygpt.transformations import (
 )
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-WORDS = "the cat sat on a mat dog ran far yes no".split()
-
-
-class WordTokenizer:
-    """One id per word of a fixed list, then the three special tokens: easy to read by hand."""
-
-    def __init__(self, words=WORDS):
-        self.ids = {word: i for i, word in enumerate(words)}
-        self.special_tokens = {name: len(words) + i for i, name in enumerate(SPECIAL_TOKENS)}
-        self.vocab_size = len(words) + len(SPECIAL_TOKENS)
-
-    def encode(self, text):
-        return [self.ids[word] for word in text.split()]
-
-
 TOKENIZER = WordTokenizer()
 S, D, C = 11, 12, 13  # _start_, _delimiter_, _classify_ of WordTokenizer
 SPECIAL = SpecialTokens(S, D, C)

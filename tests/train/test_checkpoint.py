@@ -7,25 +7,13 @@ import os
 import numpy as np
 import pytest
 
-import autograd as ag
 from autograd.optim import Adam
 from autograd.serialization import load_file, save_file
-from tinygpt import GPT, GPTConfig
+from tinygpt import GPT
 from train import checkpoint as ckpt
 from train.run_folder import write_config
 
-CONFIG = GPTConfig(vocab_size=11, n_ctx=6, n_embd=8, n_layer=1, n_head=2)
-
-
-def trained_pair(seed=0):
-    """A model and its optimizer after one step, so the moments are not zero."""
-    ag.manual_seed(seed)
-    model = GPT(CONFIG)
-    optimizer = Adam(model.parameters(), lr=1e-2)
-    ids = np.random.default_rng(seed).integers(0, 11, (2, 6))
-    ag.functional.cross_entropy(model(ids[:, :-1]), ids[:, 1:]).backward()
-    optimizer.step()
-    return model, optimizer
+from .runs import CONFIG, trained_pair
 
 
 def test_save_and_load_restore_weights_moments_and_state(tmp_path):

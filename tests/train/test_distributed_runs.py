@@ -3,13 +3,9 @@ mpiexec: the same losses as one process with the same global batch, exact resume
 failing rank that ends the whole job. They skip where mpi4py or mpiexec is missing."""
 
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,53 +19,9 @@ from train import finetune, pretrain
 from train.checkpoint import checkpoint_steps, save_checkpoint
 from train.run_folder import read_metrics, save_tokenizer, write_config
 
-from .runs import ROOT, pretrain_argv
+from .runs import ROOT, TIMEOUT, pretrain_argv, run_job
 
-TIMEOUT = 240  # seconds; a job still running then has hung
 STEP_OF_8 = ["--batch-size", "8", "--log-every", "1"]  # SMALL's run with 8 windows a step, each step logged
-
-
-@pytest.fixture
-def mpiexec(tmp_path):
-    """The command that starts n ranks: the mpiexec installed beside this Python (pip install
-    'tinygpt[mpi]'), else the first on PATH. Each rank uses one thread."""
-    pytest.importorskip("mpi4py", reason="needs mpi4py: pip install 'tinygpt[mpi]'")
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        pytest.skip("no mpiexec: pip install 'tinygpt[mpi]'")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-        "TINYGPT_CACHE": str(tmp_path / "cache"),
-        "MPIEXEC_TIMEOUT": str(TIMEOUT),
-    }  # MPICH's launcher ends a job that runs longer
-
-    def command(n, *ranks):
-        """[mpiexec -n n python args...], or one such part per argument list in `ranks` (ranks
-        started with different arguments), n // len(ranks) ranks each."""
-        parts = []
-        for args in ranks:
-            parts += [":"] * bool(parts) + ["-n", str(n // len(ranks)), sys.executable, *args]
-        return [found, *parts]
-
-    command.env = env
-    return command
-
-
-def run_job(command, env):
-    """(return code, output) of a job; one that outlives TIMEOUT is stopped and fails the test."""
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.terminate()  # mpiexec passes it on to every rank
-        output, _ = process.communicate()
-        pytest.fail(f"the job hung:\n{output[-3000:]}")
-    return process.returncode, output
 
 
 def pretrain_args(corpus, out, *extra):

@@ -4,94 +4,17 @@ or are counted, and the label map is saved and reused."""
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
-import autograd as ag
-from autograd.optim import Adam
 from tinygpt import GPT, GPTConfig
-from tinygpt.heads import make_head
-from tinygpt.tokenizer import BPETokenizer
 from tinygpt.weights import dependencies
 from train import finetune
-from train.checkpoint import checkpoint_steps, read_weights, save_checkpoint
-from train.run_folder import read_config, read_metrics, save_tokenizer, write_config
+from train.checkpoint import checkpoint_steps, read_weights
+from train.run_folder import read_config, read_metrics
 
-from .runs import ctrl_c
-
-# the class of a text is the set its words come from
-WORD_SETS = ("cat mat sat hat".split(), "dog log fog end".split())
-LABELS = ("pos", "neg")
-FAST = ["--lr", "1e-2", "--batch-size", "16", "--device", "cpu"]
-
-
-def pretrained_run(folder):
-    """A run folder as train.pretrain writes it, with a two-block GPT whose weights are not those
-    of a fresh initialisation (non-zero biases, gains other than 1), so re-initialised ones show."""
-    tokenizer = BPETokenizer.train([" ".join(words) for words in WORD_SETS] * 5, vocab_size=300)
-    ag.manual_seed(123)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_ctx=24, n_embd=32, n_layer=2, n_head=4)
-    model = GPT(config)
-    rng = np.random.default_rng(0)
-    model.load_state_dict(
-        {
-            name: (
-                1 + 0.1 * rng.standard_normal(p.shape)
-                if ".ln_" in name and name.endswith("weight")
-                else 0.01 * rng.standard_normal(p.shape)
-            ).astype(np.float32)
-            for name, p in model.named_parameters()
-            if p.ndim == 1
-        },
-        strict=False,
-    )
-    os.makedirs(folder, exist_ok=True)
-    write_config(folder, config, {"preset": "test"})
-    save_tokenizer(tokenizer, folder)
-    save_checkpoint(folder, 100, model, Adam(model.parameters()), {})
-    return model, tokenizer
-
-
-def examples(n, seed, only=None):
-    """n texts of 2-6 words, all from one word set; the label names the set."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for word_set in rng.integers(0, 2, n) if only is None else [only] * n:
-        rows.append(
-            {"text": " ".join(rng.choice(WORD_SETS[word_set], rng.integers(2, 7))), "label": LABELS[word_set]}
-        )
-    return rows
-
-
-def write_jsonl(path, rows):
-    lines = (row if isinstance(row, str) else json.dumps(row) for row in rows)
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The pre-trained run, and train (128 examples) and dev (64) files."""
-    folder = tmp_path_factory.mktemp("data")
-    model, tokenizer = pretrained_run(folder / "pretrained")
-    train = write_jsonl(folder / "train.jsonl", examples(128, seed=1))
-    dev = write_jsonl(folder / "dev.jsonl", examples(64, seed=2))
-    return folder, model, tokenizer, train, dev
-
-
-def finetune_argv(setup, out, *extra):
-    """The flags of a FAST fine-tune of the setup's pre-trained run on its jsonl files into `out`,
-    then `extra` (made text)."""
-    folder, _, _, train, dev = setup
-    task = ["--init-from", str(folder / "pretrained"), "--task", "jsonl"]
-    return [*task, "--train", str(train), "--dev", str(dev), "--out", str(out), *FAST, *map(str, extra)]
-
-
-def finetune_run(setup, out, *extra):
-    finetune.main(finetune_argv(setup, out, *extra))
-    return out
+from .runs import FAST, WORD_SETS, ctrl_c, examples, finetune_argv, finetune_head, finetune_run, write_jsonl
 
 
 def weights(run_dir):
@@ -155,12 +78,6 @@ def test_resume_gives_the_same_losses_and_dev_figures(setup, tmp_path):
     assert json.loads((out / "results.json").read_text()) == results
     resumed_best = read_weights(out / "best", finetune_head(out))
     assert all(np.array_equal(best[name], resumed_best[name]) for name in best)
-
-
-def finetune_head(run_dir):
-    """An empty head of the run's shape, for read_weights (which needs to know it has a head)."""
-    config, _ = read_config(run_dir)
-    return make_head("classification", GPT(config), 2)
 
 
 def test_limit_train_sets_the_number_of_steps(setup, tmp_path, capsys):

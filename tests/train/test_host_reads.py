@@ -7,8 +7,7 @@ import pytest
 from autograd import host_reads
 from train import finetune, lifecycle, pretrain
 
-from .runs import pretrain_into
-from .test_finetune import examples, pretrained_run, write_jsonl
+from .runs import examples, pretrain_into, pretrained_run, write_jsonl
 
 
 @pytest.mark.parametrize("module", [pretrain, finetune], ids=["pretrain", "finetune"])

@@ -18,13 +18,9 @@ from train import checkpoint, finetune, pretrain
 from train.checkpoint import checkpoint_steps, load_checkpoint, read_weights
 from train.run_folder import read_config, read_metrics
 
-from . import test_finetune
-from .runs import pretrain_argv, pretrain_into, python, wait_until_logged
-from .test_finetune import finetune_head, finetune_run
+from .runs import finetune_head, finetune_run, pretrain_argv, pretrain_into, python, wait_until_logged
 
 KILL_STEPS = 300  # steps of the run killed again and again, each of them saved
-
-setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
 
 
 def start(corpus, out, *extra):

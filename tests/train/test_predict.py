@@ -14,8 +14,7 @@ from train import finetune
 from train.evaluate import main
 from train.predict import output_path
 
-from .runs import tiny_run
-from .test_finetune import FAST, examples, pretrained_run, write_jsonl
+from .runs import FAST, examples, pretrained_run, tiny_run, write_jsonl
 
 SST2_LABEL = {"neg": "0", "pos": "1"}
 

@@ -21,11 +21,8 @@ from train import evaluate, generate, pretrain
 from train.checkpoint import WEIGHT_FILES
 from train.run_folder import RUN_FILES
 
-from . import test_run_integrity
-from .runs import one_step_argv
-from .test_run_integrity import snapshot
+from .runs import one_step_argv, snapshot
 
-base = test_run_integrity.base  # the fixture: a pretraining run with checkpoints 1 to 4
 TAKEN = {*RUN_FILES, *TOKENIZER_FILES, *WEIGHT_FILES, "checkpoints", "tokenizer", "best", "cache"}
 USER_NAMES = st.text(string.ascii_letters + string.digits + "_-", min_size=1, max_size=10).filter(
     lambda name: name not in TAKEN and not is_step(name)

@@ -19,12 +19,8 @@ from train.checkpoint import checkpoint_steps
 from train.lifecycle import SIGNALS
 from train.run_folder import check_free, hold_folder, release_folder
 
-from . import test_finetune
-from .runs import losses, pretrain_argv, pretrain_into, python, stopped
-from .test_distributed_runs import mpiexec, run_job  # noqa: F401 (mpiexec is a fixture)
-from .test_finetune import finetune_argv, finetune_run
+from .runs import finetune_argv, finetune_run, losses, pretrain_argv, pretrain_into, python, run_job, stopped
 
-setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
 TEN_STEPS = ("--steps", "10", "--save-every", "5", "--eval-every", "5", "--log-every", "1")
 
 

@@ -18,19 +18,17 @@ from train import checkpoint, evaluate, finetune, generate, prepare, pretrain
 from train.checkpoint import checkpoint_steps
 from train.run_folder import read_metrics
 
-from . import test_finetune
-from .runs import SMALLER, copy_of_run, one_step_argv, pretrain_argv, stopped
-from .test_checkpoint import trained_pair
-from .test_finetune import examples, finetune_run, write_jsonl
-
-TEXT = "The cat sat on the mat and the dog sat on the log. " * 40
-
-setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
-
-
-def snapshot(folder):
-    """{path: bytes} of every file under `folder` but the lock file."""
-    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".lock"}
+from .runs import (
+    TEXT,
+    copy_of_run,
+    examples,
+    finetune_run,
+    one_step_argv,
+    snapshot,
+    stopped,
+    trained_pair,
+    write_jsonl,
+)
 
 
 def one_line(capsys, main, argv, status=2):
@@ -41,18 +39,6 @@ def one_line(capsys, main, argv, status=2):
     assert code == status, err
     [line] = err.strip().splitlines()
     return line
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """(a pretraining run with checkpoints 1 to 4, its corpus, its token cache)."""
-    root = tmp_path_factory.mktemp("integrity")
-    (root / "corpus.txt").write_text(TEXT, encoding="utf-8")
-    steps = ["--steps", "4", "--save-every", "1", "--keep-checkpoints", "0", "--log-every", "1"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINYGPT_CACHE", str(root / "cache"))
-        pretrain.main(pretrain_argv(root / "corpus.txt", root / "run", *steps, size=SMALLER))
-    return root / "run", root / "corpus.txt", root / "cache"
 
 
 @pytest.fixture

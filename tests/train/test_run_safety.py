@@ -11,13 +11,9 @@ from train import evaluate, finetune, lifecycle, pretrain
 from train.checkpoint import checkpoint_steps
 from train.run_folder import read_metrics
 
-from . import test_finetune
-from .runs import losses, pretrain_argv, pretrain_into, stopped, tiny_run
-from .test_finetune import finetune_run
+from .runs import finetune_run, losses, pretrain_argv, pretrain_into, stopped, tiny_run
 
 TEN_STEPS = ("--steps", "10", "--eval-every", "5", "--save-every", "5", "--log-every", "1")
-
-setup = test_finetune.setup  # the fixture: a pre-trained run, and jsonl files to fine-tune on
 
 
 def weights_of(out, step):

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from train import evaluate, finetune, generate, pretrain
 
-from .runs import SMALLER, copy_of_run, one_step_argv, pretrain_argv, stopped, tiny_run
-from .test_finetune import examples, write_jsonl
+from .runs import SMALLER, copy_of_run, examples, one_step_argv, pretrain_argv, stopped, tiny_run, write_jsonl
 
 
 def one_line_error(capsys, main, argv, status=2):
