@@ -115,25 +115,26 @@ class Progress:
 
 
 def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
-    """function(task) for every task, in up to `workers` processes, each result handed to
-    progress(result) as it comes; in this process where --workers is 1, where the tasks read less
-    than a piece (starting a worker costs more), or where there is one task and not `one_apart`. A
-    worker that has read about WORKER_BYTES makes way for a fresh one: what it holds (a word cache,
-    memory freed but kept) does not grow with the corpus. Workers ignore Ctrl-C: this process stops them."""
+    """function(task) for every task, each result handed to progress(result) as it comes: in this
+    process where --workers is 1, where the tasks read less than a piece (starting a worker costs more),
+    or where there is one task and not `one_apart`; else by rounds of `workers` fresh processes, about
+    WORKER_BYTES a worker (what a worker holds, a word cache, memory freed but kept, does not grow with
+    the corpus), which ignore Ctrl-C from birth: this process stops them."""
     if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
         for task in tasks:
             progress(function(task))
         return
     context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
-    try:
-        each = max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks a worker takes
-        pool = context.Pool(min(workers, len(tasks)), maxtasksperchild=each)
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    with pool:
-        for result in pool.imap_unordered(function, tasks):
-            progress(result)
+    size = workers * max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks in a round
+    for round_of_tasks in (tasks[first : first + size] for first in range(0, len(tasks), size)):
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
+        try:
+            pool = context.Pool(min(workers, len(round_of_tasks)))
+        finally:
+            signal.signal(signal.SIGINT, handler)
+        with pool:
+            for result in pool.imap_unordered(function, round_of_tasks):
+                progress(result)
 
 
 def plan(args, files, previous):
@@ -320,7 +321,7 @@ def documents_of(record, keys, shard_records, args):
 def write_manifest(args, records, keys, tokenizer, dtype):
     """Write manifest.json (whole, or not at all), then remove the shards it does not name."""
     folder = os.path.join(args.out, "shards")
-    shard_records = {key: shards.read_record(folder, key) for path in keys for key in keys[path]}
+    shard_records = {key: read_json(f"{folder}/{key}.json") for path in keys for key in keys[path]}
     manifest = {
         "format": dataset.FORMAT,
         "tokenizer": data.tokenizer_fingerprint(tokenizer),

@@ -105,11 +105,6 @@ def encode_chunk(task):
     return end - start
 
 
-def read_record(folder, key):
-    with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as file:
-        return json.load(file)
-
-
 def shard_problem(folder, key, itemsize, full=False):
     """None where the shard `key` is whole; else what is wrong with it. The cheap check reads its
     .json and the size of its .bin; `full` also hashes the ids."""

@@ -199,15 +199,16 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
     assert error.format(tmp_path / "other", tmp_path / "run" / "tokenizer") in capsys.readouterr().err
 
 
-def worker_pid(_task):
-    return os.getpid()
+def task_and_worker(task):
+    return task, os.getpid()
 
 
-def test_a_worker_that_has_read_worker_bytes_makes_way_for_a_fresh_one():
-    pids = []
-    with mock.patch.object(prepare, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth each
-        prepare.run_tasks(worker_pid, range(4), 2, pids.append, 4 * corpus.PIECE_BYTES)
-    assert len(set(pids)) == 4
+def test_each_round_of_tasks_worth_worker_bytes_a_worker_has_fresh_workers():
+    done = []
+    with mock.patch.object(prepare, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth: rounds of 2
+        prepare.run_tasks(task_and_worker, range(4), 2, done.append, 4 * corpus.PIECE_BYTES)
+    worker = dict(done)
+    assert sorted(worker) == [0, 1, 2, 3] and not {worker[0], worker[1]} & {worker[2], worker[3]}
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
