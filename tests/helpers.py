@@ -34,12 +34,6 @@ INTERNALS = (ROOT / "docs" / "internals.md").read_text(encoding="utf-8")
 # ----- inputs
 
 
-def ptx_of(name):
-    """The PTX of autograd/kernels/cuda/<name>.cu for compute_90, compiled once for all the tests:
-    the kernel cache holds it for the next test and the next process."""
-    return compiling.cached(compiling.text(name), name, "compute_90").decode()
-
-
 def on_device(array, device):
     """A raw integer array (ids, targets) on `device`, as a caller would pass it."""
     return backend.to_device(array, backend.parse_device(device))
@@ -185,6 +179,15 @@ def check_layer_gradients(module, x, seed=0):
 
 def ref_gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+# ----- the compiled kernels
+
+
+def ptx_of(name):
+    """The PTX of autograd/kernels/cuda/<name>.cu for compute_90, compiled once for all the tests:
+    the kernel cache holds it for the next test and the next process."""
+    return compiling.cached(compiling.text(name), name, "compute_90").decode()
 
 
 # ----- fast paths against their references

@@ -31,7 +31,7 @@ from .cli import add_text_arguments, positive_int
 from .run_folder import is_run, load_tokenizer
 
 EVERY = 5.0  # seconds between progress lines off a terminal
-WORKER_BYTES = 64 << 20  # text a worker reads before a fresh one takes its place (memory stays flat)
+WORKER_BYTES = 64 << 20  # text a worker reads in one round of tasks; the next round starts fresh workers
 
 
 def parse_args(argv):
@@ -117,9 +117,9 @@ class Progress:
 def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
     """function(task) for every task, each result handed to progress(result) as it comes: in this
     process where --workers is 1, where the tasks read less than a piece (starting a worker costs more),
-    or where there is one task and not `one_apart`; else by rounds of `workers` fresh processes, about
-    WORKER_BYTES a worker (what a worker holds, a word cache, memory freed but kept, does not grow with
-    the corpus), which ignore Ctrl-C from birth: this process stops them."""
+    or where there is one task and not `one_apart`; else in rounds of `workers` fresh processes that
+    read about WORKER_BYTES each, so that a worker's word cache and the memory it frees but keeps do
+    not grow with the corpus. The workers ignore Ctrl-C from birth: this process stops them."""
     if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
         for task in tasks:
             progress(function(task))
