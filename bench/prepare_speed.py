@@ -10,7 +10,8 @@ the `tokenizers` ByteLevel BpeTrainer; (2) encoding MB/s with 1 and 2 workers (t
 `tokenizers`, RAYON_NUM_THREADS) with the same BPE and with GPT-1's; (3) peak memory of a whole
 `prepare` per corpus size; (4) `train.pretrain`'s time to its first step; (5) an extrapolation to
 5 GB. Peak memory: the largest process (wait4's ru_maxrss) and the whole process tree (the sum of
-its resident sets, polled every 0.1 s). Text is in MB (10^6 bytes), memory in MiB (2^20 bytes).
+its resident sets, polled every 0.1 s; and the sum of its proportional sets, which count a page that
+forked processes share once). Text is in MB (10^6 bytes), memory in MiB (2^20 bytes).
 """
 
 import argparse
@@ -78,20 +79,25 @@ def make_corpus(folder, count, seed):
     return paths
 
 
-def tree_rss(pid):
-    """Resident bytes of pid and all its descendants now."""
+def tree_memory(pid):
+    """(resident, proportional) bytes of pid and all its descendants now: the sum of their resident
+    sets, and of their proportional sets, where a page that k processes share (a forked worker's
+    imports, shared with the process it was forked from) counts 1/k in each."""
     try:
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        pss = int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M)[1]) * 1024
         tasks = os.listdir(f"/proc/{pid}/task")
         kids = [int(k) for t in tasks for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-    return rss + sum(tree_rss(kid) for kid in kids)
+    except (FileNotFoundError, ProcessLookupError, TypeError):
+        return 0, 0
+    below = [tree_memory(kid) for kid in kids]
+    return rss + sum(r for r, _ in below), pss + sum(p for _, p in below)
 
 
 def measure(cmd, env=None):
     """Run cmd: its record (wall s, peak MB of its largest process and of its tree) and its timed lines."""
-    began, lines, tree, load = time.monotonic(), [], 0, round(os.getloadavg()[0], 2)
+    began, lines, tree, load = time.monotonic(), [], (0, 0), round(os.getloadavg()[0], 2)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
     cmd = [str(part) for part in cmd]
     proc = subprocess.Popen(
@@ -105,12 +111,13 @@ def measure(cmd, env=None):
     reader = threading.Thread(target=read)
     reader.start()
     while not (done := os.wait4(proc.pid, os.WNOHANG))[0]:
-        tree = max(tree, tree_rss(proc.pid))
+        tree = tuple(map(max, tree, tree_memory(proc.pid)))
         time.sleep(0.1)
     proc.returncode = os.waitstatus_to_exitcode(done[1])
     reader.join()
     out = {"cmd": " ".join(cmd), "rc": proc.returncode, "wall_s": round(time.monotonic() - began, 2)}
-    out.update(peak_process_mb=round(done[2].ru_maxrss / 1024, 1), peak_tree_mb=round(tree / 2**20, 1))
+    out.update(peak_process_mb=round(done[2].ru_maxrss / 1024, 1), peak_tree_mb=round(tree[0] / 2**20, 1))
+    out.update(peak_tree_pss_mb=round(tree[1] / 2**20, 1))
     out["load_before_after"] = [load, round(os.getloadavg()[0], 2)]
     out["phases_s"] = {m[1]: float(m[2]) for _, line in lines if (m := PHASE.match(line))}
     if proc.returncode:
@@ -358,8 +365,12 @@ def main():
         [single], work / "ds-single", "--vocab-size", args.vocabs[0], "--workers", 2
     )
     save("single_file", whole[f"one {args.single_mb} MB file"])
-    rows = [(k, r["wall_s"], r["peak_process_mb"], r["peak_tree_mb"]) for k, r in whole.items()]
+    rows = [
+        (k, r["wall_s"], r["peak_process_mb"], r["peak_tree_mb"], r["peak_tree_pss_mb"])
+        for k, r in whole.items()
+    ]
     header = ["corpus (MB)", "wall s", "peak MB, largest process", "peak MB, all processes"]
+    header += ["the same, shared pages once (PSS)"]
     table(f"3. A whole prepare, vocab {args.vocabs[0]}, 2 workers (goal: under 1,000 MB)", header, rows)
     save("pretrain_start", first_step(args))
     save("extrapolation_5gb", extrapolate(args, mb, runs, results))

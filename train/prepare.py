@@ -6,17 +6,16 @@ or a crash loses only the chunks under way: the same command again goes on from 
 shards, and after files are added, removed or edited it encodes only theirs.
 """
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -26,21 +25,20 @@ from tqdm import tqdm
 from tinygpt.files import UndecodableFiles, read_json, write_whole
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
 
-from . import cli, corpus, data, dataset, shards
+from . import cli, corpus, data, dataset, shards, workers
 from .cli import add_text_arguments, positive_int
 from .run_folder import is_run, load_tokenizer
 
 EVERY = 5.0  # seconds between progress lines off a terminal
-WORKER_BYTES = 64 << 20  # text a worker reads in one round of tasks; the next round starts fresh workers
+
+
+def command_line():
+    parts = {"data": add_data_arguments, "tokenizer": add_tokenizer_arguments, "the work": add_work_arguments}
+    return cli.grouped_parser("python -m train.prepare", __doc__, parts)
 
 
 def parse_args(argv):
-    groups = {
-        "data": add_data_arguments,
-        "tokenizer": add_tokenizer_arguments,
-        "the work": add_work_arguments,
-    }
-    parser = cli.grouped_parser("python -m train.prepare", __doc__, groups)
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.tokenizer and args.gpt1_tokenizer:
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
@@ -112,29 +110,6 @@ class Progress:
         self.bar.close()
         if self.bar.disable and self.total:
             print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
-
-
-def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
-    """function(task) for every task, each result handed to progress(result) as it comes: in this
-    process where --workers is 1, where the tasks read less than a piece (starting a worker costs more),
-    or where there is one task and not `one_apart`; else in rounds of `workers` fresh processes that
-    read about WORKER_BYTES each, so that a worker's word cache and the memory it frees but keeps do
-    not grow with the corpus. The workers ignore Ctrl-C from birth: this process stops them."""
-    if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
-        for task in tasks:
-            progress(function(task))
-        return
-    context = multiprocessing.get_context("spawn")  # a fork would copy threads and locks
-    size = workers * max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks in a round
-    for round_of_tasks in (tasks[first : first + size] for first in range(0, len(tasks), size)):
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the workers inherit
-        try:
-            pool = context.Pool(min(workers, len(round_of_tasks)))
-        finally:
-            signal.signal(signal.SIGINT, handler)
-        with pool:
-            for result in pool.imap_unordered(function, round_of_tasks):
-                progress(result)
 
 
 def plan(args, files, previous):
@@ -234,10 +209,10 @@ def train_tokenizer(args, records):
     def counted(path):  # the file stays for learn_bpe
         progress.update(sizes[path])
 
-    run_tasks(shards.count_chunk_words, tasks, args.workers, counted, progress.total)
+    workers.run_tasks(shards.count_chunk_words, tasks, args.workers, counted, progress.total)
     progress.close()
     task = (list(sizes), args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
-    run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
+    workers.run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
     shutil.rmtree(counts_dir)
     args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
@@ -249,6 +224,9 @@ def learn_bpe(task):
     there are workers: the memory the merges take (it grows with the distinct words) is the
     system's again when the worker ends, not kept by this process for the encoding."""
     counts_paths, vocab_size, normalizer, folder = task
+    # tqdm's lock is by default a named semaphore between processes, which a worker stopped by Ctrl-C
+    # would leave behind; only this process shows progress while it merges.
+    tqdm.set_lock(threading.RLock())
     merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
     pairs = drained(shards.summed_counts(counts_paths))  # the only hold on the summed counts
     tokenizer = BPETokenizer.train_from_counts(
@@ -294,7 +272,7 @@ def encode(args, records, tokenizer):
             if problem:
                 tasks.append(((path, *chunk), (*how, os.path.join(args.out, "tokenizer")), folder, key))
     progress = Progress("encoding", sum(task[0][2] - task[0][1] for task in tasks), "B")
-    run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, progress.total)
+    workers.run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, progress.total)
     progress.close()
     return keys, dtype
 
@@ -384,6 +362,8 @@ def make_dataset(args, wait=False, given=None):
         named = " ".join(map(str, args.data))
         raise ValueError(f"the corpus in {named} is empty" if skipped else f"no text files found in {named}")
     os.makedirs(args.out, exist_ok=True)
+    if args.workers > 1:
+        workers.start_server()  # it imports while this process reads the files
     with holding(args.out, wait):
         if args.overwrite:
             for name in (dataset.MANIFEST, "tokenizer.json", "tokenizer", "shards"):
@@ -420,22 +400,10 @@ def of_text(paths, args, given=None):
     request = data.tokenizer_fingerprint(given) if given else [args.vocab_size, args.normalize]
     paths = [os.path.abspath(path) for path in paths]
     key = json.dumps([paths, request, args.encoding, args.errors, args.val_fraction])
-    cores = len(os.sched_getaffinity(0))
-    settings = argparse.Namespace(
-        **{
-            name: getattr(args, name)
-            for name in ("val_fraction", "encoding", "errors", "vocab_size", "normalize")
-        },
-        data=paths,
-        out=os.path.join(data.cache_dir(), "datasets", hashlib.sha256(key.encode()).hexdigest()[:32]),
-        extensions=[".txt"],
-        documents="files",
-        tokenizer=None,
-        gpt1_tokenizer=None,
-        tokenizer_sample=None,
-        workers=cores,
-        overwrite=False,
-    )
+    out = os.path.join(data.cache_dir(), "datasets", hashlib.sha256(key.encode()).hexdigest()[:32])
+    settings = command_line().parse_args(["--data", *paths, f"--out={out}"])  # prepare's defaults
+    for name in ("val_fraction", "encoding", "errors", "vocab_size", "normalize"):
+        setattr(settings, name, getattr(args, name))
     try:
         os.makedirs(settings.out, exist_ok=True)
         open(os.path.join(settings.out, ".lock"), "a").close()

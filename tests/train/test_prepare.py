@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
-from train import corpus, dataset, prepare, pretrain
+from train import corpus, dataset, prepare, pretrain, workers
 
 from .runs import SMALLER, pretrain_argv
 
@@ -175,7 +175,7 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
     # Small chunks, pieces small enough that two workers are started (they read 1 MB pieces), and
     # workers that make way for fresh ones after a third of the corpus.
     small = {"CHUNK_BYTES": 4000, "PIECE_BYTES": 1000}
-    with mock.patch.multiple(corpus, **small), mock.patch.object(prepare, "WORKER_BYTES", 60_000):
+    with mock.patch.multiple(corpus, **small), mock.patch.object(workers, "WORKER_BYTES", 60_000):
         run_prepare("--data", data, "--out", tmp_path / "one", "--vocab-size", 300, "--workers", 1)
         run_prepare("--data", data, "--out", tmp_path / "two", "--vocab-size", 300, "--workers", 2)
     one = folder_bytes(tmp_path / "one")
@@ -199,18 +199,6 @@ def test_one_worker_and_two_write_the_same_bytes_and_pretrain_trains_on_them(tmp
     assert error.format(tmp_path / "other", tmp_path / "run" / "tokenizer") in capsys.readouterr().err
 
 
-def task_and_worker(task):
-    return task, os.getpid()
-
-
-def test_each_round_of_tasks_worth_worker_bytes_a_worker_has_fresh_workers():
-    done = []
-    with mock.patch.object(prepare, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth: rounds of 2
-        prepare.run_tasks(task_and_worker, range(4), 2, done.append, 4 * corpus.PIECE_BYTES)
-    worker = dict(done)
-    assert sorted(worker) == [0, 1, 2, 3] and not {worker[0], worker[1]} & {worker[2], worker[3]}
-
-
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
     data = corpus_of(tmp_path / "text", files=100)
@@ -218,7 +206,7 @@ def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
     process = subprocess.Popen(
         prepare_argv(data, tmp_path / "cut", "--workers", "2"),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -228,6 +216,8 @@ def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
     time.sleep(random.Random(how).uniform(0.3, 1.2))  # counting words, merging or encoding
     process.send_signal(how)
     assert process.wait(timeout=60) != 0  # stopped before its end
+    if how == signal.SIGINT:  # one line, from this process alone: no worker's, nothing left behind
+        assert process.stderr.read() == "interrupted\n"
     subprocess.run(prepare_argv(data, tmp_path / "cut"), capture_output=True, check=True)
     assert folder_bytes(tmp_path / "cut") == folder_bytes(tmp_path / "whole")
 
