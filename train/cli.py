@@ -382,15 +382,16 @@ def check_tokenizer_fits(parser, run, vocab_size, tokenizer):
         )
 
 
-def check_output_file(parser, flag, path):
-    """A usage error before any work where the file `path` could not be written: its folder is
-    missing, or see check_writable."""
+def check_output_file(parser, flag, path, args):
+    """A usage error before any work where the file `path` that `flag` names could not be written
+    (its folder is missing, or see check_writable) or lands on an input (check_apart_from_inputs)."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.exists(folder) and not os.path.isdir(folder):
         parser.error(f"{flag}: {folder} is a file, not a folder")
     if not os.path.isdir(folder):
         parser.error(f"{flag}: the folder of {path} does not exist")
     check_writable(parser, flag, path)
+    check_apart_from_inputs(parser, flag, path, args)
 
 
 def add_task_file_arguments(parser):
@@ -427,8 +428,7 @@ def read_task_file(parser, flag, task, path, args, labels=None, layout=None):
 def check_json_folder(parser, args):
     """A usage error before any work where --json, if given, could not be written or lands on an input."""
     if args.json:
-        check_output_file(parser, "--json", args.json)
-        check_apart_from_inputs(parser, "--json", args.json, args)
+        check_output_file(parser, "--json", args.json, args)
 
 
 def check_apart_from_inputs(parser, flag, output, args):

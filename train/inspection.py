@@ -88,8 +88,7 @@ def attention_command(parser, args):
         parser.error(
             f"--out: {args.out}: not a figure's file name (end it in {', '.join(f'.{f}' for f in formats)})"
         )
-    cli.check_output_file(parser, "--out", args.out)
-    cli.check_apart_from_inputs(parser, "--out", args.out, args)
+    cli.check_output_file(parser, "--out", args.out, args)
     model, tokenizer = open_run(parser, args.run, args.device)
     n_layer, n_ctx = model.config.n_layer, model.config.n_ctx
     if args.layer >= n_layer:

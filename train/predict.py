@@ -166,8 +166,7 @@ def predict_command(parser, args):
         parser.error(f"--task: {run_dir} is a fine-tune on {settings['task']}, not {task}")
     layout = args.format or ("glue" if TASKS[task].submission else "jsonl")
     out = output_path(args, task, layout)
-    cli.check_output_file(parser, "--out", out)
-    cli.check_apart_from_inputs(parser, "--out", out, args)
+    cli.check_output_file(parser, "--out", out, args)
     dataset = cli.read_task_file(parser, "--data", task, args.data, args, labels, settings.get("layout"))
     head, tokenizer = load_head(parser, args, weights, config, dataset)
     as_text = args.special_tokens_as_text or settings.get("special_tokens_as_text") is True
