@@ -33,7 +33,7 @@ from tinygpt.transformations import encode_examples
 
 from . import cli, lifecycle, task_files
 from .checkpoint import fsync, read_weights, retire, save_weights, write_json
-from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
+from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, write_predictions
 from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
 from .tasks import TASKS
@@ -78,9 +78,7 @@ def add_task_arguments(group):
         metavar="FILE",
         help="labelled examples to predict with the best epoch's weights (default: none)",
     )
-    group.add_argument("--skip-bad-rows", action="store_true", help="count and leave out malformed rows")
-    cli.add_special_tokens_argument(group)
-    add_text_arguments(group)
+    cli.add_task_file_arguments(group)
     limit = "train on N examples drawn by --seed (default: all)"
     group.add_argument("--limit-train", type=positive_int, metavar="N", help=limit)
 
