@@ -266,20 +266,14 @@ class LossLog:
         shares = xp.stack(
             [xp.asarray(step_losses[name], dtype=xp.float64) for step_losses in losses for name in names]
         )
-        totals = self.training.group.sum(backend.to_host(shares)).reshape(
-            len(steps), len(names)
-        )  # the one read
-        for step, row in zip(steps, totals):
-            self.training.stop_if_diverged(dict(zip(names, row.tolist())), step)
+        totals = self.training.group.sum(backend.to_host(shares))  # the one read
+        rows = [dict(zip(names, row)) for row in totals.reshape(len(steps), len(names)).tolist()]
+        for step, row in zip(steps, rows):
+            self.training.stop_if_diverged(row, step)
         now = time.perf_counter()
         rate = sum(items) / (now - self.since)
-        for step, row, step_fields in zip(steps, totals, fields):
-            record = {
-                "step": step,
-                **dict(zip(names, row.tolist())),
-                **step_fields,
-                self.rate_name: round(rate, 1),
-            }
+        for step, row, step_fields in zip(steps, rows, fields):
+            record = {"step": step, **row, **step_fields, self.rate_name: round(rate, 1)}
             if self.training.group.main:
                 append_metrics(self.training.dir, record)
         postfix = {"loss": f"{record['loss']:.3f}", "lr": f"{record['lr']:.2e}"}
