@@ -83,8 +83,7 @@ def save_checkpoint(run_dir, step, model, optimizer, state, keep=3, digests=None
         save_weights(model, temporary, dependencies(run_dir) if digests is None else digests)
         names = [name for name, _ in model.named_parameters()]
         adam = optimizer.state_dict()
-        moments = {f"m.{n}": m for n, m in zip(names, adam.pop("m"))}
-        moments.update({f"v.{n}": v for n, v in zip(names, adam.pop("v"))})
+        moments = {f"{kind}.{n}": array for kind in "mv" for n, array in zip(names, adam.pop(kind))}
         save_file(moments, os.path.join(temporary, "optimizer.safetensors"))  # fsynced by save_file
         write_json(os.path.join(temporary, STATE_FILE), {"step": step, "optimizer": adam, **state})
         fsync(os.path.join(temporary, "config.json"))  # write_json flushed the folder's entries
@@ -195,13 +194,8 @@ def load_checkpoint(path, model, optimizer=None):
     if optimizer is not None:
         moments = read_moments(os.path.join(folder, "optimizer.safetensors"), model)
         names = [name for name, _ in model.named_parameters()]
-        optimizer.load_state_dict(
-            {
-                **state["optimizer"],
-                "m": [moments[f"m.{n}"] for n in names],
-                "v": [moments[f"v.{n}"] for n in names],
-            }
-        )
+        m, v = ([moments[f"{kind}.{n}"] for n in names] for kind in "mv")
+        optimizer.load_state_dict({**state["optimizer"], "m": m, "v": v})
     return state
 
 
