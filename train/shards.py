@@ -43,12 +43,8 @@ def count_chunk_words(task):
     """{word: count} of one chunk (path, start, end, encoding, errors, normalizer), as BPE training
     counts them (tinygpt.tokenizer.bpe.count_words); written to `out` as JSON, returning its path."""
     (path, start, end), (encoding, errors, normalizer), out = task
-    counts = count_words(
-        corpus.read_pieces(path, start, end, encoding, errors),
-        GPT2_PATTERN,
-        SPECIAL_TOKENS,
-        make_normalizer(normalizer),
-    )
+    pieces = corpus.read_pieces(path, start, end, encoding, errors)
+    counts = count_words(pieces, GPT2_PATTERN, SPECIAL_TOKENS, make_normalizer(normalizer))
     write_whole(out, json.dumps(counts, ensure_ascii=False).encode())
     return out
 
@@ -75,16 +71,13 @@ def encode_chunk(task):
     (path, start, end, after_angle), (encoding, errors, paragraphs, dtype, tokenizer_dir), folder, key = task
     tokenizer = tokenizer_in(tokenizer_dir)
     separator = tokenizer.special_tokens.get(SEPARATOR)
+    separator_ids = np.array([] if separator is None else [separator], dtype)
     ids, parts, angle, text_hash = [], [], after_angle, hashlib.sha256()
-    for text, begins in document_parts(
-        corpus.read_pieces(path, start, end, encoding, errors), paragraphs, start == 0
-    ):
+    pieces = corpus.read_pieces(path, start, end, encoding, errors)
+    for text, begins in document_parts(pieces, paragraphs, start == 0):
         first = len(ids)
         if begins:
-            ids += [
-                np.array([] if separator is None else [separator], dtype),
-                np.array(tokenizer.encode(text), dtype),
-            ]
+            ids += [separator_ids, np.array(tokenizer.encode(text), dtype)]
             angle, text_hash = "<" in text, hashlib.sha256()
         else:
             anchor = "<" if angle else "a"
