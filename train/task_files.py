@@ -236,23 +236,19 @@ def _tsv_example(cells, width, positions):
         raise BadRow(f"expected {width} tab-separated columns, got {len(cells)}")
     example = {field: cells[i].strip() for field, i in positions.items()}
     if "score" in example:
-        example["score"] = _number(example["score"])
+        example["score"] = _finite(example["score"])
     return example
 
 
-def _number(text):
-    try:
-        return _finite(float(text))
-    except ValueError:
-        raise BadRow(f"the score {text!r} is not a number") from None
-
-
 def _finite(score):
-    """The score as a float, if it is one that training can use (not nan, inf, or out of range)."""
+    """The score (a number, or a TSV cell's text) as a float, if it is one that training can use (not
+    nan, inf, or out of range)."""
     try:
         score = float(score)
     except OverflowError:  # an integer past float's range
         score = math.inf
+    except ValueError:  # text that is not a number
+        raise BadRow(f"the score {score!r} is not a number") from None
     if not math.isfinite(score):
         raise BadRow(f"the score {score!r} is not a finite number")
     return score
