@@ -27,9 +27,8 @@ def default_corpus_folder():
     """A folder of the default corpus, a file a topic (a document each), written once into the
     cache; a temporary folder where the cache cannot be written."""
     texts = default_corpus()
-    folder = os.path.join(
-        cache_dir(), "pydoc-topics", hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
-    )
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    folder = os.path.join(cache_dir(), "pydoc-topics", digest)
     partial = f"{folder}.partial-{os.getpid()}"
     try:
         if not os.path.isdir(folder):

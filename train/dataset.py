@@ -93,8 +93,8 @@ class Dataset:
         for key, record in self.manifest["shards"].items():
             bin_path = os.path.join(folder, "shards", f"{key}.bin")
             size = os.path.getsize(bin_path) if os.path.exists(bin_path) else None
-            if size != record["tokens"] * self.dtype.itemsize:
-                expected = record["tokens"] * self.dtype.itemsize
+            expected = record["tokens"] * self.dtype.itemsize
+            if size != expected:
                 raise ValueError(
                     f"{bin_path}: missing or cut short ({size} bytes where {expected} are recorded); "
                     "run python -m train.prepare again to rewrite it"

@@ -382,8 +382,7 @@ def begin(training, args, tokenizer, datasets, data_hash):
 def results_so_far(run_dir, task, datasets, encoded):
     """results.json's content: the dev figures of the epochs done (after a resume), the best of
     them, and the examples cut to fit n_ctx or left out of each split."""
-    dev_set = datasets["dev"]
-    main = dev_set.main_metric
+    main = datasets["dev"].main_metric
     epochs = [m for m in read_metrics(run_dir) if "epoch" in m]
     return {
         "task": task,
@@ -429,21 +428,18 @@ def report(run_dir, results, metric_names, elapsed, plot):
     for record in results["epochs"]:
         print(f"  epoch {record['epoch']}: dev {figures(record)}")
     best = results["best"]  # None where metrics.jsonl lost the epochs (the run resumed after its last)
-    print(
-        f"best dev (epoch {best['epoch']}, by {results['main_metric']}): {figures(best)}"
-        if best
-        else "no dev epoch logged"
-    )
+    if best:
+        print(f"best dev (epoch {best['epoch']}, by {results['main_metric']}): {figures(best)}")
+    else:
+        print("no dev epoch logged")
     print("examples cut to fit n_ctx: " + ", ".join(f"{split} {n}" for split, n in results["n_cut"].items()))
-    skipped = {split: counts for split, counts in results["skipped"].items() if counts}
+    skipped = [
+        f"{split}: " + ", ".join(f"{n} {why}" for why, n in counts.items())
+        for split, counts in results["skipped"].items()
+        if counts
+    ]
     if skipped:
-        print(
-            "rows left out: "
-            + "; ".join(
-                f"{split}: " + ", ".join(f"{n} {why}" for why, n in counts.items())
-                for split, counts in skipped.items()
-            )
-        )
+        print(f"rows left out: {'; '.join(skipped)}")
     if "test" in results:
         test = figures(results["test"]) if results["test"] else "no labels to measure"
         print(f"test (best epoch's weights): {test}; predictions in {run_dir}/predictions.tsv")

@@ -223,10 +223,8 @@ def cut_windows(parser, args, prepared, n_ctx):
                 f"n_ctx + 1 = {n_ctx + 1}: the last {args.val_fraction:g} of the training tokens is held out"
             )
             train_ids, val_ids = data.split(train_ids, args.val_fraction, n_ctx)
-        train, val = (
-            data.Windows(train_ids, n_ctx, "training data"),
-            data.Windows(val_ids, n_ctx, "validation data"),
-        )
+        train = data.Windows(train_ids, n_ctx, "training data")
+        val = data.Windows(val_ids, n_ctx, "validation data")
     except ValueError as error:
         parser.error(str(error))
     if train.count < args.batch_size:

@@ -230,9 +230,8 @@ def run_folder_of(path):
 def load_run(path, device="cpu"):
     """(model, tokenizer) from a run folder (its best/, else its newest checkpoint: run_weights) or
     from one weights folder inside a run, on `device` and in eval mode."""
-    folder = (
-        path if run_of(path) else run_weights(path) or find_checkpoint(path)
-    )  # which names what is missing
+    # a folder that holds no weights: find_checkpoint names what is missing
+    folder = path if run_of(path) else run_weights(path) or find_checkpoint(path)
     model = GPT.from_pretrained(folder, device=device).eval()
     return model, load_tokenizer(os.path.join(run_folder_of(folder), "tokenizer"))
 
