@@ -304,9 +304,8 @@ class Transpose(Function):
     @staticmethod
     def forward(ctx, a, axes=None):
         axes = tuple(reversed(range(a.ndim))) if axes is None else axes
-        if not all(-a.ndim <= ax < a.ndim for ax in axes) or sorted(ax % a.ndim for ax in axes) != list(
-            range(a.ndim)
-        ):
+        in_range = all(-a.ndim <= ax < a.ndim for ax in axes)
+        if not in_range or sorted(ax % a.ndim for ax in axes) != list(range(a.ndim)):
             raise ValueError(f"transpose axes {axes} are not a permutation of {a.ndim} axes")
         axes = tuple(ax % a.ndim for ax in axes)
         ctx.inverse = tuple(sorted(range(a.ndim), key=axes.__getitem__))

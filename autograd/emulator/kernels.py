@@ -119,9 +119,12 @@ def _build(text, name, debug):
             f"EMU_EXPORT void emu_params_{k}(char* out, size_t n) {{ emu::params(&{k}, out, n); }}\n"
             for k in kernels
         )
-        compiling.write_whole(stem.with_suffix(".cu"), text)  # what gdb shows where no #line names a file
         unit = f'#include "cuda.h"\n#include "{stem.name}.cu"\n{launchers}'
-        compiling.write_whole(stem.with_suffix(".cpp"), unit)
+        # the .cu is what gdb shows where no #line names a file; both are named by their content, so
+        # one already there is kept (gdb warns of a .cu rewritten after its .so was built)
+        for path, content in ((stem.with_suffix(".cu"), text), (stem.with_suffix(".cpp"), unit)):
+            if not path.is_file():
+                compiling.write_whole(path, content)
         partial = f"{library}.partial-{os.getpid()}"
         core = EMULATOR / "cuda.cpp"
         command = ["g++", *flags, "-I", str(EMULATOR), "-o", partial, f"{stem}.cpp", str(core)]

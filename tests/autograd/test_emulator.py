@@ -567,6 +567,11 @@ def test_a_build_is_kept_on_disk_and_an_unwritable_cache_only_means_building_aga
     monkeypatch.setattr(emulator_kernels, "CACHE", tmp_path / "cache")
     first = emulator_kernels._build.__wrapped__(text, "kept", False)
     assert first.path.parent == tmp_path / "cache" and first.path.is_file()
+    source = first.path.with_suffix(".cu")
+    written = source.stat().st_mtime_ns
+    first.path.unlink()  # as a second process finds it while the first builds: it builds too
+    again = emulator_kernels._build.__wrapped__(text, "kept", False)
+    assert source.stat().st_mtime_ns == written <= again.path.stat().st_mtime_ns  # gdb: source not newer
     monkeypatch.setattr(
         emulator_kernels.subprocess, "Popen", None
     )  # a second build would fail: it loads the file
