@@ -329,6 +329,8 @@ def main():
     )
     parser.add_argument("--encode-mb", type=int, default=50, help="the files encoding is timed on")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each encoding, the fastest kept")
+    only = "time the encoding alone (with the BPE of an earlier run's prepare of --sizes-mb's first)"
+    parser.add_argument("--encoding-only", action="store_true", help=only)
     parser.add_argument("--single-mb", type=int, default=100, help="the size of the one-file corpus")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 40478])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prepare_bench"))
@@ -362,6 +364,8 @@ def main():
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
+    if args.encoding_only:
+        return save("encoding", encoding(args, files, mb))
     runs = {}  # (corpus MB, vocab) -> a whole prepare with 2 workers
     for size, vocab in [(s, args.vocabs[0]) for s in args.sizes_mb] + [
         (args.train_mb, v) for v in args.vocabs
