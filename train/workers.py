@@ -2,8 +2,8 @@
 
 Each round's workers are forked from one server process that imported the project once at the
 start: a spawned worker would import it all again (two seconds each), and a fork of the main
-process would copy its threads. Ctrl-C (and SIGTERM) reach the main process alone, which stops
-the workers; they ignore it from birth.
+process would copy its threads. The workers ignore Ctrl-C from birth (a terminal sends it to every
+process): the main process stops them.
 """
 
 import multiprocessing.forkserver
