@@ -412,11 +412,14 @@ def of_text(paths, args, given=None):
         warnings.warn(f"{settings.out}: {reason}", stacklevel=2)
         settings.out = tempfile.mkdtemp(prefix="tinygpt-data-")
         cli.on_return(shutil.rmtree, settings.out, True)
+    stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as prepare's: the workers stopped
     try:
         make_dataset(settings, wait=True, given=given)
     except OutTaken:  # a cache folder changed by hand: it is only a cache
         settings.overwrite = True
         make_dataset(settings, wait=True, given=given)
+    finally:
+        signal.signal(signal.SIGTERM, stop)
     return settings.out
 
 

@@ -222,6 +222,19 @@ def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
     assert folder_bytes(tmp_path / "cut") == folder_bytes(tmp_path / "whole")
 
 
+def test_a_sigterm_while_pretrain_prepares_its_text_ends_it_with_one_line(tmp_path):
+    data = corpus_of(tmp_path / "text", files=8, lines=6000)
+    argv = [sys.executable, "-m", "train.pretrain", *pretrain_argv(data, tmp_path / "run", size=SMALLER)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TINYGPT_CACHE": str(tmp_path / "cache")}
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    while not process.stdout.readline().startswith("training a byte-level BPE"):
+        assert process.poll() is None
+    time.sleep(0.3)  # counting words, in the workers
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGINT  # a KeyboardInterrupt, as in prepare
+    assert process.stderr.read() == "interrupted\n"
+
+
 def test_a_new_file_moves_no_other_document_and_only_it_is_encoded(tmp_path, capsys):
     data = corpus_of(tmp_path / "text", files=30)
     run_prepare("--data", data, "--out", tmp_path / "set", "--vocab-size", 300, "--workers", 1)
