@@ -10,9 +10,9 @@ import multiprocessing.forkserver
 import signal
 
 from . import corpus
+from .cli import SIGNALS
 
 WORKER_BYTES = 64 << 20  # text a worker reads in one round of tasks; the next round starts fresh workers
-STOPS = (signal.SIGINT, signal.SIGTERM)  # what stops prepare, and its workers with it
 
 
 def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
@@ -37,7 +37,7 @@ def started_pool(workers):
     then acted on as it would have been: a worker still starting when this process ends would
     fail, with a traceback, to open the semaphores this process took with it."""
     context, held = start_server(), []
-    handlers = {number: signal.signal(number, lambda number, _: held.append(number)) for number in STOPS}
+    handlers = {number: signal.signal(number, lambda number, _: held.append(number)) for number in SIGNALS}
     try:
         pool = context.Pool(workers)
     finally:
