@@ -191,6 +191,8 @@ def reading(parser, flag):
         yield
     except UndecodableFiles as error:
         parser.error(f"{flag}: {error.advice(flags=True)}")
+    except ChildProcessError:  # a worker's death: no fault of the files
+        raise
     except (OSError, ValueError) as error:
         if isinstance(error, OSError) and error.filename is not None and error.strerror:
             missing = isinstance(error, FileNotFoundError)
@@ -331,9 +333,8 @@ def subcommand(name, add_arguments, **parser_options):
 def add_figure_arguments(parser, batch_size, batched):
     """The arguments that close a command which runs a model over data and reports figures:
     --batch-size (`batch_size` of what is `batched` per forward pass), --device and --json."""
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=batch_size, help=f"{batched} per forward pass"
-    )
+    per_pass = f"{batched} per forward pass"
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size, help=per_pass)
     add_device_argument(parser)
     json_help = "also write the figures to this JSON file (default: print them only)"
     parser.add_argument("--json", metavar="PATH", help=json_help)

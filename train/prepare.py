@@ -55,9 +55,8 @@ def parse_args(argv):
 
 def add_data_arguments(group):
     group.add_argument("--data", nargs="+", required=True, metavar="PATH", help="text files, folders, globs")
-    group.add_argument(
-        "--out", required=True, metavar="DIR", help="the dataset's folder (new or gone on with)"
-    )
+    out = "the dataset's folder (new or gone on with)"
+    group.add_argument("--out", required=True, metavar="DIR", help=out)
     endings = "the endings of the files read below a folder"
     group.add_argument("--extensions", nargs="+", default=[".txt"], help=endings)
     documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
@@ -116,10 +115,8 @@ def plan(args, files, previous):
     """{path: its record}: size, time, SHA-256 and chunks, read again only where the size or the
     time differs from the previous manifest's (or the settings that cut chunks)."""
     known = {source["path"]: source for source in (previous or {}).get("sources", [])}
-    same_cuts = previous and [previous.get(k) for k in ("encoding", "documents")] == [
-        args.encoding,
-        args.documents,
-    ]
+    cut_by = ("encoding", "documents")
+    same_cuts = previous and [previous.get(k) for k in cut_by] == [getattr(args, k) for k in cut_by]
     records, todo = {}, []
     for path in files:
         stat = os.stat(path)
@@ -156,11 +153,8 @@ def build_tokenizer(args, records, given=None):
     corpus."""
     folder, request_path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
     given = given or ((args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args))
-    request = (
-        {"fingerprint": data.tokenizer_fingerprint(given)}
-        if given
-        else {"vocab_size": args.vocab_size, "normalizer": args.normalize, "sample": args.tokenizer_sample}
-    )
+    trained = {"vocab_size": args.vocab_size, "normalizer": args.normalize, "sample": args.tokenizer_sample}
+    request = {"fingerprint": data.tokenizer_fingerprint(given)} if given else trained
     if os.path.isfile(request_path):
         held = read_json(request_path)
         if isinstance(held, dict) and held.get("request") == request:
@@ -229,11 +223,9 @@ def learn_bpe(task):
     tqdm.set_lock(threading.RLock())
     merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
     pairs = drained(shards.summed_counts(counts_paths))  # the only hold on the summed counts
-    tokenizer = BPETokenizer.train_from_counts(
-        pairs, vocab_size, normalizer=normalizer, on_merge=merging.update
-    )
+    bpe = BPETokenizer.train_from_counts(pairs, vocab_size, normalizer=normalizer, on_merge=merging.update)
     merging.close()
-    tokenizer.save(folder)
+    bpe.save(folder)
 
 
 def drained(counts):
@@ -305,9 +297,7 @@ def write_manifest(args, records, keys, tokenizer, dtype):
         "tokenizer": data.tokenizer_fingerprint(tokenizer),
         "dtype": dtype.name,
         **{name: getattr(args, name) for name in ("documents", "val_fraction", "encoding", "errors")},
-        "shards": {
-            key: {k: record[k] for k in ("tokens", "sha256")} for key, record in shard_records.items()
-        },
+        "shards": {key: {k: shard[k] for k in ("tokens", "sha256")} for key, shard in shard_records.items()},
         "sources": [
             {**record, "documents": documents_of(record, keys[path], shard_records, args)}
             for path, record in records.items()

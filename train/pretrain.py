@@ -84,9 +84,8 @@ def add_model_arguments(group):
 
 
 def add_optimizer_arguments(group):
-    group.add_argument(
-        "--batch-size", type=positive_int, default=16, help="windows per step (the global batch)"
-    )
+    batch = "windows per step (the global batch)"
+    group.add_argument("--batch-size", type=positive_int, default=16, help=batch)
     group.add_argument("--grad-accum", type=positive_int, default=1, help="backward passes per batch")
     resumed = "with --resume: where the run now stops, its rate schedule keeping the first total"
     group.add_argument(

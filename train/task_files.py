@@ -160,9 +160,8 @@ def load_labels(path):
         or not all(type(label) in (str, int) for label in labels)
         or len(set(labels)) != len(labels)
     ):
-        raise ValueError(
-            f"{path}: expected a JSON list of distinct label names (all strings or all integers)"
-        )
+        expected = "a JSON list of distinct label names (all strings or all integers)"
+        raise ValueError(f"{path}: expected {expected}")
     return labels
 
 

@@ -6,8 +6,12 @@ process would copy its threads. The workers ignore Ctrl-C from birth (a terminal
 process): the main process stops them.
 """
 
+import concurrent.futures
+import contextlib
 import multiprocessing.forkserver
+import os
 import signal
+import threading
 
 from . import corpus
 from .cli import SIGNALS
@@ -26,30 +30,51 @@ def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
             progress(function(task))
         return
     size = workers * max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks in a round
-    for round_of_tasks in (tasks[first : first + size] for first in range(0, len(tasks), size)):
-        with started_pool(min(workers, len(round_of_tasks))) as pool:
-            for result in pool.imap_unordered(function, round_of_tasks):
-                progress(result)
+    for first in range(0, len(tasks), size):
+        run_round(function, tasks[first : first + size], min(workers, len(tasks) - first), progress)
 
 
-def started_pool(workers):
-    """A pool of `workers` processes. A Ctrl-C or SIGTERM while they start is held until all have,
-    then acted on as it would have been: a worker still starting when this process ends would
-    fail, with a traceback, to open the semaphores this process took with it."""
-    context, held = start_server(), []
+def run_round(function, tasks, workers, progress):
+    """function(task) for each task in `workers` new processes, all stopped at the first error here
+    or there. A worker that dies (killed, out of memory) ends the round with a ChildProcessError."""
+    before = set(multiprocessing.active_children())
+    executor = concurrent.futures.ProcessPoolExecutor(workers, start_server(), ends_with_its_parent)
+    try:
+        with signals_held():
+            futures = [executor.submit(function, task) for task in tasks]  # starts the workers
+        for future in concurrent.futures.as_completed(futures):
+            progress(future.result())
+    except concurrent.futures.process.BrokenProcessPool:
+        died = "a worker process died before its task was done (killed, or out of memory?)"
+        raise ChildProcessError(f"{died}; run the same command again: it goes on from what is done") from None
+    except BaseException:  # KeyboardInterrupt, mostly
+        for process in set(multiprocessing.active_children()) - before:
+            process.terminate()
+        raise
+    finally:
+        executor.shutdown(cancel_futures=True)
+
+
+def ends_with_its_parent():
+    """A worker's first act: a thread that ends it when the main process ends, even by SIGKILL (it
+    would wait for tasks forever, as it holds both ends of the pipe they come through)."""
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Holds a Ctrl-C or SIGTERM until the block ends, then acts on it: a worker still starting when
+    this process ends would fail, with a traceback, to open the semaphores this process took with it."""
+    held = []
     handlers = {number: signal.signal(number, lambda number, _: held.append(number)) for number in SIGNALS}
     try:
-        pool = context.Pool(workers)
+        yield
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
-    try:
-        for number in held:
-            signal.raise_signal(number)
-    except BaseException:  # KeyboardInterrupt, mostly
-        pool.terminate()
-        raise
-    return pool
+    for number in held:
+        signal.raise_signal(number)
 
 
 def start_server():
@@ -57,7 +82,7 @@ def start_server():
     where none runs (it imports in the background: call this early to have it ready). It starts
     with Ctrl-C ignored, and its workers are born as it is."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["train.shards"])  # what tasks need: all but the main module
+    context.set_forkserver_preload(["train.shards", "train.workers"])  # all but the main module
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         multiprocessing.forkserver.ensure_running()

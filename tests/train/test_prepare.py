@@ -359,6 +359,11 @@ def test_a_full_disk_or_a_file_that_changes_is_named_and_the_same_command_goes_o
         in capsys.readouterr().err
     )
     monkeypatch.setattr(prepare, "encode", encode)
+    monkeypatch.setattr(workers, "run_tasks", mock.Mock(side_effect=ChildProcessError("a worker died")))
+    with pytest.raises(SystemExit) as stop:
+        run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
+    assert stop.value.code == "python -m train.prepare: error: a worker died"  # status 1, not a usage error
+    monkeypatch.undo()
     run_prepare("--data", data, "--out", out, "--vocab-size", 300, "--workers", 1)
     assert (
         prepared_ids(out)[str(data / "01.txt")][0][-5:]

@@ -1,7 +1,9 @@
 import multiprocessing
 import os
 import signal
-from types import SimpleNamespace
+import subprocess
+import sys
+import time
 from unittest import mock
 
 import pytest
@@ -31,15 +33,57 @@ def test_one_worker_or_one_small_task_runs_here():
     assert {pid for _, (pid, _) in done} == {os.getpid()}
 
 
-def test_a_ctrl_c_while_the_workers_start_stops_them_once_all_have(monkeypatch):
-    context, pools, before = workers.start_server(), [], set(multiprocessing.active_children())
+def test_a_ctrl_c_while_the_workers_start_is_held_until_all_have_then_stops_them(monkeypatch):
+    context, started, submitted = workers.start_server(), [], []
+    process = context.Process
 
-    def pool_under_ctrl_c(processes):
-        os.kill(os.getpid(), signal.SIGINT)  # held: the workers start all the same
-        pools.append(context.Pool(processes))
-        return pools[-1]
+    def tasks_under_ctrl_c():
+        yield 60
+        os.kill(os.getpid(), signal.SIGINT)  # held: the second worker starts all the same
+        submitted.append("after the ctrl-c")
+        yield 60
 
-    monkeypatch.setattr(workers, "start_server", lambda: SimpleNamespace(Pool=pool_under_ctrl_c))
+    monkeypatch.setattr(context, "Process", lambda **kwargs: started.append(process(**kwargs)) or started[-1])
     with pytest.raises(KeyboardInterrupt):
-        workers.started_pool(2)
-    assert len(pools) == 1 and set(multiprocessing.active_children()) <= before  # stopped, and waited for
+        workers.run_round(time.sleep, tasks_under_ctrl_c(), 2, print)
+    assert submitted and [process.exitcode for process in started] == [-signal.SIGTERM] * 2  # not slept out
+
+
+def task_that_dies(task):
+    if task == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.1 * task)
+
+
+def test_a_worker_that_dies_ends_the_round_with_an_error_not_a_wait():
+    with pytest.raises(ChildProcessError, match="a worker process died before its task was done"):
+        workers.run_tasks(task_that_dies, range(4), 2, print, 4 * corpus.PIECE_BYTES)
+    assert not multiprocessing.active_children()
+
+
+A_MAIN_THAT_WAITS = """
+import multiprocessing, time
+from train import corpus, workers
+show = lambda _: print(*[process.pid for process in multiprocessing.active_children()], flush=True)
+workers.run_tasks(time.sleep, [0, 600], 2, show, 2 * corpus.PIECE_BYTES)
+"""
+
+
+def test_the_workers_end_with_the_main_process_even_when_it_is_killed():
+    main = subprocess.Popen([sys.executable, "-c", A_MAIN_THAT_WAITS], stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in main.stdout.readline().split()]  # the first task done, the other sleeps
+    main.kill()
+    main.wait()
+    gone_by = time.monotonic() + 30
+    while any(map(running, pids)) and time.monotonic() < gone_by:
+        time.sleep(0.05)
+    assert len(pids) == 2 and not any(map(running, pids))
+
+
+def running(pid):
+    """Whether process `pid` runs (here, the workers of a killed process are nobody's to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
