@@ -226,7 +226,7 @@ def test_your_own_command_counts_words_and_names_a_file_it_cannot_read(tmp_path)
 
 def test_your_own_evaluate_command_reads_a_run_and_names_one_it_cannot(tmp_path):
     from tests.train.runs import tiny_run
-    from train.run_folder import load_tokenizer
+    from tinygpt.tokenizer import load_tokenizer
 
     (tmp_path / "tokens.py").write_text(snippets(FINE_TUNING, "Your own command")["tokens.py"])
     tiny_run(tmp_path / "run")

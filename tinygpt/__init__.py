@@ -1,6 +1,15 @@
 """GPT-1 built from the autograd engine."""
 
 from .config import GPTConfig
-from .model import GPT
 
 __all__ = ["GPTConfig", "GPT"]
+
+
+def __getattr__(name):
+    """GPT, imported where it is first named (PEP 562): the tokenizers load without the engine, in
+    the processes that only tokenize (train.prepare's workers start in a tenth of the time)."""
+    if name != "GPT":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .model import GPT
+
+    return GPT

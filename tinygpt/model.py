@@ -200,10 +200,8 @@ class GPT(nn.Module):
             raise ValueError(f"token ids must be a (batch, time) integer array, got {ids.dtype} {ids.shape}")
         if not ids.size:
             raise ValueError(f"token ids of shape {ids.shape} hold no tokens: a batch needs one or more")
-        if start + ids.shape[1] > self.config.n_ctx:
-            raise ValueError(
-                f"sequence of {start + ids.shape[1]} tokens is longer than n_ctx={self.config.n_ctx}"
-            )
+        if (length := start + ids.shape[1]) > self.config.n_ctx:
+            raise ValueError(f"sequence of {length} tokens is longer than n_ctx={self.config.n_ctx}")
         if on_host and ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got {int(ids.min())}..{int(ids.max())}"
@@ -214,10 +212,8 @@ class GPT(nn.Module):
         """Grow the vocabulary to n tokens (the paper's _start_, _delimiter_, _classify_);
         new rows are drawn like the rest, old rows stay as they are."""
         old = self.tokens_embed.weight
-        if n < old.shape[0]:
-            raise ValueError(
-                f"resize_token_embeddings: {n} is fewer than the {old.shape[0]} tokens there are"
-            )
+        if n < (tokens := old.shape[0]):
+            raise ValueError(f"resize_token_embeddings: {n} is fewer than the {tokens} tokens there are")
         new_rows = nn.normal((n - old.shape[0], old.shape[1]), self.config.initializer_range).data
         with backend.device_scope(old.data):
             grown = old.xp.concatenate([old.data, backend.to_device(new_rows, old.device, old.dtype)])
@@ -330,7 +326,6 @@ def _read_piece(path):
     except ValueError as error:
         raise ValueError(f"{path}: not a NumPy array file ({error})") from None
     if piece.ndim != 1 or piece.dtype.kind != "f":
-        raise ValueError(
-            f"{path}: holds a {piece.dtype} array of shape {piece.shape}, not a flat one of floats"
-        )
+        what = f"a {piece.dtype} array of shape {piece.shape}"
+        raise ValueError(f"{path}: holds {what}, not a flat one of floats")
     return piece

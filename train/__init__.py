@@ -3,6 +3,7 @@
 import signal
 import sys
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a command handles (lifecycle.Interrupt, prepare's workers)
 _interrupted = []  # the Ctrl-Cs that came while the modules imported
 
 

@@ -166,9 +166,8 @@ def find_checkpoint(path):
         raise FileNotFoundError(f"{path}: no such run or checkpoint folder")
     checkpoint = latest_checkpoint(path)
     if checkpoint is None:
-        raise FileNotFoundError(
-            f"{path}: holds no checkpoint (looked in {os.path.join(path, 'checkpoints')})"
-        )
+        looked_in = os.path.join(path, "checkpoints")
+        raise FileNotFoundError(f"{path}: holds no checkpoint (looked in {looked_in})")
     return checkpoint
 
 

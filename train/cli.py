@@ -23,11 +23,10 @@ from tinygpt import GPTConfig, weights
 from tinygpt.files import UndecodableFiles, check_apart, write_whole
 from tinygpt.tokenizer import SPECIAL_TOKENS
 
-from . import begin_command, task_files, tasks
+from . import SIGNALS, begin_command, task_files, tasks
 from .distributed import launch_ranks
 from .run_folder import RUN_FILES, in_a_run, load_run
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)  # those a training run handles (lifecycle.Interrupt)
 _returns = []  # the ExitStack of each command under way, innermost last (see command)
 GPT1_VOCAB_SIZE = 40481  # GPT-1's tokenizer: 40,478 tokens and the 3 special ones
 

@@ -95,9 +95,8 @@ class Windows:
         self.count = (len(ids) - 1) // n_ctx
         self._order = None  # ((seed, epoch), the permutation): drawn once an epoch, not every step
         if self.count < 1:
-            raise ValueError(
-                f"{name}: {len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}"
-            )
+            fewer = f"{len(ids)} tokens are fewer than one window of n_ctx + 1 = {n_ctx + 1}"
+            raise ValueError(f"{name}: {fewer}")
 
     def window(self, index):
         start = index * self.n_ctx

@@ -29,13 +29,14 @@ from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
 from tinygpt.heads import make_head
+from tinygpt.tokenizer import load_tokenizer
 from tinygpt.transformations import encode_examples
 
 from . import cli, lifecycle, task_files
 from .checkpoint import fsync, read_weights, retire, save_weights, write_json
 from .cli import add_precision_argument, grouped_parser, non_negative_int, positive_int
 from .predict import evaluate, write_predictions
-from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_config, read_metrics
+from .run_folder import append_metrics, plot_metrics, read_config, read_metrics
 from .tasks import TASKS
 from .transfer import load_pretrained, prepare
 

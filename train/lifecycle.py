@@ -21,7 +21,7 @@ from autograd.optim import clip_grad_norm
 from tinygpt import files
 from tinygpt.weights import dependencies, weights_folder
 
-from . import cli
+from . import SIGNALS, cli
 from .checkpoint import (
     check_checkpoint,
     checkpoint_steps,
@@ -30,7 +30,6 @@ from .checkpoint import (
     remove_partials,
     save_checkpoint,
 )
-from .cli import SIGNALS
 from .run_folder import (
     append_metrics,
     check_free,
@@ -162,9 +161,8 @@ def resumed_args(parser, args, may_change=(), data=(), resolved=(), renamed=None
             f"--{n.replace('_', '-')} {show(getattr(args, n))} (the run's: {show(saved.get(n))})"
             for n in changed
         )
-        parser.error(
-            f"--resume: {flags} would change the run in {run_dir}; leave them out, or start a new run"
-        )
+        advice = "leave them out, or start a new run"
+        parser.error(f"--resume: {flags} would change the run in {run_dir}; {advice}")
     now = {name: getattr(args, name) for name in given & free}
     resumed = argparse.Namespace(**{**vars(args), **settings, **now, "resume": checkpoint})
     return resumed, run_dir, config, settings
@@ -402,9 +400,8 @@ class Training:
             keep, digests = self.keep_checkpoints, self.dependencies()
             return save_checkpoint(self.dir, step, self.model, self.optimizer, state, keep, digests)
         except OSError as error:
-            sys.exit(
-                f"could not write a checkpoint in {self.dir}/checkpoints: {error}; the last good one is kept"
-            )
+            where = f"{self.dir}/checkpoints"
+            sys.exit(f"could not write a checkpoint in {where}: {error}; the last good one is kept")
 
     def dependencies(self):
         """The digests of the run's files its weights depend on (tinygpt.weights.dependencies),

@@ -11,13 +11,14 @@ from autograd import backend
 from tinygpt import GPT
 from tinygpt.files import write_whole
 from tinygpt.heads import make_head
+from tinygpt.tokenizer import load_tokenizer
 from tinygpt.transformations import encode_examples
 from tinygpt.weights import WEIGHTS_FILE
 
 from . import cli, metrics, tasks
 from .checkpoint import read_weights
 from .cli import add_device_argument, check_tokenizer_fits, positive_int
-from .run_folder import load_tokenizer, read_config, run_folder_of
+from .run_folder import read_config, run_folder_of
 from .task_files import load_labels
 from .tasks import TASKS
 

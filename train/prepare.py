@@ -13,23 +13,19 @@ import json
 import os
 import shutil
 import signal
-import sys
 import tempfile
-import threading
 import time
 import warnings
 
 import numpy as np
-from tqdm import tqdm
 
 from tinygpt.files import UndecodableFiles, read_json, write_whole
-from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.tokenizer import GPT1Tokenizer, load_tokenizer
 
 from . import cli, corpus, data, dataset, shards, workers
 from .cli import add_text_arguments, positive_int
-from .run_folder import is_run, load_tokenizer
-
-EVERY = 5.0  # seconds between progress lines off a terminal
+from .progress import Progress
+from .run_folder import is_run
 
 
 def command_line():
@@ -78,37 +74,6 @@ def add_work_arguments(group):
     cores = len(os.sched_getaffinity(0))
     group.add_argument("--workers", type=positive_int, default=cores, help="processes, one a core by default")
     group.add_argument("--overwrite", action="store_true", help="start --out afresh (another tokenizer)")
-
-
-class Progress:
-    """One phase's progress: a tqdm bar on a terminal; off one, a plain line every EVERY seconds."""
-
-    def __init__(self, phase, total, unit):
-        off = not sys.stderr.isatty() or bool(os.environ.get("TQDM_DISABLE"))
-        self.bar = tqdm(total=total, desc=phase, unit=unit, unit_scale=True, disable=off, dynamic_ncols=True)
-        self.phase, self.unit, self.total, self.done = phase, unit, total, 0
-        self.began = self.shown = time.monotonic()
-
-    def update(self, n):
-        self.bar.update(n)
-        self.done += n
-        if self.bar.disable and time.monotonic() - self.shown >= EVERY:
-            self.shown = time.monotonic()
-            print(self.line(), flush=True)
-
-    def line(self):
-        seconds = max(time.monotonic() - self.began, 1e-9)
-        rate = self.done / seconds
-        left = f", {(self.total - self.done) / rate:.0f} s left" if rate and self.done < self.total else ""
-        if self.unit == "B":  # in MB, to a tenth
-            done, total, rate = (f"{n / 2**20:,.1f}" for n in (self.done, self.total, rate))
-            return f"{self.phase}: {done} of {total} MB ({rate} MB/s{left})"
-        return f"{self.phase}: {self.done:,} of {self.total:,} {self.unit} ({rate:,.0f} {self.unit}/s{left})"
-
-    def close(self):
-        self.bar.close()
-        if self.bar.disable and self.total:
-            print(self.line().split(" (")[0] + f" in {time.monotonic() - self.began:.1f} s", flush=True)
 
 
 def plan(args, files, previous):
@@ -206,33 +171,11 @@ def train_tokenizer(args, records):
     workers.run_tasks(shards.count_chunk_words, tasks, args.workers, counted, progress.total)
     progress.close()
     task = (list(sizes), args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
-    workers.run_tasks(learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
+    workers.run_tasks(shards.learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
     shutil.rmtree(counts_dir)
     args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
     return tokenizer
-
-
-def learn_bpe(task):
-    """Sum the chunks' word counts, train the BPE on them and save it. It runs in a worker, where
-    there are workers: the memory the merges take (it grows with the distinct words) is the
-    system's again when the worker ends, not kept by this process for the encoding."""
-    counts_paths, vocab_size, normalizer, folder = task
-    # tqdm's lock is by default a named semaphore between processes, which a worker stopped by Ctrl-C
-    # would leave behind; only this process shows progress while it merges.
-    tqdm.set_lock(threading.RLock())
-    merging = Progress("merging", vocab_size - cli.SMALLEST_VOCAB, "merges")
-    pairs = drained(shards.summed_counts(counts_paths))  # the only hold on the summed counts
-    bpe = BPETokenizer.train_from_counts(pairs, vocab_size, normalizer=normalizer, on_merge=merging.update)
-    merging.close()
-    bpe.save(folder)
-
-
-def drained(counts):
-    """The (word, count) pairs of `counts`, each taken out of it as it is handed on, so that the
-    merges' copy of the words is not held beside the counts'."""
-    while counts:
-        yield counts.popitem()
 
 
 def even_sample(chunks, fraction):

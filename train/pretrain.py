@@ -15,11 +15,11 @@ from autograd.precision import use_precision
 from autograd.random import MaskStream, use_masks
 from tinygpt import GPT, GPTConfig
 from tinygpt.generation import generate
-from tinygpt.tokenizer import GPT1Tokenizer
+from tinygpt.tokenizer import GPT1Tokenizer, load_tokenizer
 
 from . import cli, data, dataset, distributed, lifecycle, prepare
 from .cli import add_precision_argument, add_text_arguments, grouped_parser, non_negative_int, positive_int
-from .run_folder import append_metrics, load_tokenizer, plot_metrics, read_metrics, run_folder_of
+from .run_folder import append_metrics, plot_metrics, read_metrics, run_folder_of
 
 
 def parse_args(argv):

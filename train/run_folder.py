@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tinygpt import GPT, GPTConfig
 from tinygpt.files import write_whole
-from tinygpt.tokenizer import BPETokenizer, GPT1Tokenizer
+from tinygpt.tokenizer import load_tokenizer
 from tinygpt.weights import TOKENIZER_FILES, is_step, run_of, run_weights
 
 from .checkpoint import WEIGHT_FILES, find_checkpoint, remove_partials, write_json
@@ -28,18 +28,6 @@ from .checkpoint import WEIGHT_FILES, find_checkpoint, remove_partials, write_js
 
 def save_tokenizer(tokenizer, run_dir):
     tokenizer.save(os.path.join(run_dir, "tokenizer"))
-
-
-def load_tokenizer(directory):
-    """A tokenizer from a folder: GPT-1's original files if they are there, else byte-level BPE."""
-    if os.path.isfile(os.path.join(directory, GPT1Tokenizer.FILES[0])):
-        return GPT1Tokenizer.from_folder(directory)
-    if not os.path.isfile(os.path.join(directory, "vocab.json")):
-        raise FileNotFoundError(
-            f"{directory}: no tokenizer here (expected vocab.json + merges.txt, "
-            f"or {' + '.join(GPT1Tokenizer.FILES)})"
-        )
-    return BPETokenizer.load(directory)
 
 
 def write_config(run_dir, model_config, settings):

@@ -1,5 +1,5 @@
-"""What one worker of train.prepare does with one chunk of a file: count its words (to train a
-BPE), or encode it into a shard of token ids.
+"""What the workers of train.prepare do: count the words of one chunk of a file, learn a BPE
+from all the chunks' counts, or encode one chunk into a shard of token ids.
 
 A shard is two files named by the key of its chunk (the file's content, the byte range, the
 tokenizer and the settings): `<key>.bin`, the ids as raw uint16 or uint32, and `<key>.json`, their
@@ -12,17 +12,19 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from collections import Counter
 
 import numpy as np
+from tqdm import tqdm
 
 from tinygpt.files import write_whole
-from tinygpt.tokenizer import SPECIAL_TOKENS
+from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, load_tokenizer
 from tinygpt.tokenizer.bpe import GPT2_PATTERN, count_words, make_normalizer
 
 from . import corpus
 from .corpus import document_parts
-from .run_folder import load_tokenizer
+from .progress import Progress
 
 SEPARATOR = "_start_"  # begins every document: the token that begins every fine-tuning input too
 
@@ -57,6 +59,28 @@ def summed_counts(paths):
             counts.update(json.load(file))
         os.remove(path)
     return counts
+
+
+def learn_bpe(task):
+    """Sum the chunks' word counts, train the BPE on them and save it. It runs in a worker, where
+    there are workers: the memory the merges take (it grows with the distinct words) is the
+    system's again when the worker ends, not kept by the main process for the encoding."""
+    counts_paths, vocab_size, normalizer, folder = task
+    # tqdm's lock is by default a named semaphore between processes, which a worker stopped by Ctrl-C
+    # would leave behind; only this process shows progress while it merges.
+    tqdm.set_lock(threading.RLock())
+    merging = Progress("merging", vocab_size - 256 - len(SPECIAL_TOKENS), "merges")  # all but bytes, specials
+    pairs = drained(summed_counts(counts_paths))  # the only hold on the summed counts
+    bpe = BPETokenizer.train_from_counts(pairs, vocab_size, normalizer=normalizer, on_merge=merging.update)
+    merging.close()
+    bpe.save(folder)
+
+
+def drained(counts):
+    """The (word, count) pairs of `counts`, each taken out of it as it is handed on, so that the
+    merges' copy of the words is not held beside the counts'."""
+    while counts:
+        yield counts.popitem()
 
 
 def encode_chunk(task):

@@ -14,10 +14,8 @@ import os
 import autograd as ag
 from tinygpt import GPT
 from tinygpt.heads import resize
-from tinygpt.tokenizer import GPT1Tokenizer
+from tinygpt.tokenizer import GPT1Tokenizer, load_tokenizer
 from tinygpt.weights import run_of
-
-from .run_folder import load_tokenizer
 
 
 def load_pretrained(folder, tokenizer_dir=None, gpt1_tokenizer_dir=None):

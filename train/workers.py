@@ -13,8 +13,7 @@ import os
 import signal
 import threading
 
-from . import corpus
-from .cli import SIGNALS
+from . import SIGNALS, corpus
 
 WORKER_BYTES = 64 << 20  # text a worker reads in one round of tasks; the next round starts fresh workers
 

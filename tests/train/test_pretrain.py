@@ -10,9 +10,10 @@ import pytest
 
 from autograd.optim import warmup_cosine
 from autograd.serialization import load_file
+from tinygpt.tokenizer import load_tokenizer
 from train import pretrain
 from train.checkpoint import checkpoint_steps
-from train.run_folder import load_tokenizer, read_metrics
+from train.run_folder import read_metrics
 
 from .runs import ctrl_c, losses, pretrain_argv, pretrain_into
 

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from tinygpt.tokenizer import load_tokenizer
 from train import dataset, evaluate, finetune, pretrain
-from train.run_folder import load_tokenizer
 
 from .runs import pretrain_argv, stopped, tiny_run
 

@@ -49,6 +49,17 @@ def test_a_ctrl_c_while_the_workers_start_is_held_until_all_have_then_stops_them
     assert submitted and [process.exitcode for process in started] == [-signal.SIGTERM] * 2  # not slept out
 
 
+def engine_modules(_):
+    return [name for name in ("autograd", "cupy", "ml_dtypes") if name in sys.modules]
+
+
+def test_the_workers_tokenize_without_importing_the_engine():
+    """Their server imports the tokenizers alone: it starts in a tenth of a second, not two."""
+    found = []
+    workers.run_round(engine_modules, [0], 1, found.append)
+    assert found == [[]]
+
+
 def task_that_dies(task):
     if task == 1:
         os.kill(os.getpid(), signal.SIGKILL)

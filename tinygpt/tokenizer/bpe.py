@@ -306,13 +306,11 @@ class BPETokenizer(Tokenizer):
         vocab = {token: token_id for token_id, token in enumerate(self._id_to_token)}
         (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
         self._write_merges(directory / "merges.txt")
-        (directory / "special_tokens.json").write_text(
-            json.dumps(self._special_tokens, indent=1), encoding="utf-8"
-        )
+        special_tokens = json.dumps(self._special_tokens, indent=1)
+        (directory / "special_tokens.json").write_text(special_tokens, encoding="utf-8")
         if self.normalizer:
-            (directory / CONFIG_FILE).write_text(
-                json.dumps({"normalizer": self.normalizer}), encoding="utf-8"
-            )
+            config = json.dumps({"normalizer": self.normalizer})
+            (directory / CONFIG_FILE).write_text(config, encoding="utf-8")
 
     @classmethod
     def load(cls, directory, special_tokens=None, pattern=GPT2_PATTERN):
