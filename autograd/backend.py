@@ -87,10 +87,8 @@ def parse_device(device):
         raise ValueError(f"device {device!r}: the GPU index after 'cuda:' must be a number")
     _require_cuda()
     index = int(index)
-    if index >= cupy.cuda.runtime.getDeviceCount():
-        raise ValueError(
-            f"device {device!r}: only {cupy.cuda.runtime.getDeviceCount()} CUDA device(s) present"
-        )
+    if index >= (count := cupy.cuda.runtime.getDeviceCount()):
+        raise ValueError(f"device {device!r}: only {count} CUDA device(s) present")
     return f"cuda:{index}"
 
 

@@ -94,9 +94,8 @@ def linear(x, weight, bias=None, weight_cast=None):
     if x.shape[-1] != n_in:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {weight.shape} expects {n_in}")
     if bias is not None and bias.shape != (n_out,):
-        raise ValueError(
-            f"linear: bias has shape {bias.shape}, expected ({n_out},) for weight {weight.shape}"
-        )
+        expected = f"({n_out},) for weight {weight.shape}"
+        raise ValueError(f"linear: bias has shape {bias.shape}, expected {expected}")
     weight_cast = precision.kept_cast(weight, x.dtype) if weight_cast is None else weight_cast
     if weight_cast.shape != weight.shape or weight_cast.dtype != x.dtype:
         raise ValueError(f"linear: weight_cast must be the weight {weight.shape} in x's type {x.dtype}")
@@ -151,9 +150,8 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, grad):
         out, grad32 = ctx.out, widened(grad)
-        return (out * (grad32 - (grad32 * out).sum(axis=ctx.axis, keepdims=True))).astype(
-            grad.dtype, copy=False
-        )
+        dx = out * (grad32 - (grad32 * out).sum(axis=ctx.axis, keepdims=True))
+        return dx.astype(grad.dtype, copy=False)
 
 
 def softmax(x, axis=-1):
@@ -174,9 +172,8 @@ class LogSoftmax(Function):
     @staticmethod
     def backward(ctx, grad):
         xp, grad32 = get_array_module(grad), widened(grad)
-        return (grad32 - xp.exp(ctx.out) * grad32.sum(axis=ctx.axis, keepdims=True)).astype(
-            grad.dtype, copy=False
-        )
+        dx = grad32 - xp.exp(ctx.out) * grad32.sum(axis=ctx.axis, keepdims=True)
+        return dx.astype(grad.dtype, copy=False)
 
 
 def _shift_and_log_sum(x, axis):
@@ -243,9 +240,8 @@ def cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="mean"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     targets = _indices(targets)
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"cross_entropy: targets of shape {targets.shape} do not match logits {logits.shape}"
-        )
+        shapes = f"targets of shape {targets.shape} do not match logits {logits.shape}"
+        raise ValueError(f"cross_entropy: {shapes}")
     n_classes = logits.shape[-1]
     on_host = not backend.on_gpu(targets)
     if on_host and (((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)).any():

@@ -19,9 +19,8 @@ def keep_mask(stream, shape, p, xp):
     """A boolean mask of `shape` on xp's device that keeps each entry with probability 1 - p: the
     next draw of `stream`."""
     if not isinstance(stream, MaskStream):
-        raise TypeError(
-            f"dropout's generator must be an autograd.random.MaskStream, got {type(stream).__name__}"
-        )
+        given = type(stream).__name__
+        raise TypeError(f"dropout's generator must be an autograd.random.MaskStream, got {given}")
     return stream.keep_mask(shape, p, xp)
 
 

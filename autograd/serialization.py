@@ -60,9 +60,8 @@ def save_file(tensors, path, metadata=None):
             array = array.astype(array.dtype.newbyteorder("<"), copy=False)
             dtype = NAMES[array.dtype]
         else:
-            raise TypeError(
-                f"save_file: tensor {name!r} has dtype {array.dtype}, which safetensors cannot hold"
-            )
+            refused = f"has dtype {array.dtype}, which safetensors cannot hold"
+            raise TypeError(f"save_file: tensor {name!r} {refused}")
         header[name] = {
             "dtype": dtype,
             "shape": list(array.shape),

@@ -111,9 +111,8 @@ class Function:
         several = isinstance(out, tuple)
         if several and not out:
             raise TypeError(f"{cls.__name__}.forward gave an empty tuple: give an array, or a tuple of them")
-        outs = [
-            _checked_output(cls, o, i, float_dtype, tensors) for i, o in enumerate(out if several else (out,))
-        ]
+        given = out if several else (out,)
+        outs = [_checked_output(cls, o, i, float_dtype, tensors) for i, o in enumerate(given)]
         requires_grad = _grad_enabled and any(ctx.needs_input_grad)
         results = tuple(Tensor(o, requires_grad=requires_grad) for o in outs)
         if requires_grad:

@@ -11,7 +11,8 @@ backward pass with central finite differences and, when they disagree, lets hypo
 the inputs to a small example whose error names the input and the entries. `check_fast_paths` compares
 an op's fast paths with its reference on any device (the CPU, the emulated CUDA device, a GPU), in float32
 and bfloat16, as `assert_fast_path_matches` does for inputs a test gives. `checks_gradient_of` and
-`assert_every_function_tested` fail a suite where an op has no gradient test; `DEVICES`, `each_path`: pytest.
+`assert_every_function_tested` fail a suite where an op has no gradient test (`checks_fast_path_of`: or
+a fast path no test compares with its reference); `DEVICES`, `each_path`: pytest.
 """
 
 import contextlib
@@ -398,15 +399,25 @@ def each_path(request):
 
 # ----- which Function has a gradient test ------------------------------------------------------
 
-_GRADIENT_TESTED = set()
+_TESTED = {"gradient": set(), "fast path": set()}  # for each check, the Functions a test marks
 
 
 def checks_gradient_of(*functions):
     """Mark a test as the gradient test of these Function subclasses."""
+    return _mark("gradient", functions)
+
+
+def checks_fast_path_of(*functions):
+    """Mark a test as the one that compares these Function subclasses' fast paths with their references."""
+    return _mark("fast path", functions)
+
+
+def _mark(check, functions):
     wrong = [f for f in functions if not (isinstance(f, type) and issubclass(f, Function))]
     if wrong:
-        raise TypeError(f"checks_gradient_of: takes Function subclasses, not {', '.join(map(repr, wrong))}")
-    _GRADIENT_TESTED.update(functions)
+        marker = f"checks_{check.replace(' ', '_')}_of"
+        raise TypeError(f"{marker}: takes Function subclasses, not {', '.join(map(repr, wrong))}")
+    _TESTED[check].update(functions)
     return lambda test: test
 
 
@@ -418,18 +429,22 @@ def functions_of(package):
     return {f for f in _subclasses(Function) if _defined_in(f, package)}
 
 
-def untested_functions(package, tests=None):
-    """Names of the Function subclasses of `package` that no test marks with
-    `checks_gradient_of`; every module of `tests` is imported first, so that every mark is seen."""
+def untested_functions(package, tests=None, check="gradient"):
+    """Names of the Function subclasses of `package` that no test marks for `check`: "gradient"
+    (`checks_gradient_of`) or "fast path" (`checks_fast_path_of`, of those with a forward_cpu or a
+    forward_gpu); every module of `tests` is imported first, so that every mark is seen."""
     _check_module("tests", tests, optional=True)
     _import_all(tests)
-    return sorted(f"{f.__module__}.{f.__qualname__}" for f in functions_of(package) - _GRADIENT_TESTED)
+    functions = functions_of(package)
+    if check == "fast path":
+        functions = {f for f in functions if f.forward_cpu is not None or f.forward_gpu is not None}
+    return sorted(f"{f.__module__}.{f.__qualname__}" for f in functions - _TESTED[check])
 
 
-def assert_every_function_tested(package, tests=None):
-    """Fail naming every Function subclass of `package` that has no gradient test in `tests`."""
-    missing = untested_functions(package, tests)
-    assert not missing, f"no gradient test for: {', '.join(missing)}"
+def assert_every_function_tested(package, tests=None, check="gradient"):
+    """Fail naming every Function subclass of `package` that no test in `tests` marks for `check`."""
+    missing = untested_functions(package, tests, check)
+    assert not missing, f"no {check} test for: {', '.join(missing)}"
 
 
 def _check_module(name, value, optional=False):

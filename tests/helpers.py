@@ -192,18 +192,12 @@ def ptx_of(name):
 
 # ----- fast paths against their references
 
-FAST_PATH_TESTED = set()  # Functions whose fast paths a test compares with the reference
 TOLERANCE = {
     np.dtype(np.float32): dict(rtol=2e-5, atol=2e-6),
     np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
     ag.bfloat16: dict(rtol=2**-7, atol=2**-7),  # one bfloat16 rounding apart at most
 }
 WITH_BF16 = [np.float32, np.float64, ag.bfloat16]  # the GPU's fast paths take bfloat16 too
-
-
-def compares_fast_path_of(*functions):
-    FAST_PATH_TESTED.update(functions)
-    return lambda test: test
 
 
 def upstream(shape):

@@ -164,9 +164,8 @@ class Group:
             return
         flat = pack([p.data for p in params])
         if self.nccl is not None:
-            self.nccl.bcast(
-                flat.data.ptr, flat.size, self._nccl_types[flat.dtype], 0, backend.current_stream()
-            )
+            nccl_type = self._nccl_types[flat.dtype]
+            self.nccl.bcast(flat.data.ptr, flat.size, nccl_type, 0, backend.current_stream())
         else:
             self.comm.Bcast(flat, root=0)
         for p, values in zip(params, unpack(flat, [p.shape for p in params])):

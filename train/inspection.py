@@ -85,9 +85,8 @@ def attention_command(parser, args):
 
     formats = Figure().canvas.get_supported_filetypes()
     if os.path.splitext(args.out)[1].lstrip(".").lower() not in formats:
-        parser.error(
-            f"--out: {args.out}: not a figure's file name (end it in {', '.join(f'.{f}' for f in formats)})"
-        )
+        endings = ", ".join(f".{f}" for f in formats)
+        parser.error(f"--out: {args.out}: not a figure's file name (end it in {endings})")
     cli.check_output_file(parser, "--out", args.out, args)
     model, tokenizer = open_run(parser, args.run, args.device)
     n_layer, n_ctx = model.config.n_layer, model.config.n_ctx

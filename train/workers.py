@@ -2,13 +2,14 @@
 
 Each round's workers are forked from one server process that imported the project once at the
 start: a spawned worker would import it all again (two seconds each), and a fork of the main
-process would copy its threads. The workers ignore Ctrl-C from birth (a terminal sends it to every
+process would copy its threads. The workers block Ctrl-C from birth (a terminal sends it to every
 process): the main process stops them.
 """
 
 import concurrent.futures
 import contextlib
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import signal
 import threading
@@ -62,14 +63,17 @@ def ends_with_its_parent():
 
 
 @contextlib.contextmanager
-def signals_held():
+def signals_held(block=False):
     """Holds a Ctrl-C or SIGTERM until the block ends, then acts on it: a worker still starting when
-    this process ends would fail, with a traceback, to open the semaphores this process took with it."""
+    this process ends would fail, with a traceback, to open the semaphores this process took with it.
+    With `block`, Ctrl-C is blocked meanwhile too: a process started within is born with it blocked."""
     held = []
     handlers = {number: signal.signal(number, lambda number, _: held.append(number)) for number in SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT} if block else set())
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for number, handler in handlers.items():
             signal.signal(number, handler)
     for number in held:
@@ -79,12 +83,10 @@ def signals_held():
 def start_server():
     """The multiprocessing context whose workers are forked from the server; starts the server
     where none runs (it imports in the background: call this early to have it ready). It starts
-    with Ctrl-C ignored, and its workers are born as it is."""
+    with Ctrl-C blocked, and its workers are born as it is; one that comes meanwhile is held, not lost."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["train.shards", "train.workers"])  # all but the main module
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    multiprocessing.resource_tracker.ensure_running()  # first: starting, it unblocks Ctrl-C here
+    with signals_held(block=True):
         multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, handler)
     return context

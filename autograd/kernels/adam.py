@@ -152,9 +152,8 @@ def clip_grad_norm(grads, max_norm):
         norm, scale = xp.empty((), dtype=np.float32), xp.empty((), dtype=np.float32)
         by_chunk = (grad_table, parts.sizes, parts.tensor, parts.start, np.int64(CHUNK))
         if parts.count:
-            sources.kernel("adam", "chunk_squares", np.float32)(
-                (parts.count,), (THREADS,), (*by_chunk, partials)
-            )
+            chunk_squares = sources.kernel("adam", "chunk_squares", np.float32)
+            chunk_squares((parts.count,), (THREADS,), (*by_chunk, partials))
         factor_args = (partials, np.int64(parts.count), np.float32(max_norm), norm, scale)
         sources.kernel("adam", "clip_factor", np.float32)((1,), (THREADS,), factor_args)
         if parts.count:

@@ -126,9 +126,8 @@ def multi_head_forward_cpu(ctx, qkv, bias, n_head, dropout_p, generator):
 
 def multi_head_backward_cpu(ctx, grad):
     batch, time, _, n_head, head_width = ctx.heads_shape
-    grad = (
-        grad.reshape(batch, time, n_head, head_width).transpose(0, 2, 1, 3).reshape(batch * n_head, time, -1)
-    )
+    heads = grad.reshape(batch, time, n_head, head_width).transpose(0, 2, 1, 3)
+    grad = heads.reshape(batch * n_head, time, -1)
     grad_qkv = buffers.empty(ctx.heads_shape, grad.dtype)
     for i, g in enumerate(_attend_backward_on_threads(ctx, grad)):
         grad_qkv[:, :, i] = g.reshape(batch, n_head, time, head_width).transpose(0, 2, 1, 3)

@@ -3,8 +3,8 @@ optim.py's own code, the reference: over several steps, in both L2 modes, with v
 with parameters left without a gradient, strided gradients, and clipping above and below the limit;
 and the bfloat16 copy a parameter keeps under bf16, written by Adam's kernel as astype would round it.
 
-On the CPU both runs take the reference (as every fast-path test does there); the chunk layout the
-kernels read and the rule that picks the path are checked here too."""
+The comparisons run on the GPU devices alone: on the CPU both runs would take the reference. The chunk
+layout the kernels read and the rule that picks the path are checked here too."""
 
 import numpy as np
 import pytest
@@ -43,12 +43,12 @@ def options():
 @given(st.lists(SHAPES, min_size=1, max_size=6), st.integers(0, 2**32 - 1), st.integers(2, 4), options())
 @example(GPT1, 0, 3, dict(lr=6.25e-5, betas=(0.9, 0.999), eps=1e-8, l2=0.01))
 def test_adam_and_clipping_on_the_kernels_equal_the_reference(
-    device, l2_mode, vector_l2, clip, shapes, seed, steps, opts
+    gpu_device, l2_mode, vector_l2, clip, shapes, seed, steps, opts
 ):
     """Parameters, moments and returned norms after several steps: kernels == reference."""
     runs = [
         train_with_adam(
-            shapes, seed, steps, device, reference, clip, l2_mode=l2_mode, vector_l2=vector_l2, **opts
+            shapes, seed, steps, gpu_device, reference, clip, l2_mode=l2_mode, vector_l2=vector_l2, **opts
         )
         for reference in (False, True)
     ]
@@ -60,10 +60,10 @@ def test_adam_and_clipping_on_the_kernels_equal_the_reference(
 
 @pytest.mark.parametrize("l2_mode", ["decoupled", "coupled"])
 @given(st.lists(SHAPES, min_size=1, max_size=4), st.integers(0, 2**32 - 1), options())
-def test_adam_on_the_kernels_after_load_state_dict(device, l2_mode, shapes, seed, opts):
+def test_adam_on_the_kernels_after_load_state_dict(gpu_device, l2_mode, shapes, seed, opts):
     """A restored optimizer holds new moment arrays: the kernels read their pointers, not stale ones."""
     runs = [
-        train_with_adam(shapes, seed, 4, device, reference, restart_at=2, l2_mode=l2_mode, **opts)
+        train_with_adam(shapes, seed, 4, gpu_device, reference, restart_at=2, l2_mode=l2_mode, **opts)
         for reference in (False, True)
     ]
     assert_adam_close(runs[0][0], runs[1][0], "parameter")

@@ -16,14 +16,13 @@ import autograd as ag
 from autograd import backend
 from autograd import functional as F
 from autograd.kernels import attention as attention_kernels
-from autograd.testing import shapes
+from autograd.testing import checks_fast_path_of, shapes
 from tests import tf32
 from tests.helpers import (
     SEEDS,
     TOLERANCE,
     WITH_BF16,
     assert_fast_equals_reference,
-    compares_fast_path_of,
     forward_and_backward_typed,
     fresh_stream,
     upstream,
@@ -134,7 +133,7 @@ def assert_packed_fast_equals_reference(qkv, bias, n_head, dropout_p, seed, devi
         assert not out, f"{name}: {out} entries out, by up to {excess.max()}"
 
 
-@compares_fast_path_of(F.ScaledDotProductAttention)
+@checks_fast_path_of(F.ScaledDotProductAttention)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @given(attention_case(), DROPOUT, SEEDS)
 # one query over keys of no full tile; heads that v alone adds (the GPU runs the reference there)
@@ -154,7 +153,7 @@ def test_scaled_dot_product_attention(device, dtype, case, dropout_p, seed):
     )
 
 
-@compares_fast_path_of(F.MultiHeadAttention)
+@checks_fast_path_of(F.MultiHeadAttention)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @given(st.integers(1, 2), SIZES, st.integers(1, 3), HEAD_WIDTHS, BIAS_SCALES, DROPOUT, SEEDS)
 def test_multi_head_attention(device, dtype, batch, time, n_head, head_width, bias_scale, dropout_p, seed):

@@ -14,12 +14,12 @@ from hypothesis.extra import numpy as hnp
 
 import autograd as ag
 from autograd import functional as F
+from autograd.testing import checks_fast_path_of
 from tests.helpers import (
     SEEDS,
     WITH_BF16,
     assert_close,
     both_paths,
-    compares_fast_path_of,
     forward_and_backward,
     on_device,
     summation_slack,
@@ -73,7 +73,7 @@ def assert_cross_entropy_paths_agree(case, reduction, device, dtype):
     assert_close("gradient of the logits", fast_grad, grad_reference, dtype)
 
 
-@compares_fast_path_of(F.CrossEntropy)
+@checks_fast_path_of(F.CrossEntropy)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @given(logits_and_targets())
@@ -144,7 +144,7 @@ def ids_and_table(draw):
     return ids, rng.standard_normal((n_rows, dim))
 
 
-@compares_fast_path_of(F.Embedding)
+@checks_fast_path_of(F.Embedding)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 @given(ids_and_table())

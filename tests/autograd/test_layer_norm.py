@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import autograd as ag
 from autograd import functional as F
 from autograd.random import MaskStream
-from autograd.testing import arrays, checks_gradient_of, leaf, shapes
+from autograd.testing import arrays, checks_fast_path_of, checks_gradient_of, leaf, shapes
 from tests.helpers import (
     LEADS,
     SEEDS,
@@ -20,7 +20,6 @@ from tests.helpers import (
     WITH_BF16,
     assert_paths_agree,
     check_gradients_at,
-    compares_fast_path_of,
     forward_and_backward_typed,
     mean_rounding_slack,
     normal,
@@ -211,7 +210,7 @@ def residual_slack(x, y, parameters, names, dtype, p):
     return [slack_out, slack_dx, keep * slack_dx] + [by_name[name] for name in names]
 
 
-@compares_fast_path_of(F.ResidualLayerNorm)
+@checks_fast_path_of(F.ResidualLayerNorm)
 @pytest.mark.parametrize("dtype", WITH_BF16)
 @pytest.mark.parametrize("p", [0.0, 0.1, 1.0])
 @given(residual_inputs(), st.sets(st.sampled_from(PARAMETERS)))

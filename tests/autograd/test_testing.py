@@ -436,13 +436,16 @@ def test_the_registry_names_every_function_no_test_checks(tmp_path, monkeypatch)
     ops = """
         from autograd import Function
         class Square(Function): pass
-        class Cube(Function): pass
+        class Cube(Function):
+            forward_gpu = staticmethod(lambda ctx, x: x ** 3)
     """
     test = """
-        from autograd.testing import checks_gradient_of
+        from autograd.testing import checks_fast_path_of, checks_gradient_of
+        from userops.nested import Cube
         from userops.ops import Square
         @checks_gradient_of(Square)
-        def test_square(): pass
+        @checks_fast_path_of(Cube)
+        def test_square_and_the_fast_cube(): pass
     """
     write_package(tmp_path, "userops", {"__init__.py": "", "ops.py": ops, "nested/__init__.py": ops})
     write_package(tmp_path, "usertests", {"__init__.py": "", "test_ops.py": test})
@@ -454,6 +457,9 @@ def test_the_registry_names_every_function_no_test_checks(tmp_path, monkeypatch)
     assert testing.untested_functions(userops, usertests) == missing
     with pytest.raises(AssertionError, match="no gradient test for: userops.nested.Cube, "):
         testing.assert_every_function_tested(userops, usertests)
+    assert testing.untested_functions(userops, usertests, "fast path") == ["userops.ops.Cube"]
+    with pytest.raises(AssertionError, match="^no fast path test for: userops.ops.Cube$"):
+        testing.assert_every_function_tested(userops, usertests, "fast path")
 
 
 def test_the_engine_does_not_need_hypothesis_and_testing_says_what_to_install():
@@ -475,6 +481,8 @@ def test_the_registry_refuses_what_is_not_a_package(package):
 
 
 @pytest.mark.parametrize("marked", ["Softplus", Softplus.apply, int])
-def test_checks_gradient_of_takes_function_subclasses_only(marked):
+def test_the_marks_take_function_subclasses_only(marked):
     with pytest.raises(TypeError, match="^checks_gradient_of: takes Function subclasses"):
         checks_gradient_of(marked)
+    with pytest.raises(TypeError, match="^checks_fast_path_of: takes Function subclasses"):
+        testing.checks_fast_path_of(marked)

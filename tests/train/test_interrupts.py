@@ -86,14 +86,14 @@ def test_a_ctrl_c_while_the_modules_import_is_one_line_and_status_130(module):
 
 
 def test_a_run_killed_at_random_moments_resumes_to_the_same_bytes(corpus, tmp_path):
-    """12 times a process is started (a new run while there is no checkpoint yet, else --resume) and
+    """8 times a process is started (a new run while there is no checkpoint yet, else --resume) and
     sent SIGKILL, SIGTERM or SIGINT after a random time, at startup, in a step or in a save
     (--save-every 1); each time the newest checkpoint loads. Finished, the run's weights, Adam's
     moments, losses and rates are those of a run that was never stopped, bit for bit."""
     steps = ["--steps", str(KILL_STEPS), "--save-every", "1", "--log-every", "1", "--eval-every", "50"]
     pretrain_into(corpus, tmp_path / "reference", *steps)
     out, rng, kills = tmp_path / "killed", random.Random(16), 0
-    while kills < 12 and not (checkpoint_steps(out) and checkpoint_steps(out)[-1] == KILL_STEPS):
+    while kills < 8 and not (checkpoint_steps(out) and checkpoint_steps(out)[-1] == KILL_STEPS):
         resuming = bool(checkpoint_steps(out))
         process = start(corpus, out, *(["--resume", str(out)] if resuming else [*steps, "--overwrite"]))
         if kills % 2:  # at any time from the start, mostly while it starts up
@@ -109,7 +109,7 @@ def test_a_run_killed_at_random_moments_resumes_to_the_same_bytes(corpus, tmp_pa
         process.wait(timeout=60)
         if checkpoint_steps(out):
             assert newest_loads(out) == checkpoint_steps(out)[-1]
-    assert kills >= 10, (out.parent / "killed.log").read_text()[-3000:]
+    assert kills >= 6, (out.parent / "killed.log").read_text()[-3000:]
     pretrain.main(["--resume", str(out), "--device", "cpu"])
 
     assert not [path for path in out.rglob("*") if "partial" in path.name]

@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from unittest import mock
 
@@ -12,16 +13,16 @@ from train import corpus, workers
 
 
 def task_worker_and_ctrl_c(task):
-    return task, (os.getpid(), signal.getsignal(signal.SIGINT))
+    return task, (os.getpid(), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set()))
 
 
-def test_each_round_of_tasks_worth_worker_bytes_has_fresh_workers_that_ignore_ctrl_c():
+def test_each_round_of_tasks_worth_worker_bytes_has_fresh_workers_that_block_ctrl_c():
     done = []
     with mock.patch.object(workers, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth: rounds of 2
         workers.run_tasks(task_worker_and_ctrl_c, range(4), 2, done.append, 4 * corpus.PIECE_BYTES)
     worker = {task: pid for task, (pid, _) in done}
     assert sorted(worker) == [0, 1, 2, 3] and not {worker[0], worker[1]} & {worker[2], worker[3]}
-    assert {ctrl_c for _, (_, ctrl_c) in done} == {signal.SIG_IGN}
+    assert {blocked for _, (_, blocked) in done} == {True}
 
 
 def test_one_worker_or_one_small_task_runs_here():
@@ -47,6 +48,28 @@ def test_a_ctrl_c_while_the_workers_start_is_held_until_all_have_then_stops_them
     with pytest.raises(KeyboardInterrupt):
         workers.run_round(time.sleep, tasks_under_ctrl_c(), 2, print)
     assert submitted and [process.exitcode for process in started] == [-signal.SIGTERM] * 2  # not slept out
+
+
+def test_a_ctrl_c_while_the_server_starts_is_held_not_lost(monkeypatch):
+    """The server starts with Ctrl-C blocked (its workers are born so): one that comes in that moment
+    is acted on once the server is up."""
+    start, started, other_thread = multiprocessing.forkserver.ensure_running, [], threading.Event()
+
+    def under_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)  # to the other thread: this one blocks it
+        time.sleep(0.1)  # its handler runs here
+        start()
+        started.append(True)
+
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", under_ctrl_c)
+    threading.Thread(target=other_thread.wait, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            workers.start_server()
+    finally:
+        other_thread.set()
+    assert started and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
 def engine_modules(_):
