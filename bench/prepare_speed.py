@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 GPT1 = SHARED / "gpt1-bpe"
 PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")  # of the CPU times in /proc/<pid>/stat
 LOW, UP = string.ascii_lowercase, string.ascii_uppercase
 ROT = {k: str.maketrans(LOW + UP, LOW[k:] + LOW[:k] + UP[k:] + UP[:k]) for k in range(1, 26)}
 PHASE = re.compile(r"^(reading|counting words|merging|encoding): .* in ([\d.]+) s$")
@@ -81,13 +82,14 @@ def make_corpus(folder, count, seed):
     return paths
 
 
-def tree_memory(pid):
+def tree_memory(pid, cpu):
     """(resident, proportional, largest) bytes of pid and all its descendants now: the sum of their
     resident sets; of their proportional sets, where a page that k processes share (a forked worker's
     imports, shared with the process it was forked from) counts 1/k in each; and the largest
     high-water mark of one process's resident set (a forked worker's parent is not this one, so
-    wait4's ru_maxrss does not see it)."""
+    wait4's ru_maxrss does not see it). Records in `cpu` the CPU seconds each has used so far."""
     try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         pss = int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M)[1]) * 1024
@@ -96,13 +98,14 @@ def tree_memory(pid):
         kids = [int(k) for t in tasks for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
     except (FileNotFoundError, ProcessLookupError, TypeError):
         return 0, 0, 0
-    below = [tree_memory(kid) for kid in kids]
+    cpu[pid] = (int(stat[11]) + int(stat[12])) / TICKS  # user and system
+    below = [tree_memory(kid, cpu) for kid in kids]
     return rss + sum(b[0] for b in below), pss + sum(b[1] for b in below), max([hwm] + [b[2] for b in below])
 
 
 def measure(cmd, env=None):
     """Run cmd: its record (wall s, peak MB of its largest process and of its tree) and its timed lines."""
-    began, lines, tree, load = time.monotonic(), [], (0, 0, 0), round(os.getloadavg()[0], 2)
+    began, lines, tree, load, cpu = time.monotonic(), [], (0, 0, 0), round(os.getloadavg()[0], 2), {}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
     cmd = [str(part) for part in cmd]
     proc = subprocess.Popen(
@@ -116,7 +119,7 @@ def measure(cmd, env=None):
     reader = threading.Thread(target=read)
     reader.start()
     while not (done := os.wait4(proc.pid, os.WNOHANG))[0]:
-        tree = tuple(map(max, tree, tree_memory(proc.pid)))
+        tree = tuple(map(max, tree, tree_memory(proc.pid, cpu)))
         time.sleep(0.1)
     proc.returncode = os.waitstatus_to_exitcode(done[1])
     reader.join()
@@ -124,6 +127,8 @@ def measure(cmd, env=None):
     largest = max(done[2].ru_maxrss * 1024, tree[2])  # polled, or of a waited process
     out.update(peak_process_mb=round(largest / 2**20, 1), peak_tree_mb=round(tree[0] / 2**20, 1))
     out.update(peak_tree_pss_mb=round(tree[1] / 2**20, 1))
+    cpu[proc.pid] = done[2].ru_utime + done[2].ru_stime  # its own, whole, and its waited children's
+    out["cpu_s"] = round(sum(cpu.values()), 1)  # every process's, as last polled
     out["load_before_after"] = [load, round(os.getloadavg()[0], 2)]
     out["phases_s"] = {m[1]: float(m[2]) for _, line in lines if (m := PHASE.match(line))}
     if proc.returncode:
@@ -252,8 +257,10 @@ def encoding(args, files, mb):
                 "tinygpt": [r[0]["phases_s"].get("encoding") for r in tried],
                 "hf": [r[1].get("seconds") for r in tried],
             }
-            rows.append((name, workers, *rate, ours["peak_tree_pss_mb"], theirs["peak_tree_pss_mb"]))
-    header = ["tokenizer", "workers", "tinygpt MB/s", "tokenizers MB/s"]
+            results[-1]["tinygpt_cpu_s_of_each_run"] = [r[0]["cpu_s"] for r in tried]
+            rows.append((name, workers, *rate, ours["cpu_s"]))
+            rows[-1] += (ours["peak_tree_pss_mb"], theirs["peak_tree_pss_mb"])
+    header = ["tokenizer", "workers", "tinygpt MB/s", "tokenizers MB/s", "tinygpt CPU s (all processes)"]
     header += ["tinygpt peak MB (PSS)", "tokenizers peak MB (PSS)"]
     title = f"2. Encoding {mb[args.encode_mb]:.0f} MB (tokenizers: the same vocab and merges)"
     table(f"{title}, the fastest of {args.repeats} runs", header, rows)

@@ -184,9 +184,7 @@ def ptx_limits(text, name):
     # shared variables used by several kernels are declared at the module's level, the others in a kernel
     module = {var: size(bits, count) for bits, var, count in re.findall(rf"^{declared}", ptx, re.M)}
     heads = list(re.finditer(r"\.(entry|func)\s+(?:\([^)]*\)\s*)?(\w+)", ptx))
-    bodies = {
-        h[2]: ptx[h.end() : nxt.start() if nxt else len(ptx)] for h, nxt in zip(heads, heads[1:] + [None])
-    }
+    bodies = {h[2]: ptx[h.end() : nxt and nxt.start()] for h, nxt in zip(heads, heads[1:] + [None])}
     functions = [h[2] for h in heads if h[1] == "func"]
     limits = {}
     for head in (h for h in heads if h[1] == "entry"):

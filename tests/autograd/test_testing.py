@@ -478,6 +478,9 @@ def test_the_registry_refuses_what_is_not_a_package(package):
         testing.assert_every_function_tested(package)
     with pytest.raises(TypeError, match="^tests must be a module or package"):
         testing.untested_functions(ag, tests="tests")
+    wrong_check = "^untested_functions: check is 'gradient' or 'fast path', not 'fast paths'$"
+    with pytest.raises(ValueError, match=wrong_check):
+        testing.assert_every_function_tested(ag, check="fast paths")
 
 
 @pytest.mark.parametrize("marked", ["Softplus", Softplus.apply, int])
