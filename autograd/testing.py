@@ -433,7 +433,7 @@ def untested_functions(package, tests=None, check="gradient"):
     """Names of the Function subclasses of `package` that no test marks for `check`: "gradient"
     (`checks_gradient_of`) or "fast path" (`checks_fast_path_of`, of those with a forward_cpu or a
     forward_gpu); every module of `tests` is imported first, so that every mark is seen."""
-    if check not in _TESTED:
+    if check not in list(_TESTED):  # a list: an unhashable `check` is refused as any other
         raise ValueError(f"untested_functions: check is {' or '.join(map(repr, _TESTED))}, not {check!r}")
     _check_module("tests", tests, optional=True)
     _import_all(tests)

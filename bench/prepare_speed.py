@@ -22,6 +22,7 @@ import os
 import platform
 import random
 import re
+import statistics
 import string
 import subprocess
 import sys
@@ -267,6 +268,29 @@ def encoding(args, files, mb):
     return results
 
 
+def pairs(args, files, mb):
+    """2b. One worker against two on the BPE's encoding of --encode-mb files, in --pairs adjacent pairs,
+    the order alternating: a swing of the machine's speed falls on both sides of a pair, and the CPU
+    seconds of each side say whether the two workers did more work than one or only waited less."""
+    bpe = args.workdir / f"ds-{args.sizes_mb[0]}-{args.vocabs[0]}" / "tokenizer"
+    some, results, rows = files[: args.encode_mb], [], []
+    for i in range(args.pairs):
+        order = (1, 2) if i % 2 == 0 else (2, 1)
+        runs = {
+            w: prepare(some, args.workdir / f"enc-{w}", "--tokenizer", bpe, "--workers", w) for w in order
+        }
+        record = {"one_s": runs[1]["phases_s"].get("encoding"), "two_s": runs[2]["phases_s"].get("encoding")}
+        record.update(one_cpu_s=runs[1]["cpu_s"], two_cpu_s=runs[2]["cpu_s"])
+        record["two_against_one"] = record["one_s"] / record["two_s"] if record["two_s"] else 0.0
+        results.append(record)
+        rows.append((i + 1, *record.values()))
+    median = statistics.median(record["two_against_one"] for record in results)
+    title = f"2b. Encoding {mb[args.encode_mb]:.0f} MB with the BPE, one worker against two in adjacent pairs"
+    header = ["pair", "one worker s", "two workers s", "CPU s, one", "CPU s, two", "two against one"]
+    table(f"{title} (median {median:.2f}x)", header, rows)
+    return results
+
+
 def first_step(args):
     """4. train.pretrain on the largest dataset: seconds to the first line that says 'step'."""
     data, out = args.workdir / f"ds-{args.sizes_mb[-1]}-{args.vocabs[0]}", args.workdir / "pretrain"
@@ -338,6 +362,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=2, help="runs of each encoding, the fastest kept")
     only = "time the encoding alone (with the BPE of an earlier run's prepare of --sizes-mb's first)"
     parser.add_argument("--encoding-only", action="store_true", help=only)
+    paired = "time only one worker against two, in N adjacent pairs (as --encoding-only, the BPE alone)"
+    parser.add_argument("--pairs", type=int, metavar="N", help=paired)
     parser.add_argument("--single-mb", type=int, default=100, help="the size of the one-file corpus")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[8192, 40478])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/prepare_bench"))
@@ -371,6 +397,8 @@ def main():
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
+    if args.pairs:
+        return save("pairs", pairs(args, files, mb))
     if args.encoding_only:
         return save("encoding", encoding(args, files, mb))
     runs = {}  # (corpus MB, vocab) -> a whole prepare with 2 workers

@@ -13,3 +13,7 @@ def __getattr__(name):
     from .model import GPT
 
     return GPT
+
+
+def __dir__():
+    return [*globals(), "GPT"]  # named before it is imported, for completion

@@ -481,6 +481,8 @@ def test_the_registry_refuses_what_is_not_a_package(package):
     wrong_check = "^untested_functions: check is 'gradient' or 'fast path', not 'fast paths'$"
     with pytest.raises(ValueError, match=wrong_check):
         testing.assert_every_function_tested(ag, check="fast paths")
+    with pytest.raises(ValueError, match="^untested_functions: check is 'gradient' or 'fast path', not"):
+        testing.untested_functions(ag, check=["gradient"])
 
 
 @pytest.mark.parametrize("marked", ["Softplus", Softplus.apply, int])

@@ -25,13 +25,15 @@ def test_each_round_of_tasks_worth_worker_bytes_has_fresh_workers_that_block_ctr
     assert {blocked for _, (_, blocked) in done} == {True}
 
 
-def test_one_worker_or_one_small_task_runs_here():
+def test_one_worker_or_one_small_task_runs_here_and_a_task_one_apart_in_a_worker():
     done = []
     workers.run_tasks(task_worker_and_ctrl_c, range(3), 1, done.append, 10 * corpus.PIECE_BYTES)
     workers.run_tasks(task_worker_and_ctrl_c, [3], 2, done.append, 10 * corpus.PIECE_BYTES)
     workers.run_tasks(task_worker_and_ctrl_c, [4, 5], 2, done.append, corpus.PIECE_BYTES - 1)
     assert [task for task, _ in done] == [0, 1, 2, 3, 4, 5]
     assert {pid for _, (pid, _) in done} == {os.getpid()}
+    workers.run_tasks(task_worker_and_ctrl_c, [6], 2, done.append, 10 * corpus.PIECE_BYTES, one_apart=True)
+    assert done[-1][0] == 6 and done[-1][1][0] != os.getpid()  # the merges' memory goes back with it
 
 
 def test_a_ctrl_c_while_the_workers_start_is_held_until_all_have_then_stops_them(monkeypatch):
