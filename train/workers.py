@@ -1,9 +1,9 @@
 """The worker processes of `prepare`: tasks run on every core, in rounds of fresh processes.
 
-Each round's workers are forked from one server process that imported the project once at the
-start: a spawned worker would import it all again (two seconds each), and a fork of the main
-process would copy its threads. The workers block Ctrl-C from birth (a terminal sends it to every
-process): the main process stops them.
+Each round's workers are forked from one server process that imported the tokenizers once at the
+start (not the engine): a spawned worker would import the project again (two seconds each), and a
+fork of the main process would copy its threads. The workers block Ctrl-C from birth (a terminal
+sends it to every process): the main process stops them.
 """
 
 import concurrent.futures
