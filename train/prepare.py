@@ -162,15 +162,12 @@ def train_tokenizer(args, records):
     os.makedirs(counts_dir)
     settings = (args.encoding, args.errors, args.normalize)
     tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
-    sizes = {task[2]: task[0][2] - task[0][1] for task in tasks}
-    progress = Progress("counting words", sum(sizes.values()), "B")
-
-    def counted(path):  # the file stays for learn_bpe
-        progress.update(sizes[path])
-
-    workers.run_tasks(shards.count_chunk_words, tasks, args.workers, counted, progress.total)
+    progress = Progress("counting words", sum(end - start for _, start, end in chunks), "B")
+    workers.run_tasks(shards.count_chunk_words, tasks, args.workers, progress.update, progress.total)
     progress.close()
-    task = (list(sizes), args.vocab_size, args.normalize, os.path.join(counts_dir, "tokenizer"))
+    counts = [task[2] for task in tasks]  # the files learn_bpe sums
+    merges = args.vocab_size - cli.SMALLEST_VOCAB  # all but the bytes and the special tokens
+    task = (counts, args.vocab_size, merges, args.normalize, os.path.join(counts_dir, "tokenizer"))
     workers.run_tasks(shards.learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
     shutil.rmtree(counts_dir)

@@ -43,12 +43,12 @@ def tokenizer_in(folder):
 
 def count_chunk_words(task):
     """{word: count} of one chunk (path, start, end, encoding, errors, normalizer), as BPE training
-    counts them (tinygpt.tokenizer.bpe.count_words); written to `out` as JSON, returning its path."""
+    counts them (tinygpt.tokenizer.bpe.count_words), written to `out` as JSON; returns the bytes read."""
     (path, start, end), (encoding, errors, normalizer), out = task
     pieces = corpus.read_pieces(path, start, end, encoding, errors)
     counts = count_words(pieces, GPT2_PATTERN, SPECIAL_TOKENS, make_normalizer(normalizer))
     write_whole(out, json.dumps(counts, ensure_ascii=False).encode())
-    return out
+    return end - start
 
 
 def summed_counts(paths):
@@ -65,11 +65,11 @@ def learn_bpe(task):
     """Sum the chunks' word counts, train the BPE on them and save it. It runs in a worker, where
     there are workers: the memory the merges take (it grows with the distinct words) is the
     system's again when the worker ends, not kept by the main process for the encoding."""
-    counts_paths, vocab_size, normalizer, folder = task
+    counts_paths, vocab_size, merges, normalizer, folder = task
     # tqdm's lock is by default a named semaphore between processes, which a worker stopped by Ctrl-C
     # would leave behind; only this process shows progress while it merges.
     tqdm.set_lock(threading.RLock())
-    merging = Progress("merging", vocab_size - 256 - len(SPECIAL_TOKENS), "merges")  # all but bytes, specials
+    merging = Progress("merging", merges, "merges")
     pairs = drained(summed_counts(counts_paths))  # the only hold on the summed counts
     bpe = BPETokenizer.train_from_counts(pairs, vocab_size, normalizer=normalizer, on_merge=merging.update)
     merging.close()
