@@ -230,23 +230,20 @@ RULES = {  # operation: (its arguments, its result) -> its launches; a method's 
     "astype": lambda args, result: [] if result is args[0] else [_copy(args[0], result)],
     "copy": lambda args, result: [_copy(args[0], result)],
     "reshape": lambda args, result: _copy_unless_view(args[0], result),
-    "ravel": lambda args, result: _copy_unless_view(args[0], result),
     "fill": lambda args, result: [_fill(*args)],
     "get": lambda args, result: [_launch("Memcpy DtoH", [args[0]])],
     "asarray": lambda args, result: _to_device(args[1], result),  # args[0]: the device's module
-    "array": lambda args, result: _to_device(args[1], result),
-    "ascontiguousarray": lambda args, result: _to_device(args[1], result),
     "zeros": lambda args, result: [_launch("Memset", written=[result])],
     "ones": lambda args, result: [_launch("cupy_fill", written=[result])],
-    "full": lambda args, result: [_launch("cupy_fill", written=[result])],
     "where": lambda args, result: [_launch(_typed("where", [*args, result]), args, [result])],
     "arange": lambda args, result: [_launch(f"cupy_arange__{result.dtype}", written=[result])],
     "concatenate": lambda args, result: [_launch("cupy_concatenate", args[0], [result])],
     "argsort": lambda args, result: _argsort(args[0], result),
     "searchsorted": lambda args, result: [_launch("cupy_searchsorted_kernel", args[:2], [result])],
 }
-RULES |= {"zeros_like": RULES["zeros"], "ones_like": RULES["ones"], "full_like": RULES["full"]}
-RULES |= {"stack": RULES["concatenate"]}
+RULES |= {"ravel": RULES["reshape"], "array": RULES["asarray"], "ascontiguousarray": RULES["asarray"]}
+RULES |= {"zeros_like": RULES["zeros"], "ones_like": RULES["ones"], "full_like": RULES["ones"]}
+RULES |= {"full": RULES["ones"], "stack": RULES["concatenate"]}
 
 
 def _ufunc(ufunc, method, inputs, kwargs, result):

@@ -10,6 +10,7 @@ tensors float16 arrays; a model's load_state_dict casts them to its float32 para
 """
 
 import json
+import math
 import os
 import struct
 
@@ -19,21 +20,8 @@ import numpy as np
 from .backend import to_host
 
 # safetensors dtype name -> numpy dtype of the stored bytes (little-endian; BF16 as bit patterns)
-DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U64": "<u8",
-    "U32": "<u4",
-    "U16": "<u2",
-    "U8": "u1",
-    "BOOL": "?",
-}
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2"}
+DTYPES |= {"I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -165,12 +153,7 @@ def _check_entry(name, entry, data_len, fail):
         or not 0 <= offsets[0] <= offsets[1] <= data_len
     ):
         fail(f"tensor {name!r} has data_offsets {offsets!r} outside the {data_len} data bytes")
-    count = 1
-    for n in shape:
-        count *= n
-    if count * np.dtype(DTYPES[dtype]).itemsize != offsets[1] - offsets[0]:
-        fail(
-            f"tensor {name!r}: {dtype} {shape} needs {count * np.dtype(DTYPES[dtype]).itemsize} bytes, "
-            f"data_offsets give {offsets[1] - offsets[0]}"
-        )
+    needed, given = math.prod(shape) * np.dtype(DTYPES[dtype]).itemsize, offsets[1] - offsets[0]
+    if needed != given:
+        fail(f"tensor {name!r}: {dtype} {shape} needs {needed} bytes, data_offsets give {given}")
     return offsets[0], offsets[1], dtype, tuple(shape)

@@ -192,32 +192,23 @@ def ptx_of(name):
 
 # ----- fast paths against their references
 
-TOLERANCE = {
-    np.dtype(np.float32): dict(rtol=2e-5, atol=2e-6),
-    np.dtype(np.float64): dict(rtol=1e-10, atol=1e-12),
-    ag.bfloat16: dict(rtol=2**-7, atol=2**-7),  # one bfloat16 rounding apart at most
+TOLERANCE = {  # (rtol, atol)
+    np.dtype(np.float32): (2e-5, 2e-6),
+    np.dtype(np.float64): (1e-10, 1e-12),
+    ag.bfloat16: (2**-7, 2**-7),  # one bfloat16 rounding apart at most
 }
 WITH_BF16 = [np.float32, np.float64, ag.bfloat16]  # the GPU's fast paths take bfloat16 too
 
 
 def upstream(shape):
-    """The fixed random gradient that forward_and_backward sends into an output of `shape`."""
+    """The fixed random gradient sent into an output of `shape`: assert_fast_path_matches's for seed 0."""
     return np.random.default_rng(0).standard_normal(shape)
 
 
 def forward_and_backward(fn, inputs, device, dtype, reference):
-    """fn's output and its inputs' gradients for a fixed random upstream, as host arrays, on the
-    reference path or on the fast ones."""
-    with ag.use_reference(reference):
-        tensors = [ag.tensor(a, requires_grad=True, dtype=dtype, device=device) for a in inputs]
-        out = fn(*tensors)
-        out.backward(upstream(out.shape))
-    return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
-
-
-def forward_and_backward_typed(fn, inputs, dtypes, device, reference):
-    """fn's output and its inputs' gradients, each input in its own type, for the fixed upstream, as
-    host arrays, on the reference path or on the fast ones."""
+    """fn's output and its inputs' gradients for the fixed upstream, as host arrays, on the reference path
+    or on the fast ones; the inputs of `dtype`, or each of its own type where `dtype` is a list of them."""
+    dtypes = dtype if isinstance(dtype, list) else [dtype] * len(inputs)
     with ag.use_reference(reference):
         tensors = [ag.tensor(a, requires_grad=True, dtype=t, device=device) for a, t in zip(inputs, dtypes)]
         out = fn(*tensors)
@@ -225,54 +216,30 @@ def forward_and_backward_typed(fn, inputs, dtypes, device, reference):
     return [out.numpy()] + [backend.to_host(t.grad) for t in tensors]
 
 
+def assert_paths_agree(fn, inputs, dtypes, device, slack=(), scale=0.0, reference=None):
+    """autograd.testing.assert_fast_path_matches, each input of its own type and requiring grad, with the
+    project's TOLERANCE: the output within the least precise of its type and its inputs', each gradient
+    within its input's. Rounding follows the largest values an entry is computed from, so the absolute part
+    scales with the largest entry of the result (a small entry next to large ones may come out of a
+    cancellation), or with `scale` where larger, plus slack[i] for the output or gradient i."""
+    options = dict(tolerances=TOLERANCE, scale=scale, slack=slack, reference=reference)
+    assert_fast_path_matches(fn, *inputs, device=device, dtype=list(dtypes), **options)
+
+
 def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf32=False, terms=0.0):
-    """autograd.testing.assert_fast_path_matches, every input requiring grad, with the project's TOLERANCE,
-    its atol scaled: rounding follows the largest values an entry is computed from (a row's sums, the
-    inputs, `terms`: the largest term of a sum inside the op), so the absolute tolerance scales with the
-    largest of them, as a small entry next to large ones may come out of a cancellation. A float32 result
-    whose products ran in TF32 is held to TF32's error (tests/tf32.py)."""
-    rtol, atol = TOLERANCE[np.dtype(dtype)].values()
+    """assert_paths_agree's comparison for inputs of one type, the absolute tolerance scaled by the
+    inputs and by `terms` (the largest term of a sum inside the op) too. A float32 result whose products
+    ran in TF32 is held to TF32's error (tests/tf32.py)."""
+    rtol, atol = TOLERANCE[np.dtype(dtype)]
     if np.dtype(dtype) == np.float32:
         atol = tf32.tolerance(device, rtol, atol)["atol"]  # max(atol, tf32.RELATIVE_ERROR) where TF32 is on
     # a fast path with products of its own (attention's kernels: float32's on CUDA cores, whatever
     # CUPY_TF32 says, or TF32's on tensor cores under the tf32 policy) is held to a reference whose
     # float32 products are float32's, and to TF32's error where TF32 was asked for
     reference = tf32.off(device) if reference_without_tf32 else None
-    tolerances = {np.dtype(dtype): (rtol, atol)}
-    assert_fast_path_matches(
-        fn, *inputs, device=device, dtype=dtype, tolerances=tolerances, scale=terms, reference=reference
-    )
-
-
-def both_paths(fn, inputs, device, dtype):
-    """(fast, reference): fn's output and its inputs' gradients on each path, as host arrays."""
-    return [forward_and_backward(fn, inputs, device, dtype, reference=on) for on in (False, True)]
-
-
-def assert_close(name, fast, reference, dtype, slack=0.0):
-    """Same type, and values within the TOLERANCE of `dtype` (the absolute part scaled by the
-    largest entry, as assert_fast_equals_reference does), plus `slack` (a scalar or an array). A NaN
-    or an infinity passes only where the other side has the same."""
-    assert fast.dtype == reference.dtype, f"{name}: {fast.dtype} against {reference.dtype}"
-    a, b, tolerance = fast.astype(np.float64), reference.astype(np.float64), TOLERANCE[np.dtype(dtype)]
-    finite = np.isfinite(a) & np.isfinite(b)
-    agree = finite | (a == b) | (np.isnan(a) & np.isnan(b))
-    assert agree.all(), f"{name}: {np.count_nonzero(~agree)} entries NaN or infinite on one side only"
-    a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)  # the others agree: no tolerance
-    atol = tolerance["atol"] * max(1.0, float(np.abs(b).max(initial=0)))
-    excess = np.abs(a - b) - (atol + tolerance["rtol"] * np.abs(b) + slack)
-    assert (excess <= 0).all(), f"{name}: {np.count_nonzero(excess > 0)} entries out, by up to {excess.max()}"
-
-
-def assert_paths_agree(fn, inputs, dtypes, device, slack=()):
-    """The fast path's output and gradients have the reference's types, and values within the
-    TOLERANCE of their type, its absolute part scaled by the largest entry (a small entry next to
-    large ones may come out of a cancellation), as assert_fast_equals_reference has it, plus
-    slack[i] (a number or an array) for the output or gradient i where given."""
-    fast, reference = (forward_and_backward_typed(fn, inputs, dtypes, device, on) for on in (False, True))
-    names = ["output"] + [f"gradient of input {i}" for i in range(len(inputs))]
-    for i, (name, a, b) in enumerate(zip(names, fast, reference)):
-        assert_close(name, a, b, a.dtype, slack[i] if i < len(slack) else 0.0)
+    scale = max([terms] + [np.abs(x[np.isfinite(x)]).max(initial=0) for x in inputs])
+    options = dict(tolerances=TOLERANCE | {np.dtype(dtype): (rtol, atol)}, scale=scale, reference=reference)
+    assert_fast_path_matches(fn, *inputs, device=device, dtype=dtype, **options)
 
 
 def summation_slack(ids, upstream, n_rows, dtype):
@@ -381,11 +348,11 @@ def train_with_adam(shapes, seed, steps, device, reference, clip=None, restart_a
 
 
 def assert_adam_close(fast, reference, what):
-    tolerance = TOLERANCE[np.dtype(np.float32)]
+    rtol, atol = TOLERANCE[np.dtype(np.float32)]
     assert len(fast) == len(reference)
     for i, (a, b) in enumerate(zip(fast, reference)):
         assert a.dtype == b.dtype == np.float32 and a.shape == b.shape, f"{what} {i}"
-        np.testing.assert_allclose(a, b, **tolerance, err_msg=f"{what} {i}")
+        np.testing.assert_allclose(a, b, rtol, atol, err_msg=f"{what} {i}")
 
 
 def join_pair(pieces, left, right):

@@ -15,19 +15,8 @@ def forward_gpu(ctx, x, p, generator):
     per_example = n // x.shape[0] if x.ndim >= 2 and x.shape[0] else n  # an array of < 2 axes: one example
     out, ctx.keep = xp.empty_like(x), xp.empty(x.shape, dtype=xp.uint8)
     ctx.scale = masks.keep_scale(p)
-    args = (
-        x,
-        out,
-        ctx.keep,
-        np.int64(n),
-        np.int64(max(per_example, 1)),
-        np.uint64(seed),
-        np.uint32(step),
-        np.uint32(site),
-        np.uint32(first_example),
-        np.uint32(threshold),
-        np.float32(ctx.scale),
-    )
+    key = (np.uint64(seed), *map(np.uint32, (step, site, first_example, threshold)))
+    args = (x, out, ctx.keep, np.int64(n), np.int64(max(per_example, 1)), *key, np.float32(ctx.scale))
     sources.kernel("dropout", "dropout_forward", x.dtype)((launching.blocks(n),), (launching.THREADS,), args)
     return out
 

@@ -23,7 +23,7 @@ from tests.helpers import (
     TOLERANCE,
     WITH_BF16,
     assert_fast_equals_reference,
-    forward_and_backward_typed,
+    forward_and_backward,
     fresh_stream,
     upstream,
 )
@@ -115,16 +115,16 @@ def assert_packed_fast_equals_reference(qkv, bias, n_head, dropout_p, seed, devi
     if bias is not None:
         inputs, dtypes = [qkv, bias], [dtype, bias_dtype(dtype)]
     attend = attend_packed(n_head, dropout_p, seed)
-    fast, reference = (forward_and_backward_typed(attend, inputs, dtypes, device, on) for on in (False, True))
+    fast, reference = (forward_and_backward(attend, inputs, device, dtypes, on) for on in (False, True))
     heads = qkv if bias is None else qkv + bias  # the q, k and v attended
-    tolerance, terms = TOLERANCE[dtype], largest_term_packed(heads, n_head)
+    (rtol, atol), terms = TOLERANCE[dtype], largest_term_packed(heads, n_head)
     allowed = []
     for b in (x.astype(np.float64) for x in reference[:2]):  # y's and dqkv's: assert_fast_equals_reference's
         scale = max(1.0, terms, np.abs(b).max(initial=0), np.abs(heads).max(initial=0))
-        atol = tolerance["atol"] * scale
+        scaled = atol * scale
         if dtype == np.float32:  # and TF32's error where the kernels took TF32
-            atol = tf32.tolerance(device, tolerance["rtol"], atol, scale)["atol"]
-        allowed.append(atol + tolerance["rtol"] * np.abs(b))
+            scaled = tf32.tolerance(device, rtol, scaled, scale)["atol"]
+        allowed.append(scaled + rtol * np.abs(b))
     allowed.append(allowed[1].reshape(-1, qkv.shape[-1]).sum(axis=0))  # db's: the sum of its rows'
     for name, a, b, allowance, t in zip(["y", "dqkv", "db"], fast, reference, allowed, [dtype, *dtypes]):
         assert a.dtype == b.dtype == t, f"{name}: {a.dtype} and {b.dtype}, not {t}"
@@ -268,7 +268,7 @@ def test_a_nan_in_q_reaches_the_outputs_the_reference_gives_nan(device, kind):
     dtype = np.float32 if kind == "tf32" else kind
     with ag.use_precision("tf32") if kind == "tf32" else contextlib.nullcontext():
         fast, reference = (
-            forward_and_backward_typed(attend, [q, k, v], [dtype] * 3, device, on) for on in (False, True)
+            forward_and_backward(attend, [q, k, v], device, [dtype] * 3, on) for on in (False, True)
         )
     for name, a, b in zip(["y", "dq", "dk", "dv"], fast, reference):
         np.testing.assert_array_equal(

@@ -27,7 +27,7 @@ from tests.helpers import (
     WITH_BF16,
     assert_paths_agree,
     column_sums_in_their_order,
-    forward_and_backward_typed,
+    forward_and_backward,
     layer_norm_dtypes,
     mean_rounding_slack,
     normal,
@@ -119,7 +119,7 @@ def test_layer_norm_repeats_bit_for_bit(device, dtype, width):
     rng = np.random.default_rng(5)
     inputs = [normal(rng, (4, 512, width)), normal(rng, width, 1.0, 1.0), normal(rng, width)]
     first, second = (
-        forward_and_backward_typed(F.layer_norm, inputs, layer_norm_dtypes(dtype, 2), device, reference=False)
+        forward_and_backward(F.layer_norm, inputs, device, layer_norm_dtypes(dtype, 2), reference=False)
         for _ in range(2)
     )
     for a, b in zip(first, second):
@@ -230,8 +230,8 @@ def test_gelus_bias_gradient_repeats_bit_for_bit(device, dtype):
     rng = np.random.default_rng(10)
     inputs = [normal(rng, (2, GPT1_CONTEXT, GPT1_INNER), 2.0), normal(rng, GPT1_INNER)]
     first, second = (
-        forward_and_backward_typed(
-            lambda x, b: F.gelu(x, bias=b), inputs, layer_norm_dtypes(dtype, 1), device, reference=False
+        forward_and_backward(
+            lambda x, b: F.gelu(x, bias=b), inputs, device, layer_norm_dtypes(dtype, 1), reference=False
         )
         for _ in range(2)
     )
@@ -248,8 +248,8 @@ def test_gelus_bias_gradient_on_a_gpu_adds_each_chunks_rows_in_order_then_the_ch
     chunk's edge."""
     rng = np.random.default_rng(seed)
     x, bias = normal(rng, (rows, width), 2.0), normal(rng, width)
-    _, grad_x, grad_bias = forward_and_backward_typed(
-        lambda x, b: F.gelu(x, bias=b), [x, bias], [np.float32] * 2, gpu_device, False
+    _, grad_x, grad_bias = forward_and_backward(
+        lambda x, b: F.gelu(x, bias=b), [x, bias], gpu_device, [np.float32] * 2, False
     )
     np.testing.assert_array_equal(grad_bias, column_sums_in_their_order(grad_x, gelu_kernels.ROWS_PER_CHUNK))
 

@@ -20,7 +20,7 @@ from tests.helpers import (
     WITH_BF16,
     assert_paths_agree,
     check_gradients_at,
-    forward_and_backward_typed,
+    forward_and_backward,
     mean_rounding_slack,
     normal,
     upstream,
@@ -233,9 +233,7 @@ def test_the_fast_path_repeats_bit_for_bit(device, dtype):
     values = [normal(rng, (4, 512, 768)) for _ in range(2)] + [normal(rng, 768) for _ in range(3)]
     dtypes = [dtype, dtype] + [np.float32] * 3
     fn = fused(0.1, **dict.fromkeys(PARAMETERS))
-    first, second = (
-        forward_and_backward_typed(fn, values, dtypes, device, reference=False) for _ in range(2)
-    )
+    first, second = (forward_and_backward(fn, values, device, dtypes, reference=False) for _ in range(2))
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
 

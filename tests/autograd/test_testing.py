@@ -352,6 +352,79 @@ def test_scale_widens_the_absolute_tolerance_by_the_largest_magnitude(monkeypatc
         testing.assert_fast_path_matches(cube, x, **options)
 
 
+def off_by(error, at=slice(None)):
+    """A fast forward for Cube whose entries `at` are off by `error` (a number, NaN or an infinity)."""
+
+    def forward_cpu(ctx, x):
+        ctx.x = x
+        out = x * x * x
+        out[at] = out[at] + error
+        return out
+
+    return staticmethod(forward_cpu)
+
+
+def test_scale_is_the_largest_magnitude_given_where_the_results_are_small(monkeypatch):
+    """Results under 1 (x^3 for |x| <= 0.5): an error of 5e-4 passes an atol of 1e-4 scaled by 8, not
+    scaled by the results alone."""
+    monkeypatch.setattr(Cube, "forward_cpu", off_by(5e-4))
+    x = np.linspace(-0.5, 0.5, 12)
+    options = dict(device="cpu", dtype=np.float32, tolerances={np.float32: (0.0, 1e-4)})
+    testing.assert_fast_path_matches(cube, x, scale=8.0, **options)
+    with pytest.raises(AssertionError, match=r"output \(float32 on cpu\): fast path and reference differ"):
+        testing.assert_fast_path_matches(cube, x, scale=0.0, **options)
+
+
+def test_slack_forgives_each_result_its_own_amount(monkeypatch):
+    """slack[0] for the output, a number or an array of its shape, on top of the tolerance: 2e-3 off
+    passes a slack of 2e-3 less the atol, and fails where one entry's slack is short."""
+    monkeypatch.setattr(Cube, "forward_cpu", off_by(2e-3))
+    x = np.linspace(-2.0, 2.0, 6)
+    options = dict(device="cpu", dtype=np.float32, tolerances={np.float32: (0.0, 1e-4)})
+    testing.assert_fast_path_matches(cube, x, slack=[1.95e-3], **options)
+    short = np.full(6, 1.95e-3)
+    short[4] = 1.8e-3
+    with pytest.raises(AssertionError, match=r"(?s)output .*differ.*Mismatched elements: 1 / 6"):
+        testing.assert_fast_path_matches(cube, x, slack=[short], **options)
+    with pytest.raises(AssertionError, match=r"output .*differ"):
+        testing.assert_fast_path_matches(cube, x, slack=[0.0, 1.0], **options)  # the gradient's slack
+
+
+@pytest.mark.parametrize("odd", [np.nan, np.inf, -np.inf])
+def test_a_nan_or_an_infinity_passes_only_where_both_paths_have_it(monkeypatch, odd):
+    """A kernel that writes NaN (a barrier missing before a read of shared memory) fails the
+    comparison, however the tolerance is scaled or slackened; the same value on both sides passes."""
+    forgiving = dict(device="cpu", dtype=np.float32, scale=1e30, slack=[1e30, 1e30])
+    testing.assert_fast_path_matches(cube, np.array([1.0, odd, 3.0]), **forgiving)
+    monkeypatch.setattr(Cube, "forward_cpu", off_by(odd, at=1))
+    with pytest.raises(AssertionError, match=r"output \(float32 on cpu\): fast path and reference differ"):
+        testing.assert_fast_path_matches(cube, np.array([1.0, 2.0, 3.0]), **forgiving)
+
+
+def test_each_input_may_have_a_type_of_its_own():
+    """Layer norm under bf16 takes a bfloat16 x and a float32 weight: each input is made in its type, the
+    output held to the least precise one's tolerance, each gradient to its input's; the count is checked."""
+    x, weight = np.linspace(-2.0, 2.0, 12).reshape(3, 4), np.linspace(0.5, 1.5, 4)
+    seen = []
+
+    def layer_norm(x, weight):
+        seen.append((x.dtype, weight.dtype))
+        return ag.functional.layer_norm(x, weight=weight)
+
+    testing.assert_fast_path_matches(layer_norm, x, weight, device="cpu", dtype=[ag.bfloat16, np.float32])
+    assert seen == [(ag.bfloat16, np.float32)] * 2  # the fast run and the reference's
+
+    def off_on_the_reference(x, weight):  # by 2^-6: within bfloat16's tolerance, not float32's
+        return layer_norm(x, weight) * (1 + 2**-6 * kernels.reference_only())
+
+    with pytest.raises(AssertionError, match=r"gradient of weight \(float32 on cpu\): fast path and"):
+        testing.assert_fast_path_matches(
+            off_on_the_reference, x, weight, device="cpu", dtype=[ag.bfloat16, np.float32]
+        )
+    with pytest.raises(ValueError, match="1 dtypes for 2 float arrays"):
+        testing.assert_fast_path_matches(layer_norm, x, weight, device="cpu", dtype=[np.float32])
+
+
 def test_check_gradients_on_a_gpu_device_checks_the_fast_path_too(gpu_device, monkeypatch):
     """float64 on a GPU runs the reference; the float32 property then finds a wrong GPU backward."""
     ran = testing.check_gradients(cube, testing.arrays(testing.shapes()), device=gpu_device).splitlines()
@@ -389,7 +462,7 @@ def test_tolerances_are_per_dtype_and_can_be_given():
             r"no argument tol \(its tolerances",
         ),
         (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances=(0, 0)), "tolerances are"),
-        (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances={"bf16": (0, 0)}), "for"),
+        (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances={"bf16": (0, 0)}), "'bf16'"),
         (lambda: testing.check_fast_paths(cube, testing.arrays(()), tolerances={"float32": 0.1}), "not"),
         (
             lambda: testing.check_fast_paths(lambda x: (cube(x), x), testing.arrays(())),
