@@ -327,15 +327,20 @@ def test_inputs_a_test_gives_are_compared_as_check_fast_paths_compares_drawn_one
     """assert_fast_path_matches: check_fast_paths's comparison for given inputs; `reference` holds the
     reference run alone."""
     x = np.linspace(-2.0, 2.0, 12).reshape(3, 4)
-    entered = []
+    held, runs = [], []
 
     @contextlib.contextmanager
     def reference():
-        entered.append(kernels.reference_only())
+        held.append(True)
         yield
+        held.pop()
 
-    testing.assert_fast_path_matches(cube, x, device=device, dtype=np.float32, reference=reference())
-    assert entered == [False]  # entered once, before the reference run asks for the reference paths
+    def watched_cube(x):
+        runs.append((kernels.reference_only(), bool(held)))
+        return cube(x)
+
+    testing.assert_fast_path_matches(watched_cube, x, device=device, dtype=np.float32, reference=reference())
+    assert runs == [(False, False), (True, True)]  # the fast run outside the context, the reference's in it
     monkeypatch.setattr(Cube, "wrong_on", "cpu" if device == "cpu" else "gpu")
     with pytest.raises(AssertionError, match=r"gradient of x \(float32 on [\w-]+\): fast path and reference"):
         testing.assert_fast_path_matches(cube, x, device=device, dtype=np.float32)
@@ -421,8 +426,40 @@ def test_each_input_may_have_a_type_of_its_own():
         testing.assert_fast_path_matches(
             off_on_the_reference, x, weight, device="cpu", dtype=[ag.bfloat16, np.float32]
         )
-    with pytest.raises(ValueError, match="1 dtypes for 2 float arrays"):
+    with pytest.raises(AssertionError, match=r"gradient of weight \(float32 on cpu\): fast path and"):
+        testing.assert_fast_path_matches(  # the weight's gradient alone: still float32's tolerance
+            off_on_the_reference,
+            x,
+            weight,
+            device="cpu",
+            dtype=[ag.bfloat16, np.float32],
+            requires_grad=[False, True],
+        )
+    with pytest.raises(ValueError, match="1 dtypes, 2 requires_grad for 2 arrays"):
         testing.assert_fast_path_matches(layer_norm, x, weight, device="cpu", dtype=[np.float32])
+    with pytest.raises(ValueError, match="2 dtypes, 1 requires_grad for 2 arrays"):
+        testing.assert_fast_path_matches(
+            layer_norm, x, weight, device="cpu", dtype=np.float32, requires_grad=[1]
+        )
+
+
+def test_a_tensor_given_passes_as_it_is_and_the_arrays_gradients_are_still_compared(monkeypatch):
+    """A tensor among the inputs is fn's as given (its gradient, added up over both runs, is not compared);
+    the gradients of the arrays made into tensors are, each with its own slack."""
+    shift, x = ag.tensor(np.ones(4), requires_grad=True), np.linspace(-2.0, 2.0, 4)
+    options = dict(device="cpu", dtype=np.float32)
+    testing.assert_fast_path_matches(lambda shift, x: cube(x) + shift, shift, x, **options)
+    monkeypatch.setattr(Cube, "wrong_on", "cpu")
+    with pytest.raises(AssertionError, match=r"gradient of x \(float32 on cpu\)"):
+        testing.assert_fast_path_matches(
+            lambda shift, x: cube(x) + shift, shift, x, slack=[0.0, 0.0], **options
+        )
+
+
+@pytest.mark.parametrize("slack", [1e-3, None, [0.0, 0.0, 0.0]], ids=["a number", "None", "one too many"])
+def test_slack_is_a_list_of_at_most_one_for_each_result(slack):
+    with pytest.raises(TypeError, match="slack is a list, the output's then each gradient's"):
+        testing.assert_fast_path_matches(cube, np.ones(3), device="cpu", dtype=np.float32, slack=slack)
 
 
 def test_check_gradients_on_a_gpu_device_checks_the_fast_path_too(gpu_device, monkeypatch):
