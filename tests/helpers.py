@@ -243,12 +243,14 @@ def assert_fast_equals_reference(fn, inputs, device, dtype, reference_without_tf
     assert_fast_path_matches(fn, *inputs, device=device, dtype=dtype, **options)
 
 
-def summation_slack(ids, upstream, n_rows, dtype):
-    """How far apart two sums of a table row's m gradient vectors, added in different orders, may
+def summation_slack(ids, table_shape, out_dtype, dtype):
+    """How far apart two sums of a table row's m gradient vectors g, added in different orders, may
     be: each is within (m - 1) u sum|g| of the exact sum (u: the unit roundoff of `dtype`, in which
-    the reference adds), so 2 m u sum|g|, per entry of the table."""
+    the reference adds), so 2 m u sum|g|, per entry of the table; g, upstream()'s gradient of the rows
+    as it arrives in their type, `out_dtype`."""
     unit_roundoff = ml_dtypes.finfo(dtype).eps / 2
-    flat = upstream.reshape(-1, upstream.shape[-1])
+    (n_rows, width), ids = table_shape, np.asarray(ids)
+    flat = upstream((ids.size, width)).astype(out_dtype).astype(np.float64)
     magnitudes = np.zeros((n_rows, flat.shape[1]))
     np.add.at(magnitudes, ids.reshape(-1), np.abs(flat))
     repeats = np.bincount(ids.reshape(-1), minlength=n_rows)[:, None]
