@@ -118,6 +118,7 @@ def utf8_text(value):
 
 
 text = argument_type(utf8_text, lambda _: True, "text (bytes that do not decode are not text)")
+path = argument_type(str, bool, "a path, not empty (an unset shell variable?)")
 
 
 def device_name(text):

@@ -1,109 +1,150 @@
-"""A text corpus on disk, read in bounded memory: which files are read, how each is cut into chunks
-for the workers, and how a chunk is read in pieces and cut into documents.
+"""A corpus's bytes cut into chunks that a worker encodes alone, and a chunk's bytes read back as
+its documents' text, a piece at a time.
 
-No file is held whole. A chunk is a byte range of a file, at least CHUNK_BYTES long, that ends
-where a line ends between two visible ASCII characters ("x\\ny"), neither of them "_" (which ends
-the name of every special token, cut out before the text is split into words): a cut there cannot
-change how any of tinygpt's tokenizers splits the text into words, so the ids of a document are the
-same however it is cut. A chunk is read PIECE_BYTES at a time, decoded incrementally (a character cut at a
-piece's end waits for its other bytes), its line ends made "\\n" as Python's text mode makes them,
-and handed on up to its last such cut.
+No text is cut where cutting could change how the tokenizer splits it into words, so a document's
+ids are exactly `encode_ordinary` of its whole text however it is cut. Where that is depends on the
+tokenizer (`cuts_of`):
+
+- "words", a byte-level BPE that splits with GPT-2's pattern alone: before a white space character
+  that follows one that is not ("x| y", "x|\\ny"), where every word of the pattern ends; and in a
+  stretch with none, between an ASCII letter or digit and ASCII punctuation other than "'" ("x|,").
+- "lines", GPT-1's tokenizer or a BPE with its normalizer, whose unicode fix works a line at a time
+  (an HTML tag anywhere in a line keeps its entities, mojibake is read again line by line): before
+  the white space that holds a line end ("x|  \\ny", which its clean-up makes one " \\n " however
+  wide); and in a line longer than a piece, at a space between two visible ASCII characters ("x| y")
+  where the line is ASCII without "&", which gives the fix nothing to do. A longer line with none
+  is held whole.
+
+The part of a document after a cut is encoded behind an anchor whose ids are then dropped (see
+shards.encode_task). A chunk is at least CHUNK_BYTES long, and read PIECE characters at a time:
+no piece held exceeds that by more than a word (a line, where "lines" finds no cut in it).
+Line ends (CRLF, CR) are read as "\\n", as Python's text mode reads them.
 """
 
 import codecs
-import glob
 import hashlib
-import re
-from pathlib import Path
+import json
+from dataclasses import dataclass
 
-CHUNK_BYTES = 4 << 20  # a worker's unit of work, and one shard of token ids
-PIECE_BYTES = 1 << 20  # read at a time
-VISIBLE = frozenset(range(0x21, 0x7F)) - {ord("_")}  # "!" .. "~" but "_", which ends every special token
-PARAGRAPH_BREAK = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or more blank lines
+import regex
 
+from tinygpt.tokenizer.bpe import GPT2_PATTERN
 
-def find_sources(paths, extensions=(".txt",)):
-    """(files to read, [(path, why it is not read)]) of files, folders and globs, each list sorted:
-    a file named is read whatever its name; below a folder, the files ending in `extensions`.
-    Links a folder or a glob holds and empty files (or only whitespace) are not read, and are named;
-    a folder named like a text file is a ValueError."""
-    files, skipped = set(), []
-    for path in map(str, paths):
-        if any(char in path for char in "*?["):
-            matches = glob.glob(path, recursive=True)
-            if not matches:
-                raise ValueError(f"{path}: the pattern matches no file")
-            skipped += [(match, "a link") for match in matches if Path(match).is_symlink()]
-            found, passed = find_sources([m for m in matches if not Path(m).is_symlink()], extensions)
-            files.update(found)
-            skipped += passed
-        elif Path(path).is_dir():
-            for below in sorted(Path(path).rglob("*")):
-                if below.is_dir() and below.name.endswith(tuple(extensions)):
-                    raise ValueError(f"{below}: a folder, not a text file (rename it: every *.txt is read)")
-                if below.is_symlink():
-                    skipped.append((str(below), "a link"))
-                elif below.is_file() and not below.name.endswith(tuple(extensions)):
-                    skipped.append((str(below), f"not {' or '.join('*' + e for e in extensions)}"))
-                elif below.is_file():
-                    files.add(str(below))
-        elif Path(path).is_file():
-            files.add(path)
-        else:
-            raise FileNotFoundError(2, "no such file or folder", path)
-    empty = sorted(path for path in files if blank(path))
-    skipped += [(path, "empty") for path in empty]
-    return sorted(files - set(empty)), sorted(set(skipped))
+CHUNK_BYTES = 4 << 20  # a chunk: a worker's unit of work, and of what a Ctrl-C loses
+PIECE = 1 << 20  # characters (and bytes) read and encoded at a time
+PARAGRAPH_BREAK = regex.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or more blank lines
+CUTS = {  # searched from the end
+    "words": regex.compile(r"(?<=\S)(?=\s)", flags=regex.REVERSE),
+    "lines": regex.compile(r"(?<=\S)(?=[^\S\n]*\n)", flags=regex.REVERSE),
+}
+SPACE_CUT = regex.compile(r"(?<=[!-~])(?= [!-~])", flags=regex.REVERSE)
+BOUND_CUT = regex.compile(r"(?<=[A-Za-z0-9])(?=[!-&(-/:-@\[-`{-~])", flags=regex.REVERSE)
+BYTE_CUTS = {  # the same in bytes (ASCII white space only), and JSON lines' record ends
+    "words": regex.compile(rb"(?<=[^\t-\r ])(?=[\t-\r ])"),
+    "lines": regex.compile(rb"(?<=[^\t-\r ])(?=[\t\v\f ]*[\r\n])"),
+    "paragraphs": regex.compile(
+        rb"(?<=[^\t-\r ])(?=(?:\r\n|\r(?!\n)|\n)(?:[\t\v\f ]*(?:\r\n|\r(?!\n)|\n))+)"
+    ),
+    "records": regex.compile(rb"(?<=\n)(?=.)", flags=regex.DOTALL),
+}
+BYTE_BOUND_CUT = regex.compile(rb"(?<=[A-Za-z0-9])(?=[!-&(-/:-@\[-`{-~])")
 
 
-def blank(path):
-    """Whether a file holds nothing but ASCII whitespace (read until its first other byte)."""
-    with open(path, "rb") as file:
-        while block := file.read(PIECE_BYTES):
-            if not block.isspace():
-                return False
-    return True
+@dataclass(frozen=True)
+class Chunk:
+    """Bytes start..end of a source's stream (rows start..end of a Parquet file): what one worker
+    encodes. begins: whether a document begins at its start; angle: whether a "<" comes before it
+    in the source (GPT-1's unicode fix keeps HTML entities after one); line: the line it starts on."""
+
+    start: int
+    end: int
+    begins: bool = True
+    angle: bool = False
+    line: int = 1
+
+
+def cuts_of(tokenizer):
+    """Where the tokenizer's text may be cut (see the module's docstring): "words" or "lines"."""
+    plain = (
+        getattr(tokenizer, "normalizer", "gpt1") is None
+        and getattr(tokenizer, "pattern", None) == GPT2_PATTERN
+    )
+    return "words" if plain else "lines"
 
 
 def cuttable(encoding):
-    """Whether a file in `encoding` may be cut at the bytes of a line end: UTF-8, or one byte a
-    character (elsewhere the bytes of "\\n" may sit inside a character)."""
+    """Whether a file in `encoding` may be cut at the bytes of an ASCII character: UTF-8, or one byte
+    a character (elsewhere such bytes may sit inside a character)."""
     name = codecs.lookup(encoding).name
     return name in ("utf-8", "utf-8-sig") or len(bytes(range(256)).decode(name, "replace")) == 256
 
 
-def plan_chunks(path, encoding, paragraphs=False, on_bytes=lambda n: None, errors="strict"):
-    """(the file's SHA-256, [(start, end, after_angle)], None or why it does not decode): byte
-    ranges that tile the file, each ending at the first cut at least CHUNK_BYTES after its start
-    ("x|\\ny"; with `paragraphs`, "x|\\n\\ny", so that every chunk begins a document), or at the
-    file's end; after_angle: whether a "<" comes before the range (GPT-1's unicode fix keeps HTML
-    entities after one). With errors="strict" the file is decoded too, and its first byte that
-    does not decode named. `on_bytes(n)` hears of every n bytes read."""
-    digest, chunks, offset, tail, angle = hashlib.sha256(), [[0, None, False]], 0, b"", False
-    target = CHUNK_BYTES if cuttable(encoding) else float("inf")
-    decoder, lines, problem = codecs.getincrementaldecoder(encoding)(), 1, None
-    with open(path, "rb") as file:
-        while block := file.read(PIECE_BYTES):
-            digest.update(block)
-            if errors == "strict" and not problem:
-                problem = _decoding_problem(decoder, block, offset, lines, file.peek(1) == b"")
-                lines += block.count(b"\n")
-            if offset + len(block) > target:
-                for i in _cuts_in(tail + block, paragraphs):
-                    if (cut := offset - len(tail) + i) >= target:
-                        chunks.append([cut, None, angle or b"<" in (tail + block)[:i]])
-                        target = cut + CHUNK_BYTES
-            angle = angle or b"<" in block
-            offset, tail = offset + len(block), block[-3:]
-            on_bytes(len(block))
-    for chunk, following in zip(chunks, chunks[1:]):
-        chunk[1] = following[0]
-    chunks[-1][1] = offset
-    problem = problem and f"{path}: {problem.replace('ENCODING', encoding.upper())}"
-    return digest.hexdigest(), [tuple(chunk) for chunk in chunks], problem
+class Planner:
+    """Cuts a source's stream, fed to it a block at a time, into chunks: each ends at the first cut
+    at least CHUNK_BYTES after its start, or at the stream's end. `kind`: "records" (JSON lines),
+    "paragraphs", or the tokenizer's `cuts` ("words", "lines"); a chunk of paragraphs ends before a
+    blank line where one comes within CHUNK_BYTES more, else at a cut of `cuts`; with "words", a
+    stretch of 2 CHUNK_BYTES without white space ends at a bound. With errors="strict" the stream
+    is decoded too, and its first byte that does not decode named (`problem`)."""
+
+    def __init__(self, kind, cuts, encoding, errors):
+        self.kind, self.cuts, self.encoding = kind, cuts, encoding
+        self.chunks, self.offset, self.tail, self.angle, self.lines = [Chunk(0, 0)], 0, b"", False, 1
+        self.target = CHUNK_BYTES if cuttable(encoding) else float("inf")
+        self.decoder = codecs.getincrementaldecoder(encoding)() if errors == "strict" else None
+        self.problem = None
+
+    def feed(self, block):
+        data, base = self.tail + block, self.offset - len(self.tail)
+        while (found := self.first_cut(data, base)) is not None:
+            cut, kind = found
+            line = (
+                self.lines + data.count(b"\n", len(self.tail), cut) - data.count(b"\n", cut, len(self.tail))
+            )
+            begins = kind in ("records", "paragraphs")
+            self.chunks.append(Chunk(base + cut, 0, begins, self.angle or b"<" in data[:cut], line))
+            self.target = base + cut + CHUNK_BYTES
+        if self.decoder and not self.problem:
+            self.problem = decoding_problem(self.decoder, block, self.offset, self.lines)
+        self.angle = self.angle or b"<" in block
+        self.lines += block.count(b"\n")
+        self.offset += len(block)
+        self.tail = data[-8:]
+
+    def first_cut(self, data, base):
+        """(offset in `data`, kind) of the first cut at the target or after, not at data's end; or None."""
+        at, past = max(self.target - base, 4), base + len(data) - self.target  # 4: a character before
+        if at >= len(data):
+            return None
+        kinds = [self.kind]
+        if self.kind == "paragraphs" and past >= CHUNK_BYTES and self.cuts == "words":
+            kinds.append("words")  # (with "lines", no: a "<" in the paragraph before it would be lost)
+        if self.cuts == "words" and self.kind != "records" and past >= 2 * CHUNK_BYTES:
+            kinds.append("bound")
+        for kind in kinds:
+            pattern = BYTE_BOUND_CUT if kind == "bound" else BYTE_CUTS[kind]
+            for match in pattern.finditer(data, at):
+                if match.start() < len(data) and not (
+                    kind not in ("records", "bound")
+                    and white_space_before(data, match.start(), self.encoding)
+                ):
+                    return match.start(), kind
+        return None
+
+    def finish(self):
+        """The chunks, the last ending at the stream's end."""
+        if self.decoder and not self.problem:
+            self.problem = decoding_problem(self.decoder, b"", self.offset, self.lines, final=True)
+        ends = [chunk.start for chunk in self.chunks[1:]] + [self.offset]
+        return [Chunk(c.start, end, c.begins, c.angle, c.line) for c, end in zip(self.chunks, ends)]
 
 
-def _decoding_problem(decoder, block, offset, lines, final):
+def white_space_before(data, i, encoding):
+    """Whether the character before byte i is white space (a non-ASCII one, such as U+00A0)."""
+    return bool(regex.fullmatch(r"\s", data[max(i - 4, 0) : i].decode(encoding, "ignore")[-1:] or "x"))
+
+
+def decoding_problem(decoder, block, offset, lines, final=False):
     """Where `block` (at `offset`, after `lines` - 1 line ends) does not decode, or None."""
     waiting = len(decoder.getstate()[0])
     try:
@@ -115,72 +156,124 @@ def _decoding_problem(decoder, block, offset, lines, final):
     return None
 
 
-def _cuts_in(data, paragraphs):
-    """The offsets i in `data` of each "\\n" (with `paragraphs`, "\\n\\n") between two visible characters."""
-    line_end = b"\n\n" if paragraphs else b"\n"
-    i = data.find(line_end, 1)
-    while 0 < i < len(data) - len(line_end):
-        if data[i - 1] in VISIBLE and data[i + len(line_end)] in VISIBLE:
-            yield i
-        i = data.find(line_end, i + 1)
+def last_cut(text, cuts, line_is_clean=lambda line: False):
+    """The offset of the last cut in `text` (0: none; never its very end). Where there is no cut
+    of a line end or, for "words", white space, and `text` is longer than a piece: the last space
+    of its last line, for "lines" where line_is_clean(that line); the last bound, for "words"."""
+    found = CUTS[cuts].search(text)
+    if found or len(text) <= PIECE:
+        return found.start() if found else 0
+    if cuts == "lines":
+        line_start = text.rfind("\n") + 1
+        if not line_is_clean(text[line_start:]):
+            return 0
+        found = SPACE_CUT.search(text, line_start)
+    else:
+        found = BOUND_CUT.search(text)
+    return found.start() if found else 0
 
 
-def last_cut(text):
-    """The offset of the last "\\n" of `text` between two VISIBLE characters (0: none)."""
-    i = text.rfind("\n", 0, len(text) - 1)
-    while i > 0:
-        if ord(text[i - 1]) in VISIBLE and ord(text[i + 1]) in VISIBLE:
-            return i
-        i = text.rfind("\n", 0, i)
-    return 0
+def clean(text):
+    """Whether GPT-1's unicode fix leaves a line as it is however it is cut: ASCII, and no "&"."""
+    return text.isascii() and "&" not in text
 
 
-def read_pieces(path, start, end, encoding="utf-8", errors="strict"):
-    """The text of bytes start..end of a file in pieces, each ending before a cut (last_cut) or at
-    `end`: a BOM at the file's start dropped, line ends made "\\n". A byte that does not decode
-    (errors="strict") is a ValueError naming the file, its line and byte."""
+def read_pieces(data, start, cuts, encoding="utf-8", errors="strict", where=("", 1)):
+    """The text of a chunk's bytes (`data`, from byte `start` of its stream) in pieces, each ending
+    before a cut (last_cut) or at the end: a BOM at the stream's start dropped, line ends made "\\n".
+    A byte that does not decode (errors="strict") is a ValueError naming the file (where: its path
+    and the chunk's first line), its line and byte."""
     decoder = codecs.getincrementaldecoder(encoding)(errors)
-    pending, offset, fresh = "", start, start == 0  # fresh: a BOM may come yet
-    with open(path, "rb") as file:
-        file.seek(start)
-        while offset < end:
-            block = file.read(min(PIECE_BYTES, end - offset))
-            if not block:
-                raise ValueError(f"{path}: the file became shorter while it was read")
-            waiting = len(decoder.getstate()[0])  # bytes of a character the last block cut
-            try:
-                text = decoder.decode(block, final=offset + len(block) == end)
-            except UnicodeDecodeError as error:
-                raise undecodable(path, encoding, offset - waiting + error.start, error.reason) from None
-            if fresh and text:
-                text, fresh = text.removeprefix("\ufeff"), False
-            offset += len(block)
-            pending += text
-            held = "\r" if offset < end and pending.endswith("\r") else ""  # its "\n" may come next
-            pending = pending[: len(pending) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
-            cut = len(pending) if offset == end else last_cut(pending)
-            if cut:
-                yield pending[:cut]
-            pending = pending[cut:] + held
+    pending, offset, fresh = "", 0, start == 0  # fresh: a BOM may come yet
+
+    def rest_of_line_is_clean(line):
+        ends = [i for i in (data.find(b"\n", offset), data.find(b"\r", offset)) if i >= 0]
+        rest = data[offset : min(ends, default=len(data))]
+        return clean(line) and rest.isascii() and b"&" not in rest
+
+    while offset < len(data):
+        block = data[offset : offset + PIECE]
+        waiting = len(decoder.getstate()[0])  # bytes of a character the last block cut
+        try:
+            text = decoder.decode(block, final=offset + len(block) == len(data))
+        except UnicodeDecodeError as error:
+            line = where[1] + data.count(b"\n", 0, offset - waiting + error.start)
+            byte = start + offset - waiting + error.start
+            why = f"not valid {encoding.upper()} at byte {byte} ({error.reason})"
+            raise ValueError(f"{where[0]}: line {line}: {why}") from None
+        if fresh and text:
+            text, fresh = text.removeprefix("\ufeff"), False
+        offset += len(block)
+        pending += text
+        held = "\r" if offset < len(data) and pending.endswith("\r") else ""  # its "\n" may come next
+        pending = pending[: len(pending) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
+        cut = len(pending) if offset == len(data) else last_cut(pending, cuts, rest_of_line_is_clean)
+        if cut:
+            yield pending[:cut]
+        pending = pending[cut:] + held
 
 
-def undecodable(path, encoding, byte, reason):
-    """The error of a byte that does not decode, naming its line: the one tinygpt.files.read_text gives."""
-    line = 1
-    with open(path, "rb") as file:
-        while block := file.read(min(PIECE_BYTES, byte - file.tell())):
-            line += block.count(b"\n")
-    return ValueError(f"{path}: line {line}: not valid {encoding.upper()} at byte {byte} ({reason})")
+def pieces_of(text, cuts):
+    """A document's text held whole (a JSON record, a Parquet row) in pieces, as read_pieces cuts:
+    each ends at the last cut within a piece's length, or else of twice that, and so on."""
+    size = PIECE
+    while len(text) > size:
+        line_end = text.find("\n", size + 1)
+        rest = text[size + 1 : line_end if line_end >= 0 else len(text)]  # of the line the window ends in
+        if cut := last_cut(text[: size + 1], cuts, lambda line, rest=rest: clean(line + rest)):
+            yield text[:cut]
+            text, size = text[cut:], PIECE
+        else:
+            size *= 2
+    yield text
 
 
 def document_parts(pieces, paragraphs, begins=True):
-    """(text, begins_a_document) of each part of the pieces of a chunk, in order. With `paragraphs`
-    a run of blank lines ends a document (the blank lines belong to neither); else the whole file
-    is one document. `begins`: whether the chunk begins a document (a file's first one does; a
-    chunk's start, "x\\n|y", is never a paragraph break). Empty parts are left out."""
+    """(text, begins_a_document) of each part of the pieces of a chunk of text, in order. With
+    `paragraphs` a run of blank lines ends a document (the blank lines belong to neither); else the
+    whole file is one. `begins`: whether the chunk begins a document. Empty parts are left out."""
     for piece in pieces:
         for index, text in enumerate(PARAGRAPH_BREAK.split(piece) if paragraphs else [piece]):
             begins = begins or index > 0
             if text:
                 yield text, begins
                 begins = False
+
+
+def records(data, key, cuts, encoding, errors, where):
+    """(text, begins_a_document) of the pieces of each record of a chunk of JSON lines: the string
+    under `key` of each line's object; a blank line, and a record whose text is null or empty, are
+    left out. A line that is not such a record is a ValueError naming the file and line."""
+    for number, line in enumerate(data.splitlines(), start=where[1]):
+        try:
+            text = line.decode(encoding, errors).removeprefix("\ufeff")
+            record = json.loads(text) if text.strip() else None
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{where[0]}: line {number}: not valid {encoding.upper()} ({error.reason})"
+            ) from None
+        except (ValueError, RecursionError) as error:
+            raise ValueError(f"{where[0]}: line {number}: not a JSON record ({error})") from None
+        if record is None:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get(key, ""), (str, type(None))):
+            shown = type(record.get(key)).__name__ if isinstance(record, dict) and key in record else None
+            why = f"its {key!r} is a {shown}, not text" if shown else f"no {key!r} in it"
+            raise ValueError(f"{where[0]}: line {number}: {why} (--json-key names the text's field)")
+        if key not in record:
+            raise ValueError(
+                f"{where[0]}: line {number}: no {key!r} in it (--json-key names the text's field)"
+            )
+        yield from text_parts(record[key] or "", cuts)
+
+
+def text_parts(text, cuts):
+    """(piece, begins) of one document held whole: its line ends made "\\n"."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    for index, piece in enumerate(pieces_of(text, cuts) if text else []):
+        yield piece, index == 0
+
+
+def text_digest(text):
+    """The digest that splits a document held whole (a JSON record, a Parquet row, a paragraph)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

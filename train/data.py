@@ -13,7 +13,9 @@ import tempfile
 import numpy as np
 
 from autograd.functional import IGNORE_INDEX
-from tinygpt.files import read_text_files
+from tinygpt.files import UndecodableFiles, read_text
+
+from .sources import find_sources
 
 
 def default_corpus():
@@ -50,14 +52,22 @@ def write_texts(folder, texts):
 
 
 def read_texts(paths, encoding="utf-8", errors="strict"):
-    """tinygpt.files.read_text_files(paths), where a folder named like a text file (x.txt, which a
-    folder's *.txt takes in) is a ValueError naming it."""
-    try:
-        return read_text_files(paths, encoding, errors)
-    except IsADirectoryError as error:
-        raise ValueError(
-            f"{error.filename}: a folder, not a text file (rename it: every *.txt is read)"
-        ) from None
+    """The texts of text files, folders (every *.txt below, as train.prepare finds them: hidden files,
+    datasets, runs and tokenizers left out) and globs, line ends made "\\n"; every file is read
+    before those that do not decode are all named in one UndecodableFiles."""
+    texts, problems = [], []
+    for source in find_sources(paths, (".txt",))[0]:
+        if source.format != "text" or source.compression:
+            raise ValueError(
+                f"{source.path}: not a plain text file (evaluate reads text; prepare reads the others)"
+            )
+        try:
+            texts.append(read_text(source.path, encoding, errors).replace("\r\n", "\n").replace("\r", "\n"))
+        except ValueError as error:
+            problems.append(str(error))
+    if problems:
+        raise UndecodableFiles(problems)
+    return texts
 
 
 def vocabulary_built(asked, tokenizer):
@@ -80,7 +90,8 @@ def tokenizer_fingerprint(tokenizer):
 
 
 def cache_dir():
-    return os.environ.get("TINYGPT_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tinygpt"))
+    """$TINYGPT_CACHE, where it is set and not empty; else ~/.cache/tinygpt."""
+    return os.environ.get("TINYGPT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tinygpt")
 
 
 class Windows:

@@ -35,7 +35,7 @@ def read_tokens(paths, tokenizer, max_tokens=None, encoding="utf-8", errors="str
     """
     ids, n_bytes = [], 0
     for text in read_texts(paths, encoding, errors):
-        file_ids = tokenizer.encode(text)
+        file_ids = tokenizer.encode_ordinary(text)
         if max_tokens is not None and len(ids) + len(file_ids) > max_tokens:
             file_ids = file_ids[: max_tokens - len(ids)]
             text = tokenizer.decode(file_ids)

@@ -1,13 +1,14 @@
-"""python -m train.prepare: text files -> a dataset folder that train.pretrain memory-maps.
+"""python -m train.prepare: a corpus as it ships -> a dataset folder that train.pretrain memory-maps.
 
-On every core, in bounded memory: --workers processes count the words (for a BPE trained here)
-and encode the corpus, a chunk of a file each at a time; no file is read whole. A Ctrl-C, a kill
-or a crash loses only the chunks under way: the same command again goes on from the finished
-shards, and after files are added, removed or edited it encodes only theirs.
+Text files, JSON lines and Parquet, compressed or not (train/sources.py), on every core and in
+bounded memory: each file is cut into chunks (train/corpus.py); --workers processes count their words
+(for a BPE trained here) and encode them, a task of chunks each; the ids are joined into packs of
+many documents (train/packs.py). A Ctrl-C, a kill or a crash loses only the tasks under way: the same
+command again goes on from what is done, and after files are added, removed or edited it encodes
+only the packs they fall in. prepare writes and removes only its own files (train/dataset_folder.py).
 """
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -16,16 +17,21 @@ import signal
 import tempfile
 import time
 import warnings
+from collections import Counter
 
 import numpy as np
 
-from tinygpt.files import UndecodableFiles, read_json, write_whole
+from tinygpt.files import read_json, write_whole
 from tinygpt.tokenizer import GPT1Tokenizer, load_tokenizer
 
-from . import cli, corpus, data, dataset, shards, workers
+from . import cli, corpus, data, dataset, dataset_folder, packs, plan, shards, sources, workers
 from .cli import add_text_arguments, positive_int
+from .dataset_folder import OutTaken
+from .lifecycle import flags_given
 from .progress import Progress
 from .run_folder import is_run
+
+DEFAULT_VOCAB = 2048
 
 
 def command_line():
@@ -36,27 +42,45 @@ def command_line():
 def parse_args(argv):
     parser = command_line()
     args = parser.parse_args(argv)
+    given = flags_given(parser, args)
     if args.tokenizer and args.gpt1_tokenizer:
         parser.error("give --tokenizer or --gpt1-tokenizer, not both")
-    if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
-        parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    for flag in ("normalize", "vocab_size", "tokenizer_sample"):
+        if flag in given and (args.tokenizer or args.gpt1_tokenizer):
+            name = "--tokenizer" if args.tokenizer else "--gpt1-tokenizer"
+            parser.error(f"--{flag.replace('_', '-')} is for a tokenizer trained here, not with {name}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out: {args.out} is a file; name a folder (made, or gone on with)")
     if is_run(args.out):
         parser.error(f"--out: {args.out} is a run's folder: choose another")
+    for path in args.data:
+        if os.path.isdir(path) and dataset.is_dataset(path):
+            train = f"train on it with python -m train.pretrain --data {path}"
+            parser.error(
+                f"--data: {path} is a dataset train.prepare wrote: {train}, or give prepare its text"
+            )
+    args.json_key_given = "json_key" in given
     cli.check_writable(parser, "--out", args.out)
     cli.check_apart_from_inputs(parser, "--out", args.out, args)
+    if os.path.isdir(args.out) and (path := dataset_folder.foreign(args.out)):
+        parser.error(
+            f"--out: {args.out} holds {path}, which prepare did not write: choose a new or empty folder"
+        )
     return parser, args
 
 
 def add_data_arguments(group):
-    group.add_argument("--data", nargs="+", required=True, metavar="PATH", help="text files, folders, globs")
-    out = "the dataset's folder (new or gone on with)"
-    group.add_argument("--out", required=True, metavar="DIR", help=out)
-    endings = "the endings of the files read below a folder"
-    group.add_argument("--extensions", nargs="+", default=[".txt"], help=endings)
-    documents = "files: each file is one document (books stay whole); paragraphs: a blank line ends one too"
+    what = "text, JSON lines or Parquet files (compressed or not), folders of them, globs"
+    group.add_argument("--data", nargs="+", required=True, type=cli.path, metavar="PATH", help=what)
+    group.add_argument("--out", required=True, type=cli.path, metavar="DIR", help="the dataset's folder")
+    endings = "the endings of the files read below a folder (each also as .gz, .bz2, .xz, .zst)"
+    group.add_argument("--extensions", nargs="+", default=list(sources.EXTENSIONS), help=endings)
+    documents = (
+        "files: each text file is one document (books stay whole); paragraphs: a blank line ends one too"
+    )
     group.add_argument("--documents", choices=["files", "paragraphs"], default="files", help=documents)
+    key = "the field of a JSON record (the column of a Parquet file) that holds its text"
+    group.add_argument("--json-key", type=cli.text, default="text", help=key)
     group.add_argument("--val-fraction", type=cli.held_out, default=0.05, help="share of documents held out")
     add_text_arguments(group)
 
@@ -64,7 +88,8 @@ def add_data_arguments(group):
 def add_tokenizer_arguments(group):
     group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: one trained here)")
     group.add_argument("--gpt1-tokenizer", help="GPT-1's folder of encoder_bpe_40000.json, vocab_40000.bpe")
-    group.add_argument("--vocab-size", type=cli.vocab_size, default=2048, help="of a tokenizer trained here")
+    size = f"of a tokenizer trained here (default: {DEFAULT_VOCAB})"
+    group.add_argument("--vocab-size", type=cli.vocab_size, help=size)
     group.add_argument("--normalize", choices=["gpt1"], help="a BPE trained here sees text as GPT-1's did")
     sample = "train the BPE on an even sample of about this many bytes of the corpus (default: all of it)"
     group.add_argument("--tokenizer-sample", type=positive_int, metavar="BYTES", help=sample)
@@ -74,35 +99,8 @@ def add_work_arguments(group):
     cores = len(os.sched_getaffinity(0))
     group.add_argument("--workers", type=positive_int, default=cores, help="processes, one a core by default")
     group.add_argument("--overwrite", action="store_true", help="start --out afresh (another tokenizer)")
-
-
-def plan(args, files, previous):
-    """{path: its record}: size, time, SHA-256 and chunks, read again only where the size or the
-    time differs from the previous manifest's (or the settings that cut chunks)."""
-    known = {source["path"]: source for source in (previous or {}).get("sources", [])}
-    cut_by = ("encoding", "documents")
-    same_cuts = previous and [previous.get(k) for k in cut_by] == [getattr(args, k) for k in cut_by]
-    records, todo = {}, []
-    for path in files:
-        stat = os.stat(path)
-        record = {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        old = known.get(path)
-        if same_cuts and old and (old["size"], old["mtime_ns"]) == (stat.st_size, stat.st_mtime_ns):
-            records[path] = {**record, "sha256": old["sha256"], "chunks": old["chunks"]}
-        else:
-            records[path], todo = record, todo + [path]
-    progress, problems = Progress("reading", sum(records[path]["size"] for path in todo), "B"), []
-    for path in todo:
-        paragraphs = args.documents == "paragraphs"
-        digest, chunks, problem = corpus.plan_chunks(
-            path, args.encoding, paragraphs, progress.update, args.errors
-        )
-        records[path].update(sha256=digest, chunks=[list(chunk) for chunk in chunks])
-        problems += [problem] if problem else []
-    progress.close()
-    if problems:
-        raise UndecodableFiles(problems)
-    return records
+    verify = "hash every file again, however unchanged its size and times (and every pack: always)"
+    group.add_argument("--verify", action="store_true", help=verify)
 
 
 def given_tokenizer(args):
@@ -112,28 +110,37 @@ def given_tokenizer(args):
     )
 
 
-def build_tokenizer(args, records, given=None):
-    """The dataset's tokenizer (saved in --out/tokenizer before any encoding): the one `given` or
-    named by the flags, the one --out holds already for the same request, or a BPE trained on the
-    corpus."""
-    folder, request_path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
-    given = given or ((args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args))
-    trained = {"vocab_size": args.vocab_size, "normalizer": args.normalize, "sample": args.tokenizer_sample}
-    request = {"fingerprint": data.tokenizer_fingerprint(given)} if given else trained
-    if os.path.isfile(request_path):
-        held = read_json(request_path)
-        if isinstance(held, dict) and held.get("request") == request:
-            return load_tokenizer(folder)
+def request_of(args, given):
+    """What decides the dataset's tokenizer: the fingerprint of one given, else what to train."""
+    if given:
+        return {"fingerprint": data.tokenizer_fingerprint(given)}
+    return {
+        "vocab_size": args.vocab_size or DEFAULT_VOCAB,
+        "normalizer": args.normalize,
+        "sample": args.tokenizer_sample,
+    }
+
+
+def held_tokenizer(args, request):
+    """The tokenizer --out holds for `request`, where it is the one prepare saved there (the
+    fingerprint tokenizer.json records); None where there is none to reuse. An OutTaken where
+    --out holds the dataset of another tokenizer."""
+    folder, path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    held = read_json(path)
+    if not isinstance(held, dict) or held.get("request") != request:
         raise OutTaken(
             f"{args.out} holds the dataset of another tokenizer ({describe(held)}); "
             "pass --overwrite to start it afresh, or another --out"
         )
-    tokenizer = given or train_tokenizer(args, records)
-    shutil.rmtree(folder + ".partial", ignore_errors=True)
-    tokenizer.save(folder + ".partial")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(folder + ".partial", folder)
-    write_whole(request_path, json.dumps({"request": request}).encode())
+    try:
+        tokenizer = load_tokenizer(folder)
+    except (OSError, ValueError):
+        tokenizer = None
+    if tokenizer is None or data.tokenizer_fingerprint(tokenizer) != held.get("fingerprint"):
+        print(f"{folder}: missing, or not the tokenizer prepare saved there; making it again")
+        return None
     return tokenizer
 
 
@@ -147,179 +154,231 @@ def describe(held):
     return "unreadable"
 
 
-def train_tokenizer(args, records):
-    """A byte-level BPE of --vocab-size: words counted by the workers, chunk by chunk (on an even
-    sample of chunks with --tokenizer-sample), then summed and merged by learn_bpe."""
-    chunks = [(path, start, end) for path, record in records.items() for start, end, _ in record["chunks"]]
-    total = sum(end - start for _, start, end in chunks)
+def save_tokenizer(args, tokenizer, request):
+    """Save the dataset's tokenizer in --out/tokenizer, and what it was made for in tokenizer.json."""
+    folder = os.path.join(args.out, "tokenizer")
+    shutil.rmtree(folder + ".partial", ignore_errors=True)
+    tokenizer.save(folder + ".partial")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(folder + ".partial", folder)
+    record = {"request": request, "fingerprint": data.tokenizer_fingerprint(tokenizer)}
+    write_whole(os.path.join(args.out, "tokenizer.json"), json.dumps(record).encode())
+
+
+def train_tokenizer(args, units, loader, reading):
+    """A byte-level BPE of --vocab-size: words counted by the workers, task by task (on an even
+    sample of the chunks with --tokenizer-sample), then summed and merged by learn_bpe."""
+    vocab_size = args.vocab_size or DEFAULT_VOCAB
+    total = sum(unit.size for unit in units)
     if args.tokenizer_sample and args.tokenizer_sample < total:
-        chunks = even_sample(chunks, args.tokenizer_sample / total)
-        print(f"training the BPE on a sample: {sum(e - s for _, s, e in chunks):,} of {total:,} bytes")
+        units = even_sample(units, args.tokenizer_sample / total)
+        print(f"training the BPE on a sample: {sum(unit.size for unit in units):,} of {total:,} bytes")
     normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
-    print(f"training a byte-level BPE tokenizer of {args.vocab_size} tokens on the corpus{normalized} ...")
-    counts_dir = os.path.join(args.out, "counts")
+    print(f"training a byte-level BPE tokenizer of {vocab_size} tokens on the corpus{normalized} ...")
+    counts_dir = os.path.join(args.out, "work", "counts")
     shutil.rmtree(counts_dir, ignore_errors=True)  # what a stopped run left
     os.makedirs(counts_dir)
-    settings = (args.encoding, args.errors, args.normalize)
-    tasks = [(chunk, settings, os.path.join(counts_dir, f"{i}.json")) for i, chunk in enumerate(chunks)]
-    progress = Progress("counting words", sum(end - start for _, start, end in chunks), "B")
-    workers.run_tasks(shards.count_chunk_words, tasks, args.workers, progress.update, progress.total)
+    tasks = [task for pack in packs.plan_packs(units, None) for task in pack.tasks]
+    out = [os.path.join(counts_dir, f"{number}.json") for number in range(len(tasks))]
+    load = {id(task): path for task, path in zip(tasks, out)}
+    progress = Progress("counting words", sum(task.size for task in tasks), "B")
+    job = lambda task: (loader.items(task), reading, args.normalize, load[id(task)])  # noqa: E731
+    workers.run_tasks(shards.count_task, tasks, args.workers, progress.update, progress.total, load=job)
     progress.close()
-    counts = [task[2] for task in tasks]  # the files learn_bpe sums
-    merges = args.vocab_size - cli.SMALLEST_VOCAB  # all but the bytes and the special tokens
-    task = (counts, args.vocab_size, merges, args.normalize, os.path.join(counts_dir, "tokenizer"))
+    merges = vocab_size - cli.SMALLEST_VOCAB  # all but the bytes and the special tokens
+    task = (out, vocab_size, merges, args.normalize, os.path.join(args.out, "work", "bpe"))
     workers.run_tasks(shards.learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
     tokenizer = load_tokenizer(task[-1])
-    shutil.rmtree(counts_dir)
-    args.vocab_size = data.vocabulary_built(args.vocab_size, tokenizer)
+    data.vocabulary_built(vocab_size, tokenizer)
     return tokenizer
 
 
-def even_sample(chunks, fraction):
-    """The chunks (path, start, end) that take about `fraction` of the bytes, spread evenly: each is
-    taken where the bytes taken so far fall short of `fraction` of those passed, its own included."""
+def even_sample(units, fraction):
+    """The units that take about `fraction` of the bytes, spread evenly: each is taken where the
+    bytes taken so far fall short of `fraction` of those passed, its own included."""
     taken, passed, sample = 0, 0, []
-    for chunk in chunks:
-        passed += chunk[2] - chunk[1]
+    for unit in units:
+        passed += unit.size
         if taken < fraction * passed:
-            sample.append(chunk)
-            taken += chunk[2] - chunk[1]
+            sample.append(unit)
+            taken += unit.size
     return sample
 
 
-def encode(args, records, tokenizer):
-    """Encode every chunk whose shard is not there whole; returns ({path: its shards' keys}, dtype)."""
-    folder = os.path.join(args.out, "shards")
+def encode(args, planned, loader, reading, tokenizer, dtype):
+    """Encode every pack that is not whole in --out/shards, task by task, joining each pack as soon
+    as it and those before it are done (a task's output is removed once no pack ahead needs it: two
+    files of the same bytes make tasks of one key); returns the manifest's record of every pack."""
+    folder, work = os.path.join(args.out, "shards"), os.path.join(args.out, "work")
     os.makedirs(folder, exist_ok=True)
-    dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
-    how = (args.encoding, args.errors, args.documents == "paragraphs", dtype.name)
-    settings = [data.tokenizer_fingerprint(tokenizer), *how]
-    keys, tasks = {}, []
-    for path, record in records.items():
-        keys[path] = [shards.chunk_key(settings, record["sha256"], chunk) for chunk in record["chunks"]]
-        for chunk, key in zip(record["chunks"], keys[path]):
-            problem = shards.shard_problem(folder, key, dtype.itemsize, full=True)
-            if problem not in (None, "missing"):
-                print(f"{os.path.join(folder, key)}.bin: damaged ({problem}); writing it again")
-            if problem:
-                tasks.append(((path, *chunk), (*how, os.path.join(args.out, "tokenizer")), folder, key))
-    progress = Progress("encoding", sum(task[0][2] - task[0][1] for task in tasks), "B")
-    workers.run_tasks(shards.encode_chunk, tasks, args.workers, progress.update, progress.total)
+    os.makedirs(work, exist_ok=True)
+    kept, todo, needed = set(), {}, Counter()
+    for pack in planned:
+        problem = packs.pack_problem(folder, pack.key, dtype.itemsize)
+        if problem not in (None, "missing"):
+            print(f"{os.path.join(folder, pack.key)}.bin: damaged ({problem}); writing it again")
+        if problem:
+            todo |= {task.key: task for task in packs.tasks_to_do(pack, work)}
+            needed.update(task.key for task in pack.tasks)
+        else:
+            kept.add(pack.key)
+    waiting, records, carried = set(todo), [], None
+
+    def join_ready():
+        nonlocal carried
+        while len(records) < len(planned) and not waiting & {t.key for t in planned[len(records)].tasks}:
+            pack = planned[len(records)]
+            if pack.key in kept:
+                records.append(packs.pack_record(folder, pack.key))
+                carried = packs.last_digest(folder, pack.key)
+                continue
+            record, carried = packs.write_pack(pack, work, folder, carried)
+            records.append(record)
+            needed.subtract(task.key for task in pack.tasks)
+            for key in {task.key for task in pack.tasks if not needed[task.key]}:
+                os.remove(os.path.join(work, f"{key}.json"))
+                os.remove(os.path.join(work, f"{key}.bin"))
+
+    def done(result):
+        key, read = result
+        waiting.discard(key)
+        progress.update(read)
+        join_ready()
+
+    tokenizer_at = (os.path.join(args.out, "tokenizer"), data.tokenizer_fingerprint(tokenizer))
+    job = lambda task: (loader.items(task), reading, tokenizer_at, dtype.name, work, task.key)  # noqa: E731
+    progress = Progress("encoding", sum(task.size for task in todo.values()), "B")
+    join_ready()
+    workers.run_tasks(shards.encode_task, list(todo.values()), args.workers, done, progress.total, load=job)
     progress.close()
-    return keys, dtype
+    return records
 
 
-def documents_of(record, keys, shard_records, args):
-    """The documents of one file, from the parts its shards hold: their hash (the file's, or with
-    --documents paragraphs the text's), split and ranges."""
-    documents = []
-    for key in keys:
-        for start, end, digest, begins in shard_records[key]["parts"]:
-            if begins or not documents:
-                documents.append({"ranges": []})
-            documents[-1]["sha256"] = digest if args.documents == "paragraphs" else record["sha256"]
-            ranges = documents[-1]["ranges"]
-            if ranges and ranges[-1][0] == key and ranges[-1][2] == start:
-                ranges[-1][2] = end
-            else:
-                ranges.append([key, start, end])
-    for document in documents:
-        document["split"] = dataset.split_of(document["sha256"], args.val_fraction)
-    return documents
-
-
-def write_manifest(args, records, keys, tokenizer, dtype):
-    """Write manifest.json (whole, or not at all), then remove the shards it does not name."""
-    folder = os.path.join(args.out, "shards")
-    shard_records = {key: read_json(f"{folder}/{key}.json") for path in keys for key in keys[path]}
+def write_manifest(args, records, tokenizer, dtype, sources_digest):
+    """Write manifest.json (whole, or not at all), then remove the packs it does not name and the work."""
     manifest = {
         "format": dataset.FORMAT,
         "tokenizer": data.tokenizer_fingerprint(tokenizer),
         "dtype": dtype.name,
-        **{name: getattr(args, name) for name in ("documents", "val_fraction", "encoding", "errors")},
-        "shards": {key: {k: shard[k] for k in ("tokens", "sha256")} for key, shard in shard_records.items()},
-        "sources": [
-            {**record, "documents": documents_of(record, keys[path], shard_records, args)}
-            for path, record in records.items()
-        ],
+        **{
+            name: getattr(args, name)
+            for name in ("val_fraction", "documents", "encoding", "errors", "json_key")
+        },
+        "packs": records,
+        "sources": sources_digest,
     }
     write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
+    named = {f"{record['key']}{suffix}" for record in records for suffix in (".bin", ".idx")}
+    folder = os.path.join(args.out, "shards")
     for name in os.listdir(folder):
-        if name.split(".")[0] not in shard_records:
+        if name not in named and dataset_folder.OWN["shards"].fullmatch(name):
             os.remove(os.path.join(folder, name))
-    shutil.rmtree(os.path.join(args.out, "counts"), ignore_errors=True)
+    shutil.rmtree(os.path.join(args.out, "work"), ignore_errors=True)
     return manifest
 
 
 def check_unchanged(records):
     """A ValueError naming a file that changed or vanished while it was read."""
-    for path, record in records.items():
-        stat = os.stat(path) if os.path.exists(path) else None
-        if stat is None or (stat.st_size, stat.st_mtime_ns) != (record["size"], record["mtime_ns"]):
-            how = "vanished" if stat is None else "changed"
-            raise ValueError(f"{path}: {how} while it was prepared; run the same command again")
+    for record in records:
+        now = plan.identity(record["path"]) if os.path.exists(record["path"]) else None
+        if now is None or now[:2] != record["stat"][:2]:
+            how = "vanished" if now is None else "changed"
+            raise ValueError(f"{record['path']}: {how} while it was prepared; run the same command again")
 
 
-@contextlib.contextmanager
-def holding(folder, wait=False):
-    """Hold folder/.lock (an flock that dies with this process) within: one prepare per dataset
-    folder. With `wait`, wait for another process that holds it (a rank preparing the same text)."""
-    with open(os.path.join(folder, ".lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise OutTaken(f"{folder}: another prepare is writing this dataset") from None
-            print(f"waiting for another process that prepares {folder} ...", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-class OutTaken(Exception):
-    """--out cannot take this dataset: another prepare holds it, or it holds another tokenizer's."""
+def is_current(manifest, args, planned, tokenizer, dtype):
+    """Whether the dataset holds already what prepare would write: the same settings and packs, whole."""
+    same = manifest and [
+        manifest.get(name) for name in ("val_fraction", "documents", "encoding", "errors")
+    ] == [getattr(args, name) for name in ("val_fraction", "documents", "encoding", "errors")]
+    if (
+        not same
+        or manifest["tokenizer"] != data.tokenizer_fingerprint(tokenizer)
+        or manifest["dtype"] != dtype.name
+    ):
+        return False
+    folder = os.path.join(args.out, "shards")
+    keys = [pack.key for pack in planned]
+    return keys == [p["key"] for p in manifest["packs"]] and not any(
+        packs.pack_problem(folder, key, dtype.itemsize) for key in keys
+    )
 
 
 def make_dataset(args, wait=False, given=None):
     """Prepare the files of args.data into the dataset folder args.out, with prepare's settings
     (args: its flags) and the tokenizer `given` if one is; returns the manifest. `wait`: for another
-    process preparing the same folder."""
-    files, skipped = corpus.find_sources(args.data, tuple(args.extensions))
+    process preparing the same folder, and then take its dataset as it is, if it is this one."""
+    found, skipped = sources.find_sources(args.data, tuple(args.extensions))
     for path, why in skipped[:20]:
         print(f"not read: {path} ({why})")
     if len(skipped) > 20:
         print(f"not read: {len(skipped) - 20:,} more files")
-    if not files:
+    if not found:
         named = " ".join(map(str, args.data))
-        raise ValueError(f"the corpus in {named} is empty" if skipped else f"no text files found in {named}")
+        raise ValueError(f"the corpus in {named} is empty" if skipped else f"no files to read in {named}")
+    if getattr(args, "json_key_given", False) and all(source.format == "text" for source in found):
+        raise ValueError(
+            "--json-key is for JSON lines and Parquet files, and the corpus holds text files alone"
+        )
     os.makedirs(args.out, exist_ok=True)
     if args.workers > 1:
         workers.start_server()  # it imports while this process reads the files
-    with holding(args.out, wait):
-        if args.overwrite:
-            for name in (dataset.MANIFEST, "tokenizer.json", "tokenizer", "shards"):
-                path = os.path.join(args.out, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.path.exists(path) and os.remove(path)
-        records = plan(args, files, dataset.read_manifest(args.out))
-        tokenizer = build_tokenizer(args, records, given)
-        keys, dtype = encode(args, records, tokenizer)
+    with (
+        dataset_folder.held(args.out, wait) as others,
+        contextlib.closing(plan.Loader([], args.json_key)) as loader,
+    ):
+        if args.overwrite and others is None:
+            dataset_folder.remove_own(args.out)
+        cuts = corpus.cuts_of(given) if given else "lines" if args.normalize else "words"
+        previous = plan.read_records(args.out)
+        records, settings = plan.plan(args, found, previous, cuts)
+        reading = shards.Reading(
+            args.encoding, args.errors, args.documents == "paragraphs", args.json_key, cuts
+        )
+        units, loader.records = plan.units_of(records, reading), records
+        request = request_of(args, given)
+        tokenizer = None if args.overwrite else held_tokenizer(args, request)
+        manifest = dataset.read_manifest(args.out)
+        if tokenizer and manifest:
+            dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
+            planned = packs.plan_packs(units, [data.tokenizer_fingerprint(tokenizer), dtype.name])
+            if is_current(manifest, args, planned, tokenizer, dtype):
+                if others is None and previous[2] != plan.records_digest(records):  # new times, or damage
+                    manifest["sources"] = plan.write_records(args.out, records, settings)
+                    write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
+                print(f"{args.out}: up to date, nothing to encode")
+                return manifest
+        if others is not None:
+            readers = f"a run reads this dataset ({others})"
+            raise OutTaken(f"{args.out}: {readers}; wait for it to end, or choose another --out")
+        sources_digest = plan.write_records(args.out, records, settings)
+        if tokenizer is None:
+            tokenizer = given or train_tokenizer(args, units, loader, reading)
+            save_tokenizer(args, tokenizer, request)
+        dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
+        planned = packs.plan_packs(units, [data.tokenizer_fingerprint(tokenizer), dtype.name])
+        pack_records = encode(args, planned, loader, reading, tokenizer, dtype)
         check_unchanged(records)
-        return write_manifest(args, records, keys, tokenizer, dtype)
+        return write_manifest(args, pack_records, tokenizer, dtype, sources_digest)
 
 
-def summary(manifest, seconds):
-    """The closing lines: documents and tokens in each split, the shards, the time."""
+def summary(manifest, folder, seconds):
+    """The closing lines: documents and tokens in each split, the packs, the time."""
     counts = {"train": [0, 0], "val": [0, 0]}
-    for source in manifest["sources"]:
-        for document in source["documents"]:
-            counts[document["split"]][0] += 1
-            counts[document["split"]][1] += sum(end - start for _, start, end in document["ranges"])
+    threshold = np.uint64(min(int(manifest["val_fraction"] * 2**64), 2**64 - 1))
+    for pack in manifest["packs"]:
+        ends, begins, digests = dataset.read_index(os.path.join(folder, "shards", f"{pack['key']}.idx"))
+        sizes = np.diff(np.concatenate([[0], ends]))
+        for split, mask in (("train", digests >= threshold), ("val", digests < threshold)):
+            counts[split][0] += int(begins[mask].sum())
+            counts[split][1] += int(sizes[mask].sum())
     for split, (documents, tokens) in counts.items():
         print(f"{split}: {documents:,} documents, {tokens:,} tokens")
     if not counts["val"][0]:
         print("no document is held out: pretrain will hold out the end of the training tokens (for a split")
         print("by content, --documents paragraphs, more files or a larger --val-fraction)")
-    shards_written = f"{len(manifest['shards']):,} shard{'s' * (len(manifest['shards']) != 1)}"
-    print(f"{shards_written} of {manifest['dtype']} ids, in {seconds:.1f} s")
+    written = f"{len(manifest['packs']):,} pack{'s' * (len(manifest['packs']) != 1)}"
+    print(f"{written} of {manifest['dtype']} ids, in {seconds:.1f} s")
 
 
 def of_text(paths, args, given=None):
@@ -334,23 +393,42 @@ def of_text(paths, args, given=None):
     settings = command_line().parse_args(["--data", *paths, f"--out={out}"])  # prepare's defaults
     for name in ("val_fraction", "encoding", "errors", "vocab_size", "normalize"):
         setattr(settings, name, getattr(args, name))
+    stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as prepare's: the workers stopped
     try:
         os.makedirs(settings.out, exist_ok=True)
         open(os.path.join(settings.out, ".lock"), "a").close()
+        try:
+            make_dataset(settings, wait=True, given=given)
+        except OutTaken:  # a cache folder changed by hand: it is only a cache
+            settings.overwrite = True
+            make_dataset(settings, wait=True, given=given)
     except OSError as error:
+        if not os.path.realpath(getattr(error, "filename", None) or "/").startswith(
+            os.path.realpath(data.cache_dir())
+        ):
+            raise
         reason = f"cannot prepare the text there ({error.strerror}); using a temporary folder"
         warnings.warn(f"{settings.out}: {reason}", stacklevel=2)
-        settings.out = tempfile.mkdtemp(prefix="tinygpt-data-")
+        settings.out, settings.overwrite = tempfile.mkdtemp(prefix="tinygpt-data-"), False
         cli.on_return(shutil.rmtree, settings.out, True)
-    stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as prepare's: the workers stopped
-    try:
-        make_dataset(settings, wait=True, given=given)
-    except OutTaken:  # a cache folder changed by hand: it is only a cache
-        settings.overwrite = True
         make_dataset(settings, wait=True, given=given)
     finally:
         signal.signal(signal.SIGTERM, stop)
     return settings.out
+
+
+@contextlib.contextmanager
+def writing_out(parser, out):
+    """Around prepare's work: an OSError of a file in --out (a full disk) is one line naming --out."""
+    try:
+        yield
+    except OSError as error:
+        inside = error.filename and os.path.realpath(error.filename).startswith(
+            os.path.realpath(out) + os.sep
+        )
+        if not inside or not error.strerror:
+            raise
+        parser.exit(1, cli.shown(f"{parser.prog}: error: --out: {error.filename}: {error.strerror}\n"))
 
 
 @cli.command(parse_args)
@@ -361,11 +439,11 @@ def main(parser, args):
     with cli.reading(parser, flag):  # before any reading of the corpus
         given = (args.tokenizer or args.gpt1_tokenizer) and given_tokenizer(args)
     try:
-        with cli.reading(parser, "--data"):
+        with cli.reading(parser, "--data"), writing_out(parser, args.out):
             manifest = make_dataset(args, given=given)
     except OutTaken as error:
         parser.error(f"--out: {error}")
-    summary(manifest, time.monotonic() - began)
+    summary(manifest, args.out, time.monotonic() - began)
     print(f"dataset: {args.out} (train on it: python -m train.pretrain --data {args.out})")
 
 

@@ -155,10 +155,8 @@ def read_tokens(parser, args, run_dir, group):
     """(tokenizer, the prepared Dataset, its hash): --data's dataset folder, or its text (pydoc's
     topics by default) prepared into the cache as train.prepare prepares a folder, with the run's
     tokenizer: a resumed run's own, the one given or --init-from's, else a BPE trained on the text."""
-    if args.data and len(args.data) == 1 and dataset.is_dataset(args.data[0]):
-        folder = args.data[0]
-    else:
-        given = None
+    folder, given = dataset_given(parser, args), None
+    if folder is None:
         try:
             if args.resume:
                 given = load_tokenizer(os.path.join(run_dir, "tokenizer"))
@@ -176,6 +174,30 @@ def read_tokens(parser, args, run_dir, group):
     return tokenizer, prepared, digest
 
 
+def dataset_given(parser, args):
+    """The dataset folder --data names, or None where it names text; a usage error where it names a
+    dataset beside other paths, a file in one, or a dataset with flags that only text takes."""
+    paths = args.data or []
+    for path in paths:
+        inside = os.path.dirname(os.path.abspath(path))
+        if os.path.isfile(path) and dataset.is_dataset(inside):
+            parser.error(f"--data: {path} is a file of the dataset {inside}: give the folder")
+    datasets = [path for path in paths if os.path.isdir(path) and dataset.is_dataset(path)]
+    if datasets and len(paths) > 1:
+        parser.error(
+            f"--data: {datasets[0]} is a dataset: give it alone (a run trains on one dataset or on text)"
+        )
+    if not datasets:
+        return None
+    if not args.resume:
+        given = lifecycle.flags_given(parser, args)
+        for flag in ("vocab_size", "normalize", "encoding", "errors"):
+            if flag in given:
+                name = f"--{flag.replace('_', '-')}"
+                parser.error(f"{name}: {datasets[0]} is prepared already ({name} is for text): leave it out")
+    return datasets[0]
+
+
 def given_tokenizer(folder, gpt1_folder):
     return load_tokenizer(folder) if folder else GPT1Tokenizer.from_folder(gpt1_folder)
 
@@ -185,6 +207,7 @@ def read_dataset(parser, args, run_dir, group, folder):
     run's, --tokenizer's, --gpt1-tokenizer's or --init-from's where given), and its shards, mapped."""
     with cli.reading(parser, "--data"):
         prepared = dataset.Dataset(folder)
+        cli.on_return(prepared.close)  # when the run ends, however it ends (a caller may hold the Dataset)
         tokenizer = load_tokenizer(os.path.join(folder, "tokenizer"))
         if data.tokenizer_fingerprint(tokenizer) != prepared.fingerprint:
             parser.error(
@@ -317,6 +340,8 @@ def main(parser, args, group):
     tokenizer, ids, data_hash = read_tokens(parser, args, run_dir, group)
     config = config or model_config(args, tokenizer.vocab_size)
     train, val = cut_windows(parser, args, ids, config.n_ctx)
+    # the closing report's baseline, now: it reads every shard, and a damaged one stops the run here
+    baseline = data.unigram_perplexity(train.ids, val.ids, tokenizer.vocab_size) if group.main else None
     if args.steps is None:
         args.steps = max(1, int(args.epochs * (train.count // args.batch_size))) if args.epochs else 600
     total = saved["steps"] if args.resume else args.steps  # the schedule's, kept by a resume's --steps
@@ -335,7 +360,7 @@ def main(parser, args, group):
         train_steps(training, args, train, val, start, total)
         training.interrupt.at_once()
         if group.main:
-            report(training.model, tokenizer, train.ids, val.ids, run_dir, args, training.elapsed)
+            report(training.model, tokenizer, baseline, run_dir, args, training.elapsed)
 
 
 def train_steps(training, args, train, val, start, total):
@@ -382,11 +407,10 @@ def train_steps(training, args, train, val, start, total):
                 training.stop_interrupted(done, checkpoint, progress)
 
 
-def report(model, tokenizer, train_ids, val_ids, run_dir, args, elapsed):
+def report(model, tokenizer, baseline, run_dir, args, elapsed):
     """The closing lines: the last validation perplexity logged beside the unigram baseline, a
     sample, the files. A resume that trains no step may have no validation pass to show: say so."""
     passes = [m for m in read_metrics(run_dir) if "val_loss" in m]
-    baseline = data.unigram_perplexity(train_ids, val_ids, tokenizer.vocab_size)
     print(f"\ntrained {args.steps} steps in {elapsed / 60:.1f} min of compute")
     measured = f"no validation pass logged by step {args.steps}"
     if passes:

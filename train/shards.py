@@ -1,11 +1,12 @@
-"""What the workers of train.prepare do: count the words of one chunk of a file, learn a BPE
-from all the chunks' counts, or encode one chunk into a shard of token ids.
+"""What the workers of train.prepare do: count the words of a task's documents, learn a BPE from
+all the counts, or encode a task's documents into token ids.
 
-A shard is two files named by the key of its chunk (the file's content, the byte range, the
-tokenizer and the settings): `<key>.bin`, the ids as raw uint16 or uint32, and `<key>.json`, their
-count and SHA-256 and, for each document part the chunk holds, its token range, the SHA-256 of
-its document's text up to its end, and whether it begins the document. Each is written
-whole through a temporary file, the .json last: a shard whose .json is there is finished.
+A task is a run of chunks (of one source, or of many small ones) with their bytes, read by the main
+process. Its ids go to the dataset's work/ folder in two files named by the task's key: `<key>.bin`,
+the ids as raw uint16 or uint32, and `<key>.json`, their count and SHA-256 and, for each document
+part, where its ids end, whether it begins its document, and the digest that splits it (null for a
+part that goes on with a document begun in an earlier task). The .json is written last: a task
+whose .json is there and whose ids match it is done.
 """
 
 import functools
@@ -14,45 +15,101 @@ import json
 import os
 import threading
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
+import regex
 from tqdm import tqdm
 
-from tinygpt.files import write_whole
-from tinygpt.tokenizer import SPECIAL_TOKENS, BPETokenizer, load_tokenizer
-from tinygpt.tokenizer.bpe import GPT2_PATTERN, count_words, make_normalizer
+from tinygpt.tokenizer import BPETokenizer, load_tokenizer
+from tinygpt.tokenizer.bpe import GPT2_PATTERN, make_normalizer
 
 from . import corpus
-from .corpus import document_parts
 from .progress import Progress
 
 SEPARATOR = "_start_"  # begins every document: the token that begins every fine-tuning input too
 
 
-def chunk_key(settings, source_digest, chunk):
-    """The name of a chunk's shard: a hash of everything its ids depend on."""
-    return hashlib.sha256(json.dumps([settings, source_digest, list(chunk)]).encode()).hexdigest()[:32]
+@dataclass(frozen=True)
+class Reading:
+    """How a task's bytes become documents: prepare's flags, and where the tokenizer cuts text."""
+
+    encoding: str = "utf-8"
+    errors: str = "strict"
+    paragraphs: bool = False
+    json_key: str = "text"
+    cuts: str = "lines"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One chunk of a task: its source (path, format, SHA-256), where in it, and what it holds
+    (bytes of text or JSON lines; a Parquet row group's texts)."""
+
+    path: str
+    format: str
+    digest: str
+    chunk: corpus.Chunk
+    data: object
+
+
+def parts(item, reading):
+    """(text, begins_a_document) of each part of an item's documents, in order."""
+    where = (item.path, item.chunk.line)
+    if item.format == "parquet":
+        for text in item.data:
+            yield from corpus.text_parts(text or "", reading.cuts)
+    elif item.format == "jsonl":
+        yield from corpus.records(
+            item.data, reading.json_key, reading.cuts, reading.encoding, reading.errors, where
+        )
+    else:
+        pieces = corpus.read_pieces(
+            item.data, item.chunk.start, reading.cuts, reading.encoding, reading.errors, where
+        )
+        yield from corpus.document_parts(pieces, reading.paragraphs, item.chunk.begins)
+
+
+def anchored(split, text, begins, angle, cuts):
+    """split(text), for a part that goes on with its document (not `begins`): split(anchor + text)
+    less split(anchor)'s, the anchor standing for the text before the cut ("<" where GPT-1's fix
+    has met one, which stops it decoding HTML entities; else "a")."""
+    if begins:
+        return split(text)
+    anchor = "<" if angle and cuts == "lines" else "a"
+    return split(anchor + text)[len(split(anchor)) :]
 
 
 @functools.lru_cache(maxsize=1)
-def tokenizer_in(folder):
-    """The tokenizer of `folder`, loaded once per worker process (in its first task: an error there
-    reaches the command, where a pool's initializer would fail again and again unseen)."""
+def tokenizer_in(folder, fingerprint):
+    """The tokenizer of `folder`, loaded once per process for each `fingerprint` (that of the
+    tokenizer saved there; a process that runs prepare twice may find another there), in the first
+    task: an error there reaches the command, where a pool's initializer would fail again and again
+    unseen."""
     return load_tokenizer(folder)
 
 
-def count_chunk_words(task):
-    """{word: count} of one chunk (path, start, end, encoding, errors, normalizer), as BPE training
-    counts them (tinygpt.tokenizer.bpe.count_words), written to `out` as JSON; returns the bytes read."""
-    (path, start, end), (encoding, errors, normalizer), out = task
-    pieces = corpus.read_pieces(path, start, end, encoding, errors)
-    counts = count_words(pieces, GPT2_PATTERN, SPECIAL_TOKENS, make_normalizer(normalizer))
-    write_whole(out, json.dumps(counts, ensure_ascii=False).encode())
-    return end - start
+def count_task(task):
+    """{word: count} of a task's documents, as BPE training counts them, written to `out` as JSON;
+    returns the bytes read. task: (items, reading, normalizer, out)."""
+    items, reading, normalizer, out = task
+    pattern, normalize = regex.compile(GPT2_PATTERN), make_normalizer(normalizer)
+
+    def split(text):
+        return pattern.findall(normalize(text) if normalize else text)
+
+    counts = Counter()
+    for item in items:
+        angle = item.chunk.angle
+        for text, begins in parts(item, reading):
+            counts.update(anchored(split, text, begins, angle, reading.cuts))
+            angle = (angle and not begins) or "<" in text
+    write_file(out, json.dumps(counts, ensure_ascii=False).encode())
+    return task_bytes(items)
 
 
 def summed_counts(paths):
-    """The sum of the {word: count} files count_chunk_words wrote, each removed once read."""
+    """The sum of the {word: count} files count_task wrote, each removed once read."""
     counts = Counter()
     for path in paths:
         with open(path, encoding="utf-8") as file:
@@ -62,7 +119,7 @@ def summed_counts(paths):
 
 
 def learn_bpe(task):
-    """Sum the chunks' word counts, train the BPE on them and save it. It runs in a worker, where
+    """Sum the tasks' word counts, train the BPE on them and save it. It runs in a worker, where
     there are workers: the memory the merges take (it grows with the distinct words) is the
     system's again when the worker ends, not kept by the main process for the encoding."""
     counts_paths, vocab_size, merges, normalizer, folder = task
@@ -83,65 +140,79 @@ def drained(counts):
         yield counts.popitem()
 
 
-def encode_chunk(task):
-    """Encode one chunk into its shard (folder/key.bin and .json); returns the number of bytes read.
+def encode_task(task):
+    """Encode a task's documents into work/<key>.bin and .json (see the module's docstring);
+    returns (key, the bytes read). task: (items, reading, (tokenizer folder, its fingerprint), dtype,
+    folder, key).
 
-    A part that begins a document is `_start_` and encode(text); a part that goes on with the
-    document of the part before it (it begins at a cut, "\\n" after a visible character) gets the
-    ids the rest of the document's encoding gives it: those after an anchor's in encode(anchor +
-    text), the anchor "<" where one came before in the document (GPT-1's unicode fix decodes HTML
-    entities only until a line holds one), else "a".
-    """
-    (path, start, end, after_angle), (encoding, errors, paragraphs, dtype, tokenizer_dir), folder, key = task
-    tokenizer = tokenizer_in(tokenizer_dir)
-    separator = tokenizer.special_tokens.get(SEPARATOR)
-    separator_ids = np.array([] if separator is None else [separator], dtype)
-    ids, parts, angle, text_hash = [], [], after_angle, hashlib.sha256()
-    pieces = corpus.read_pieces(path, start, end, encoding, errors)
-    for text, begins in document_parts(pieces, paragraphs, start == 0):
-        first = len(ids)
-        if begins:
-            ids += [separator_ids, np.array(tokenizer.encode(text), dtype)]
-            angle, text_hash = "<" in text, hashlib.sha256()
-        else:
-            anchor = "<" if angle else "a"
-            ids.append(np.array(tokenizer.encode(anchor + text)[len(tokenizer.encode(anchor)) :], dtype))
-            angle = angle or "<" in text
-        text_hash.update(text.encode())
-        offset = parts[-1][1] if parts else 0
-        part = [offset, offset + sum(map(len, ids[first:])), text_hash.hexdigest(), begins]
-        if parts and not begins:  # the document of the part before goes on: one part, however read
-            parts[-1][1:3] = part[1:3]
-        else:
-            parts.append(part)
-    tokens = np.concatenate(ids) if ids else np.zeros(0, dtype)
-    data = tokens.tobytes()
-    write_whole(os.path.join(folder, f"{key}.bin"), data)
-    record = {"tokens": len(tokens), "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
-    write_whole(os.path.join(folder, f"{key}.json"), json.dumps(record).encode())
-    return end - start
+    A document is `_start_` and then encode_ordinary of its text, part by part (see anchored). Its
+    digest, which decides its split, is its source's SHA-256 where a file is a document; else that
+    of its text (of the part of it in this task, for one cut across tasks)."""
+    items, reading, tokenizer_at, dtype, folder, key = task
+    tokenizer = tokenizer_in(*tokenizer_at)
+    separator = [tokenizer.special_tokens[SEPARATOR]] if SEPARATOR in tokenizer.special_tokens else []
+    ids, records, text_hash = [], [], None
+    whole_files = not reading.paragraphs
+    for item in items:
+        angle = item.chunk.angle
+        for text, begins in parts(item, reading):
+            ids += (separator if begins else []) + anchored(
+                tokenizer.encode_ordinary, text, begins, angle, reading.cuts
+            )
+            angle = (angle and not begins) or "<" in text
+            if begins or not records:
+                close_part(records, text_hash)
+                records.append([0, begins, item.digest if whole_files and item.format == "text" else None])
+                text_hash = hashlib.sha256() if begins and records[-1][2] is None else None
+            if text_hash:
+                text_hash.update(text.encode("utf-8", "surrogatepass"))
+            records[-1][0] = len(ids)
+    close_part(records, text_hash)
+    data = np.array(ids, dtype).tobytes()
+    write_file(os.path.join(folder, f"{key}.bin"), data)
+    record = {"tokens": len(ids), "sha256": hashlib.sha256(data).hexdigest(), "parts": records}
+    write_file(os.path.join(folder, f"{key}.json"), json.dumps(record).encode())
+    return key, task_bytes(items)
 
 
-def shard_problem(folder, key, itemsize, full=False):
-    """None where the shard `key` is whole; else what is wrong with it. The cheap check reads its
-    .json and the size of its .bin; `full` also hashes the ids."""
+def close_part(records, text_hash):
+    """Give the last part its digest: its text's, where it began with a hash of its own."""
+    if records and text_hash:
+        records[-1][2] = text_hash.hexdigest()
+
+
+def task_bytes(items):
+    """The bytes a task reads: of its chunks, or its Parquet rows' text."""
+    return sum(len(item.data) if item.format != "parquet" else sum(map(len, item.data)) for item in items)
+
+
+def write_file(path, data):
+    """Write `data` to `path` whole: a temporary file renamed over it. Unlike a dataset's files it
+    is not flushed to the disk first; what a crash loses is found (by its SHA-256) and done again."""
+    temporary = f"{path}.partial-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, path) from None
+
+
+def task_problem(folder, key):
+    """None where the task `key`'s output is whole (its ids match its record); else what is wrong."""
     try:
         with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as file:
             record = json.load(file)
-        size = os.path.getsize(os.path.join(folder, f"{key}.bin"))
+        with open(os.path.join(folder, f"{key}.bin"), "rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
     except FileNotFoundError:
         return "missing"
     except (OSError, ValueError) as error:
         return f"unreadable ({error})"
-    if not isinstance(record, dict) or not isinstance(record.get("tokens"), int):
-        return "its record is not one prepare wrote"
-    if size != record["tokens"] * itemsize:
-        return f"{size:,} bytes where its record promises {record['tokens'] * itemsize:,}"
-    if full and file_digest(os.path.join(folder, f"{key}.bin")) != record.get("sha256"):
-        return "its ids do not match their SHA-256"
+    if (
+        not isinstance(record, dict)
+        or record.get("sha256") != digest
+        or not isinstance(record.get("parts"), list)
+    ):
+        return "its ids do not match their record"
     return None
-
-
-def file_digest(path):
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()

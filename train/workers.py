@@ -8,6 +8,7 @@ sends it to every process): the main process stops them.
 
 import concurrent.futures
 import contextlib
+import itertools
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
@@ -19,31 +20,40 @@ from . import SIGNALS, corpus
 WORKER_BYTES = 64 << 20  # text a worker reads in one round of tasks; the next round starts fresh workers
 
 
-def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False):
-    """function(task) for every task, each result handed to progress(result) as it comes: in this
-    process where `workers` is 1, where the tasks read less than a piece (starting a worker costs
-    more), or where there is one task and not `one_apart`; else in rounds of `workers` fresh
+def run_tasks(function, tasks, workers, progress, work_bytes, one_apart=False, load=lambda task: task):
+    """function(load(task)) for every task, each result handed to progress(result) as it comes: in
+    this process where `workers` is 1, where the tasks read less than a piece (starting a worker
+    costs more), or where there is one task and not `one_apart`; else in rounds of `workers` fresh
     processes that read about WORKER_BYTES each, so that a worker's word cache and the memory it
-    frees but keeps do not grow with the corpus. `work_bytes`: what all the tasks read."""
-    if workers == 1 or work_bytes < corpus.PIECE_BYTES or (len(tasks) == 1 and not one_apart):
+    frees but keeps do not grow with the corpus. `load(task)`, in this process, reads what a task
+    needs (a few tasks ahead of the workers, never all of them at once); `work_bytes`: what all
+    the tasks read."""
+    if workers == 1 or work_bytes < corpus.PIECE or (len(tasks) == 1 and not one_apart):
         for task in tasks:
-            progress(function(task))
+            progress(function(load(task)))
         return
     size = workers * max(1, round(WORKER_BYTES * len(tasks) / work_bytes))  # tasks in a round
     for first in range(0, len(tasks), size):
-        run_round(function, tasks[first : first + size], min(workers, len(tasks) - first), progress)
+        run_round(function, tasks[first : first + size], min(workers, len(tasks) - first), progress, load)
 
 
-def run_round(function, tasks, workers, progress):
-    """function(task) for each task in `workers` new processes, all stopped at the first error here
-    or there. A worker that dies (killed, out of memory) ends the round with a ChildProcessError."""
+def run_round(function, tasks, workers, progress, load=lambda task: task):
+    """function(load(task)) for each task in `workers` new processes, at most two tasks a worker
+    handed on at a time, all stopped at the first error here or there. A worker that dies (killed,
+    out of memory) ends the round with a ChildProcessError."""
     before = set(multiprocessing.active_children())
     executor = concurrent.futures.ProcessPoolExecutor(workers, start_server(), ends_with_its_parent)
+    waiting = iter(tasks)
     try:
+        first = [load(task) for task in itertools.islice(waiting, 2 * workers)]
         with signals_held():
-            futures = [executor.submit(function, task) for task in tasks]  # starts the workers
-        for future in concurrent.futures.as_completed(futures):
-            progress(future.result())
+            pending = {executor.submit(function, task) for task in first}  # starts the workers
+        while pending:
+            done, pending = concurrent.futures.wait(pending, return_when="FIRST_COMPLETED")
+            for future in done:
+                progress(future.result())
+                if (task := next(waiting, None)) is not None:
+                    pending.add(executor.submit(function, load(task)))
     except concurrent.futures.process.BrokenProcessPool:
         died = "a worker process died before its task was done (killed, or out of memory?)"
         raise ChildProcessError(f"{died}; run the same command again: it goes on from what is done") from None

@@ -53,6 +53,12 @@ def pretrain_argv(corpus, out, *extra, size=SMALL):
     return ["--data", str(corpus), "--out", str(out), *size, *extra]
 
 
+def for_dataset(size):
+    """A run's flags on a prepared dataset, which holds its tokenizer: `size` without --vocab-size."""
+    at = size.index("--vocab-size")
+    return size[:at] + size[at + 2 :]
+
+
 def one_step_argv(corpus, out, *extra):
     """The flags of a one-step SMALLER pretraining run on `corpus` into `out`, then `extra`."""
     return pretrain_argv(corpus, out, "--steps", "1", *extra, size=SMALLER)

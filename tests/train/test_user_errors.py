@@ -17,7 +17,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from train import evaluate, finetune, generate, pretrain
+from train import evaluate, finetune, generate, prepare, pretrain
 
 from .runs import SMALLER, copy_of_run, examples, one_step_argv, pretrain_argv, stopped, tiny_run, write_jsonl
 
@@ -96,14 +96,21 @@ def test_resuming_a_whole_fine_tune_whose_metrics_lost_its_epochs_reports_none(t
     assert "no dev epoch logged" in capsys.readouterr().out
 
 
-def test_a_data_folder_holding_a_folder_named_like_a_text_file_is_a_usage_error(base, tmp_path, capsys):
-    (tmp_path / "data" / "x.txt").mkdir(parents=True)
-    (tmp_path / "data" / "a.txt").write_text("hello world " * 50)
-    line = one_line_error(capsys, pretrain.main, one_step_argv(tmp_path / "data", tmp_path / "out"))
-    assert f"{tmp_path / 'data' / 'x.txt'}: a folder, not a text file" in line
-    assert not (tmp_path / "out").exists()
-    argv = ["perplexity", "--run", str(base[0]), "--data", str(tmp_path / "data"), "--device", "cpu"]
-    assert f"--data: {tmp_path / 'data' / 'x.txt'}: a folder" in one_line_error(capsys, evaluate.main, argv)
+def test_data_that_is_no_file_or_corpus_is_a_usage_error_naming_what_it_is(base, tmp_path, capsys):
+    os.mkfifo(tmp_path / "pipe.txt")
+    (tmp_path / "loop.txt").symlink_to(tmp_path / "loop.txt")
+    for path, what in [
+        ("/dev/zero", "a character device, not a file or a folder"),
+        (tmp_path / "pipe.txt", "a FIFO, not"),
+    ]:
+        line = one_line_error(capsys, pretrain.main, one_step_argv(path, tmp_path / "out"))
+        assert f"--data: {path}: {what}" in line and not (tmp_path / "out").exists()
+        argv = ["perplexity", "--run", str(base[0]), "--data", str(path), "--device", "cpu"]
+        assert f"--data: {path}: {what}" in one_line_error(capsys, evaluate.main, argv)
+    line = one_line_error(
+        capsys, prepare.main, ["--data", str(tmp_path / "loop.txt"), "--out", str(tmp_path / "o")]
+    )
+    assert f"--data: {tmp_path / 'loop.txt'}: Too many levels of symbolic links" in line
 
 
 def test_a_tokenizer_that_stops_short_says_so_and_the_run_records_what_it_built(

@@ -18,8 +18,8 @@ def task_worker_and_ctrl_c(task):
 
 def test_each_round_of_tasks_worth_worker_bytes_has_fresh_workers_that_block_ctrl_c():
     done = []
-    with mock.patch.object(workers, "WORKER_BYTES", corpus.PIECE_BYTES):  # a task's worth: rounds of 2
-        workers.run_tasks(task_worker_and_ctrl_c, range(4), 2, done.append, 4 * corpus.PIECE_BYTES)
+    with mock.patch.object(workers, "WORKER_BYTES", corpus.PIECE):  # a task's worth: rounds of 2
+        workers.run_tasks(task_worker_and_ctrl_c, range(4), 2, done.append, 4 * corpus.PIECE)
     worker = {task: pid for task, (pid, _) in done}
     assert sorted(worker) == [0, 1, 2, 3] and not {worker[0], worker[1]} & {worker[2], worker[3]}
     assert {blocked for _, (_, blocked) in done} == {True}
@@ -27,29 +27,43 @@ def test_each_round_of_tasks_worth_worker_bytes_has_fresh_workers_that_block_ctr
 
 def test_one_worker_or_one_small_task_runs_here_and_a_task_one_apart_in_a_worker():
     done = []
-    workers.run_tasks(task_worker_and_ctrl_c, range(3), 1, done.append, 10 * corpus.PIECE_BYTES)
-    workers.run_tasks(task_worker_and_ctrl_c, [3], 2, done.append, 10 * corpus.PIECE_BYTES)
-    workers.run_tasks(task_worker_and_ctrl_c, [4, 5], 2, done.append, corpus.PIECE_BYTES - 1)
+    workers.run_tasks(task_worker_and_ctrl_c, range(3), 1, done.append, 10 * corpus.PIECE)
+    workers.run_tasks(task_worker_and_ctrl_c, [3], 2, done.append, 10 * corpus.PIECE)
+    workers.run_tasks(task_worker_and_ctrl_c, [4, 5], 2, done.append, corpus.PIECE - 1)
     assert [task for task, _ in done] == [0, 1, 2, 3, 4, 5]
     assert {pid for _, (pid, _) in done} == {os.getpid()}
-    workers.run_tasks(task_worker_and_ctrl_c, [6], 2, done.append, 10 * corpus.PIECE_BYTES, one_apart=True)
+    workers.run_tasks(task_worker_and_ctrl_c, [6], 2, done.append, 10 * corpus.PIECE, one_apart=True)
     assert done[-1][0] == 6 and done[-1][1][0] != os.getpid()  # the merges' memory goes back with it
 
 
 def test_a_ctrl_c_while_the_workers_start_is_held_until_all_have_then_stops_them(monkeypatch):
-    context, started, submitted = workers.start_server(), [], []
+    context, started = workers.start_server(), []
     process = context.Process
 
-    def tasks_under_ctrl_c():
-        yield 60
-        os.kill(os.getpid(), signal.SIGINT)  # held: the second worker starts all the same
-        submitted.append("after the ctrl-c")
-        yield 60
+    def start_under_ctrl_c(**kwargs):
+        if not started:
+            os.kill(os.getpid(), signal.SIGINT)  # held: the second worker starts all the same
+        started.append(process(**kwargs))
+        return started[-1]
 
-    monkeypatch.setattr(context, "Process", lambda **kwargs: started.append(process(**kwargs)) or started[-1])
+    monkeypatch.setattr(context, "Process", start_under_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        workers.run_round(time.sleep, tasks_under_ctrl_c(), 2, print)
-    assert submitted and [process.exitcode for process in started] == [-signal.SIGTERM] * 2  # not slept out
+        workers.run_round(time.sleep, [60, 60], 2, print)
+    assert [process.exitcode for process in started] == [-signal.SIGTERM] * 2  # not slept out
+
+
+def test_a_round_reads_two_tasks_a_worker_ahead_in_this_process():
+    """load(task) runs here, as the workers take the tasks: never all of them at once."""
+    loaded, done = [], []
+
+    def load(task):
+        loaded.append((task, len(done)))
+        return task
+
+    workers.run_round(task_worker_and_ctrl_c, range(8), 2, done.append, load)
+    assert [task for task, _ in loaded] == list(range(8)) and sorted(t for t, _ in done) == list(range(8))
+    assert all(done_before >= task - 4 for task, done_before in loaded)  # 2 workers, 2 tasks each
+    assert os.getpid() not in {pid for _, (pid, _) in done}
 
 
 def test_a_ctrl_c_while_the_server_starts_is_held_not_lost(monkeypatch):
@@ -94,7 +108,7 @@ def task_that_dies(task):
 
 def test_a_worker_that_dies_ends_the_round_with_an_error_not_a_wait():
     with pytest.raises(ChildProcessError, match="a worker process died before its task was done"):
-        workers.run_tasks(task_that_dies, range(4), 2, print, 4 * corpus.PIECE_BYTES)
+        workers.run_tasks(task_that_dies, range(4), 2, print, 4 * corpus.PIECE)
     assert not multiprocessing.active_children()
 
 
@@ -102,7 +116,7 @@ A_MAIN_THAT_WAITS = """
 import multiprocessing, time
 from train import corpus, workers
 show = lambda _: print(*[process.pid for process in multiprocessing.active_children()], flush=True)
-workers.run_tasks(time.sleep, [0, 600], 2, show, 2 * corpus.PIECE_BYTES)
+workers.run_tasks(time.sleep, [0, 600], 2, show, 2 * corpus.PIECE)
 """
 
 

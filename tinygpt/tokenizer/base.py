@@ -86,6 +86,11 @@ class Tokenizer:
 
     # -- encoding ------------------------------------------------------------------------------
 
+    def encode_ordinary(self, text):
+        """Text -> ids, with the names of special tokens in it read as text (tiktoken's
+        encode_ordinary): how a corpus's documents are encoded, so that no text forges a task token."""
+        return self.encode(text, special_tokens=False)
+
     def encode_batch(self, texts):
         if isinstance(texts, str):
             raise TypeError("encode_batch: texts must be a list of str, not one str (encode takes one)")

@@ -120,6 +120,8 @@ class GPT1Tokenizer(Tokenizer):
         """Text -> ids (special tokens are not parsed out of text; add their ids yourself)."""
         return self._encode_words(self.words(text))
 
+    encode_ordinary = encode  # it never reads special tokens in text
+
     def _encode_word(self, word):
         """BPE of one word, `</w>` on its last symbol."""
         pieces = self._apply_merges((*word[:-1], word[-1] + WORD_END))
