@@ -22,9 +22,10 @@ Line ends (CRLF, CR) are read as "\\n", as Python's text mode reads them.
 """
 
 import codecs
+import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import regex
 
@@ -50,8 +51,7 @@ BYTE_CUTS = {  # the same in bytes (ASCII white space only), and JSON lines' rec
 BYTE_BOUND_CUT = regex.compile(rb"(?<=[A-Za-z0-9])(?=[!-&(-/:-@\[-`{-~])")
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """Bytes start..end of a source's stream (rows start..end of a Parquet file): what one worker
     encodes. begins: whether a document begins at its start; angle: whether a "<" comes before it
     in the source (GPT-1's unicode fix keeps HTML entities after one); line: the line it starts on."""
@@ -72,6 +72,7 @@ def cuts_of(tokenizer):
     return "words" if plain else "lines"
 
 
+@functools.lru_cache
 def cuttable(encoding):
     """Whether a file in `encoding` may be cut at the bytes of an ASCII character: UTF-8, or one byte
     a character (elsewhere such bytes may sit inside a character)."""
@@ -81,18 +82,18 @@ def cuttable(encoding):
 
 class Planner:
     """Cuts a source's stream, fed to it a block at a time, into chunks: each ends at the first cut
-    at least CHUNK_BYTES after its start, or at the stream's end. `kind`: "records" (JSON lines),
+    at least `chunk_bytes` after its start, or at the stream's end. `kind`: "records" (JSON lines),
     "paragraphs", or the tokenizer's `cuts` ("words", "lines"); a chunk of paragraphs ends before a
-    blank line where one comes within CHUNK_BYTES more, else at a cut of `cuts`; with "words", a
-    stretch of 2 CHUNK_BYTES without white space ends at a bound. With errors="strict" the stream
+    blank line where one comes within `chunk_bytes` more, else at a cut of `cuts`; with "words", a
+    stretch of twice that without white space ends at a bound. With errors="strict" the stream
     is decoded too, and its first byte that does not decode named (`problem`)."""
 
-    def __init__(self, kind, cuts, encoding, errors):
-        self.kind, self.cuts, self.encoding = kind, cuts, encoding
+    def __init__(self, kind, cuts, encoding, errors, chunk_bytes=CHUNK_BYTES):
+        self.kind, self.cuts, self.encoding, self.size = kind, cuts, encoding, chunk_bytes
         self.chunks, self.offset, self.tail, self.angle, self.lines = [Chunk(0, 0)], 0, b"", False, 1
-        self.target = CHUNK_BYTES if cuttable(encoding) else float("inf")
+        self.target = chunk_bytes if cuttable(encoding) else float("inf")
         self.decoder = codecs.getincrementaldecoder(encoding)() if errors == "strict" else None
-        self.problem = None
+        self.problem, self.blank = None, True  # blank: nothing but ASCII white space so far
 
     def feed(self, block):
         data, base = self.tail + block, self.offset - len(self.tail)
@@ -103,10 +104,11 @@ class Planner:
             )
             begins = kind in ("records", "paragraphs")
             self.chunks.append(Chunk(base + cut, 0, begins, self.angle or b"<" in data[:cut], line))
-            self.target = base + cut + CHUNK_BYTES
+            self.target = base + cut + self.size
         if self.decoder and not self.problem:
             self.problem = decoding_problem(self.decoder, block, self.offset, self.lines)
         self.angle = self.angle or b"<" in block
+        self.blank = self.blank and block.isspace()
         self.lines += block.count(b"\n")
         self.offset += len(block)
         self.tail = data[-8:]
@@ -117,9 +119,9 @@ class Planner:
         if at >= len(data):
             return None
         kinds = [self.kind]
-        if self.kind == "paragraphs" and past >= CHUNK_BYTES and self.cuts == "words":
+        if self.kind == "paragraphs" and past >= self.size and self.cuts == "words":
             kinds.append("words")  # (with "lines", no: a "<" in the paragraph before it would be lost)
-        if self.cuts == "words" and self.kind != "records" and past >= 2 * CHUNK_BYTES:
+        if self.cuts == "words" and self.kind != "records" and past >= 2 * self.size:
             kinds.append("bound")
         for kind in kinds:
             pattern = BYTE_BOUND_CUT if kind == "bound" else BYTE_CUTS[kind]
@@ -176,6 +178,16 @@ def last_cut(text, cuts, line_is_clean=lambda line: False):
 def clean(text):
     """Whether GPT-1's unicode fix leaves a line as it is however it is cut: ASCII, and no "&"."""
     return text.isascii() and "&" not in text
+
+
+def read_range(path, start, end):
+    """Bytes start..end of a file."""
+    with open(path, "rb") as file:
+        file.seek(start)
+        data = file.read(end - start)
+    if len(data) != end - start:
+        raise ValueError(f"{path}: shorter than when it was read; run the same command again")
+    return data
 
 
 def read_pieces(data, start, cuts, encoding="utf-8", errors="strict", where=("", 1)):

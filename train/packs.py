@@ -44,12 +44,11 @@ class Unit:
 
 @dataclass
 class Task:
-    key: str
-    units: list = field(default_factory=list)
+    """A worker's unit: chunks read and encoded together, their output named by the key."""
 
-    @property
-    def size(self):
-        return sum(unit.size for unit in self.units)
+    key: str = ""
+    units: list = field(default_factory=list)
+    size: int = 0  # the bytes of text its units hold
 
 
 @dataclass
@@ -78,11 +77,12 @@ def plan_packs(units, encoding):
 
 def make_pack(units, encoding):
     """A Pack of units: its tasks take units in turn until they hold TASK_BYTES."""
-    tasks = [Task("")]
+    tasks = [Task()]
     for unit in units:
         if tasks[-1].size >= TASK_BYTES:
-            tasks.append(Task(""))
+            tasks.append(Task())
         tasks[-1].units.append(unit)
+        tasks[-1].size += unit.size
     for task in tasks:
         task.key = digest_of(encoding, [unit.key for unit in task.units])
     return Pack(digest_of(encoding, [unit.key for unit in units]), tasks)

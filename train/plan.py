@@ -13,9 +13,9 @@ import hashlib
 import json
 import os
 
-from tinygpt.files import UndecodableFiles, write_whole
+from tinygpt.files import write_whole
 
-from . import corpus, packs, sources
+from . import corpus, packs, shards, sources, workers
 from .progress import Progress
 from .shards import Item
 
@@ -53,90 +53,60 @@ def records_digest(records):
     return hashlib.sha256(b"".join(json.dumps(record).encode() + b"\n" for record in records)).hexdigest()
 
 
-def identity(path):
-    """What says a file is as it was: its size, modification and change times, inode."""
-    status = os.stat(path)
-    return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino]
-
-
 def plan(args, found, previous, cuts):
-    """The record of each source `found` (prepare's flags in `args`): the previous one where it can
-    be trusted (see the module's docstring), else the file read, hashed and cut into chunks."""
+    """(the record of each source `found`, the settings that cut them, where files do not decode):
+    the previous record where it can be trusted (see the module's docstring), else the file read,
+    hashed and cut into chunks, by the workers, a batch of files each. `args`: prepare's flags."""
     settings = {"encoding": args.encoding, "documents": args.documents, "cuts": cuts}
+    settings["chunk_bytes"] = corpus.CHUNK_BYTES
     known = previous[1] if previous[0] == settings and not args.verify else {}
     records, todo = [], []
     for source in found:
         record = {"path": source.path, "format": source.format, "compression": source.compression}
-        old = known.get(source.path, {})
-        if all(old.get(key) == value for key, value in record.items()) and old.get("stat") == identity(
-            source.path
-        ):
+        old, now = known.get(source.path, {}), source.identity
+        if all(old.get(key) == value for key, value in record.items()) and old.get("stat") == now:
             records.append(old)
         else:
-            records.append(record | {"stat": identity(source.path)})
-            todo.append(records[-1])
-    progress, problems = Progress("reading", sum(record["stat"][0] for record in todo), "B"), []
-    for record in todo:
-        problem = read_source(record, args, cuts, progress.update)
-        problems += [problem] if problem else []
+            records.append(record | {"stat": now})
+            todo.append(len(records) - 1)
+    batches, size = [[]], 0
+    for number in todo:  # files in batches of at least a chunk's bytes, or of a thousand
+        if size >= corpus.CHUNK_BYTES or len(batches[-1]) >= 1000:
+            batches, size = [*batches, []], 0
+        batches[-1].append(number)
+        size += records[number]["stat"][0]
+    problems, reading = [], [args.encoding, args.errors, args.documents, args.json_key, cuts]
+    reading.append(corpus.CHUNK_BYTES)
+
+    def read(result):
+        for number, update, problem in result:
+            records[number].update(update)
+            problems.extend([problem] if problem else [])
+            progress.update(records[number]["stat"][0])
+
+    tasks = [[(number, records[number], reading) for number in batch] for batch in batches if batch]
+    progress = Progress("reading", sum(records[number]["stat"][0] for number in todo), "B")
+    workers.run_tasks(shards.read_sources, tasks, args.workers, read, progress.total)
     progress.close()
-    if problems:
-        raise UndecodableFiles(problems)
-    return records, settings
-
-
-def read_source(record, args, cuts, on_bytes):
-    """Hash and cut one source into chunks (its record gains sha256, chunks: [start, end, begins,
-    angle, line, size]); returns where it does not decode, or None."""
-    source = sources.Source(record["path"], record["format"], record["compression"])
-    raw = sources.Hashed(source.path)
-    if source.format == "parquet":
-        groups = parquet_groups(source.path, args.json_key)
-        record.update(sha256=raw.rest(), chunks=[[i, i + 1, True, False, 1, size] for i, size in groups])
-        on_bytes(record["stat"][0])
-        return None
-    kind = (
-        "records" if source.format == "jsonl" else args.documents if args.documents == "paragraphs" else cuts
-    )
-    planner = corpus.Planner(kind, cuts, args.encoding, args.errors)
-    with sources.open_stream(source, raw) as stream:
-        while block := stream.read(corpus.PIECE):
-            planner.feed(block)
-            on_bytes(len(block) if source.compression is None else 0)
-        record["sha256"] = raw.rest()
-    if source.compression:
-        on_bytes(record["stat"][0])
-    record["chunks"] = [
-        [c.start, c.end, c.begins, c.angle, c.line, c.end - c.start] for c in planner.finish()
-    ]
-    problem = planner.problem and planner.problem.replace("ENCODING", args.encoding.upper())
-    return problem and f"{source.path}: {problem}"
-
-
-def parquet_groups(path, key):
-    """[(row group, bytes)] of a Parquet file's row groups that hold rows; an error where it has no
-    text column `key`."""
-    file = sources.parquet_file(path)
-    names = file.schema_arrow.names
-    if key not in names:
-        raise ValueError(
-            f"{path}: no column {key!r} (its columns: {', '.join(names)}); --json-key names the text's"
-        )
-    kind = file.schema_arrow.field(key).type
-    if str(kind) not in ("string", "large_string", "string_view"):
-        raise ValueError(f"{path}: its column {key!r} holds {kind}, not text")
-    groups = [file.metadata.row_group(i) for i in range(file.metadata.num_row_groups)]
-    return [(i, group.total_byte_size) for i, group in enumerate(groups) if group.num_rows]
+    return records, settings, problems
 
 
 def units_of(records, reading):
-    """[packs.Unit] of every chunk of every record, in order, each keyed by what its ids depend on."""
-    settings = [reading.encoding, reading.errors, reading.paragraphs, reading.json_key, reading.cuts]
-    return [
-        packs.Unit(
-            number, chunk, chunk[5], packs.digest_of(settings, record["format"], record["sha256"], chunk[:2])
+    """[packs.Unit] of every chunk of every record but the blank ones, in order, each keyed by what
+    its ids depend on."""
+    settings = json.dumps(
+        [reading.encoding, reading.errors, reading.paragraphs, reading.json_key, reading.cuts]
+    )
+
+    def key(record, chunk):
+        return hashlib.sha256(
+            f"{settings} {record['format']} {record['sha256']} {chunk[0]} {chunk[1]}".encode()
         )
+
+    return [
+        packs.Unit(number, chunk, chunk[5], key(record, chunk).hexdigest()[:32])
         for number, record in enumerate(records)
+        if not record["blank"]
         for chunk in record["chunks"]
     ]
 
@@ -153,9 +123,10 @@ class Loader:
         return [self.item(unit) for unit in task.units]
 
     def item(self, unit):
-        record, (start, end, begins, angle, line, _) = self.records[unit.source], unit.chunk
-        chunk = corpus.Chunk(start, end, begins, angle, line)
-        return Item(record["path"], record["format"], record["sha256"], chunk, self.read(record, start, end))
+        record, chunk = self.records[unit.source], corpus.Chunk(*unit.chunk[:5])
+        plain = record["format"] == "text" and record["compression"] is None  # read by the worker
+        data = None if plain else self.read(record, chunk.start, chunk.end)
+        return Item(record["path"], record["format"], record["sha256"], chunk, data)
 
     def read(self, record, start, end):
         """The bytes start..end of a source's stream, or the texts of its row group `start`."""

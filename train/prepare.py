@@ -21,17 +21,27 @@ from collections import Counter
 
 import numpy as np
 
-from tinygpt.files import read_json, write_whole
+from tinygpt.files import UndecodableFiles, write_whole
 from tinygpt.tokenizer import GPT1Tokenizer, load_tokenizer
 
-from . import cli, corpus, data, dataset, dataset_folder, packs, plan, shards, sources, workers
+from . import (
+    cli,
+    corpus,
+    data,
+    dataset,
+    dataset_folder,
+    dataset_tokenizer,
+    packs,
+    plan,
+    shards,
+    sources,
+    workers,
+)
 from .cli import add_text_arguments, positive_int
 from .dataset_folder import OutTaken
 from .lifecycle import flags_given
 from .progress import Progress
 from .run_folder import is_run
-
-DEFAULT_VOCAB = 2048
 
 
 def command_line():
@@ -88,7 +98,7 @@ def add_data_arguments(group):
 def add_tokenizer_arguments(group):
     group.add_argument("--tokenizer", help="a saved BPE tokenizer folder (default: one trained here)")
     group.add_argument("--gpt1-tokenizer", help="GPT-1's folder of encoder_bpe_40000.json, vocab_40000.bpe")
-    size = f"of a tokenizer trained here (default: {DEFAULT_VOCAB})"
+    size = f"of a tokenizer trained here (default: {dataset_tokenizer.DEFAULT_VOCAB})"
     group.add_argument("--vocab-size", type=cli.vocab_size, help=size)
     group.add_argument("--normalize", choices=["gpt1"], help="a BPE trained here sees text as GPT-1's did")
     sample = "train the BPE on an even sample of about this many bytes of the corpus (default: all of it)"
@@ -108,101 +118,6 @@ def given_tokenizer(args):
     return (
         load_tokenizer(args.tokenizer) if args.tokenizer else GPT1Tokenizer.from_folder(args.gpt1_tokenizer)
     )
-
-
-def request_of(args, given):
-    """What decides the dataset's tokenizer: the fingerprint of one given, else what to train."""
-    if given:
-        return {"fingerprint": data.tokenizer_fingerprint(given)}
-    return {
-        "vocab_size": args.vocab_size or DEFAULT_VOCAB,
-        "normalizer": args.normalize,
-        "sample": args.tokenizer_sample,
-    }
-
-
-def held_tokenizer(args, request):
-    """The tokenizer --out holds for `request`, where it is the one prepare saved there (the
-    fingerprint tokenizer.json records); None where there is none to reuse. An OutTaken where
-    --out holds the dataset of another tokenizer."""
-    folder, path = os.path.join(args.out, "tokenizer"), os.path.join(args.out, "tokenizer.json")
-    if not os.path.isfile(path):
-        return None
-    held = read_json(path)
-    if not isinstance(held, dict) or held.get("request") != request:
-        raise OutTaken(
-            f"{args.out} holds the dataset of another tokenizer ({describe(held)}); "
-            "pass --overwrite to start it afresh, or another --out"
-        )
-    try:
-        tokenizer = load_tokenizer(folder)
-    except (OSError, ValueError):
-        tokenizer = None
-    if tokenizer is None or data.tokenizer_fingerprint(tokenizer) != held.get("fingerprint"):
-        print(f"{folder}: missing, or not the tokenizer prepare saved there; making it again")
-        return None
-    return tokenizer
-
-
-def describe(held):
-    """tokenizer.json's request, in words."""
-    request = held.get("request") if isinstance(held, dict) else None
-    if isinstance(request, dict) and "fingerprint" in request:
-        return f"a tokenizer given, fingerprint {str(request['fingerprint'])[:12]}"
-    if isinstance(request, dict):
-        return ", ".join(f"{key} {value}" for key, value in request.items() if value is not None)
-    return "unreadable"
-
-
-def save_tokenizer(args, tokenizer, request):
-    """Save the dataset's tokenizer in --out/tokenizer, and what it was made for in tokenizer.json."""
-    folder = os.path.join(args.out, "tokenizer")
-    shutil.rmtree(folder + ".partial", ignore_errors=True)
-    tokenizer.save(folder + ".partial")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(folder + ".partial", folder)
-    record = {"request": request, "fingerprint": data.tokenizer_fingerprint(tokenizer)}
-    write_whole(os.path.join(args.out, "tokenizer.json"), json.dumps(record).encode())
-
-
-def train_tokenizer(args, units, loader, reading):
-    """A byte-level BPE of --vocab-size: words counted by the workers, task by task (on an even
-    sample of the chunks with --tokenizer-sample), then summed and merged by learn_bpe."""
-    vocab_size = args.vocab_size or DEFAULT_VOCAB
-    total = sum(unit.size for unit in units)
-    if args.tokenizer_sample and args.tokenizer_sample < total:
-        units = even_sample(units, args.tokenizer_sample / total)
-        print(f"training the BPE on a sample: {sum(unit.size for unit in units):,} of {total:,} bytes")
-    normalized = f", text normalized as GPT-1's ({args.normalize})" if args.normalize else ""
-    print(f"training a byte-level BPE tokenizer of {vocab_size} tokens on the corpus{normalized} ...")
-    counts_dir = os.path.join(args.out, "work", "counts")
-    shutil.rmtree(counts_dir, ignore_errors=True)  # what a stopped run left
-    os.makedirs(counts_dir)
-    tasks = [task for pack in packs.plan_packs(units, None) for task in pack.tasks]
-    out = [os.path.join(counts_dir, f"{number}.json") for number in range(len(tasks))]
-    load = {id(task): path for task, path in zip(tasks, out)}
-    progress = Progress("counting words", sum(task.size for task in tasks), "B")
-    job = lambda task: (loader.items(task), reading, args.normalize, load[id(task)])  # noqa: E731
-    workers.run_tasks(shards.count_task, tasks, args.workers, progress.update, progress.total, load=job)
-    progress.close()
-    merges = vocab_size - cli.SMALLEST_VOCAB  # all but the bytes and the special tokens
-    task = (out, vocab_size, merges, args.normalize, os.path.join(args.out, "work", "bpe"))
-    workers.run_tasks(shards.learn_bpe, [task], args.workers, lambda _: None, progress.total, one_apart=True)
-    tokenizer = load_tokenizer(task[-1])
-    data.vocabulary_built(vocab_size, tokenizer)
-    return tokenizer
-
-
-def even_sample(units, fraction):
-    """The units that take about `fraction` of the bytes, spread evenly: each is taken where the
-    bytes taken so far fall short of `fraction` of those passed, its own included."""
-    taken, passed, sample = 0, 0, []
-    for unit in units:
-        passed += unit.size
-        if taken < fraction * passed:
-            sample.append(unit)
-            taken += unit.size
-    return sample
 
 
 def encode(args, planned, loader, reading, tokenizer, dtype):
@@ -280,7 +195,10 @@ def write_manifest(args, records, tokenizer, dtype, sources_digest):
 def check_unchanged(records):
     """A ValueError naming a file that changed or vanished while it was read."""
     for record in records:
-        now = plan.identity(record["path"]) if os.path.exists(record["path"]) else None
+        try:
+            now = sources.identity_of(os.stat(record["path"]))
+        except FileNotFoundError:
+            now = None
         if now is None or now[:2] != record["stat"][:2]:
             how = "vanished" if now is None else "changed"
             raise ValueError(f"{record['path']}: {how} while it was prepared; run the same command again")
@@ -309,13 +227,8 @@ def make_dataset(args, wait=False, given=None):
     (args: its flags) and the tokenizer `given` if one is; returns the manifest. `wait`: for another
     process preparing the same folder, and then take its dataset as it is, if it is this one."""
     found, skipped = sources.find_sources(args.data, tuple(args.extensions))
-    for path, why in skipped[:20]:
-        print(f"not read: {path} ({why})")
-    if len(skipped) > 20:
-        print(f"not read: {len(skipped) - 20:,} more files")
     if not found:
-        named = " ".join(map(str, args.data))
-        raise ValueError(f"the corpus in {named} is empty" if skipped else f"no files to read in {named}")
+        raise ValueError(f"no files to read in {' '.join(map(str, args.data))}")
     if getattr(args, "json_key_given", False) and all(source.format == "text" for source in found):
         raise ValueError(
             "--json-key is for JSON lines and Parquet files, and the corpus holds text files alone"
@@ -331,13 +244,18 @@ def make_dataset(args, wait=False, given=None):
             dataset_folder.remove_own(args.out)
         cuts = corpus.cuts_of(given) if given else "lines" if args.normalize else "words"
         previous = plan.read_records(args.out)
-        records, settings = plan.plan(args, found, previous, cuts)
+        records, settings, problems = plan.plan(args, found, previous, cuts)
+        report_skipped(skipped + [(record["path"], "empty") for record in records if record["blank"]])
+        if problems:
+            raise UndecodableFiles(problems)
+        if all(record["blank"] for record in records):
+            raise ValueError(f"the corpus in {' '.join(map(str, args.data))} is empty")
         reading = shards.Reading(
             args.encoding, args.errors, args.documents == "paragraphs", args.json_key, cuts
         )
         units, loader.records = plan.units_of(records, reading), records
-        request = request_of(args, given)
-        tokenizer = None if args.overwrite else held_tokenizer(args, request)
+        request = dataset_tokenizer.request_of(args, given)
+        tokenizer = None if args.overwrite else dataset_tokenizer.held(args, request)
         manifest = dataset.read_manifest(args.out)
         if tokenizer and manifest:
             dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
@@ -353,13 +271,21 @@ def make_dataset(args, wait=False, given=None):
             raise OutTaken(f"{args.out}: {readers}; wait for it to end, or choose another --out")
         sources_digest = plan.write_records(args.out, records, settings)
         if tokenizer is None:
-            tokenizer = given or train_tokenizer(args, units, loader, reading)
-            save_tokenizer(args, tokenizer, request)
+            tokenizer = given or dataset_tokenizer.trained(args, units, loader, reading)
+            dataset_tokenizer.save(args, tokenizer, request)
         dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
         planned = packs.plan_packs(units, [data.tokenizer_fingerprint(tokenizer), dtype.name])
         pack_records = encode(args, planned, loader, reading, tokenizer, dtype)
         check_unchanged(records)
         return write_manifest(args, pack_records, tokenizer, dtype, sources_digest)
+
+
+def report_skipped(skipped):
+    """Name the files not read, twenty at most."""
+    for path, why in sorted(skipped)[:20]:
+        print(f"not read: {path} ({why})")
+    if len(skipped) > 20:
+        print(f"not read: {len(skipped) - 20:,} more files")
 
 
 def summary(manifest, folder, seconds):

@@ -39,6 +39,8 @@ def parse_args(argv):
         parser.error(f"--precision {args.precision} is for float32 weights, not --dtype {args.dtype}")
     if args.normalize and (args.tokenizer or args.gpt1_tokenizer):
         parser.error("--normalize is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
+    if "vocab_size" in lifecycle.flags_given(parser, args) and (args.tokenizer or args.gpt1_tokenizer):
+        parser.error("--vocab-size is for a tokenizer trained here, not with --tokenizer or --gpt1-tokenizer")
     preset = GPTConfig.preset(args.preset)
     n_embd, n_head = args.n_embd or preset.n_embd, args.n_head or preset.n_head
     if n_embd % n_head:

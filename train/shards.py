@@ -16,6 +16,7 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import regex
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from tinygpt.tokenizer import BPETokenizer, load_tokenizer
 from tinygpt.tokenizer.bpe import GPT2_PATTERN, make_normalizer
 
-from . import corpus
+from . import corpus, sources
 from .progress import Progress
 
 SEPARATOR = "_start_"  # begins every document: the token that begins every fine-tuning input too
@@ -41,10 +42,10 @@ class Reading:
     cuts: str = "lines"
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One chunk of a task: its source (path, format, SHA-256), where in it, and what it holds
-    (bytes of text or JSON lines; a Parquet row group's texts)."""
+    (bytes of text or JSON lines; a Parquet row group's texts; None for bytes the worker reads
+    itself, from a file that is not compressed)."""
 
     path: str
     format: str
@@ -53,20 +54,48 @@ class Item:
     data: object
 
 
+def read_sources(task):
+    """Hash and cut a batch of sources into chunks: [(its number, its record's new fields: sha256,
+    chunks [start, end, begins, angle, line, bytes], blank; where it does not decode, or None)].
+    task: [(number, record, [encoding, errors, documents, json_key, cuts, chunk_bytes])]."""
+    return [(number, *read_source(record, *reading)) for number, record, reading in task]
+
+
+def read_source(record, encoding, errors, documents, json_key, cuts, chunk_bytes):
+    """(the new fields of a source's record, where it does not decode or None): see read_sources."""
+    source = sources.Source(record["path"], record["format"], record["compression"])
+    raw = sources.Hashed(source.path)
+    if source.format == "parquet":
+        groups = sources.parquet_groups(source.path, json_key)
+        chunks = [[number, number + 1, True, False, 1, size] for number, size in groups]
+        return {"sha256": raw.rest(), "chunks": chunks, "blank": not groups}, None
+    kind = "records" if source.format == "jsonl" else "paragraphs" if documents == "paragraphs" else cuts
+    planner = corpus.Planner(kind, cuts, encoding, errors, chunk_bytes)
+    with sources.open_stream(source, raw) as stream:
+        while block := stream.read(corpus.PIECE):
+            planner.feed(block)
+        digest = raw.rest()
+    chunks = [[c.start, c.end, c.begins, c.angle, c.line, c.end - c.start] for c in planner.finish()]
+    problem = planner.problem and planner.problem.replace("ENCODING", encoding.upper())
+    return {
+        "sha256": digest,
+        "chunks": chunks,
+        "blank": planner.blank,
+    }, problem and f"{source.path}: {problem}"
+
+
 def parts(item, reading):
     """(text, begins_a_document) of each part of an item's documents, in order."""
-    where = (item.path, item.chunk.line)
+    text_of, where, data = (reading.encoding, reading.errors), (item.path, item.chunk.line), item.data
+    if data is None:
+        data = corpus.read_range(item.path, item.chunk.start, item.chunk.end)
     if item.format == "parquet":
-        for text in item.data:
+        for text in data:
             yield from corpus.text_parts(text or "", reading.cuts)
     elif item.format == "jsonl":
-        yield from corpus.records(
-            item.data, reading.json_key, reading.cuts, reading.encoding, reading.errors, where
-        )
+        yield from corpus.records(data, reading.json_key, reading.cuts, *text_of, where)
     else:
-        pieces = corpus.read_pieces(
-            item.data, item.chunk.start, reading.cuts, reading.encoding, reading.errors, where
-        )
+        pieces = corpus.read_pieces(data, item.chunk.start, reading.cuts, *text_of, where)
         yield from corpus.document_parts(pieces, reading.paragraphs, item.chunk.begins)
 
 
@@ -156,9 +185,8 @@ def encode_task(task):
     for item in items:
         angle = item.chunk.angle
         for text, begins in parts(item, reading):
-            ids += (separator if begins else []) + anchored(
-                tokenizer.encode_ordinary, text, begins, angle, reading.cuts
-            )
+            ids += separator if begins else ()
+            ids += anchored(tokenizer.encode_ordinary, text, begins, angle, reading.cuts)
             angle = (angle and not begins) or "<" in text
             if begins or not records:
                 close_part(records, text_hash)
@@ -183,7 +211,10 @@ def close_part(records, text_hash):
 
 def task_bytes(items):
     """The bytes a task reads: of its chunks, or its Parquet rows' text."""
-    return sum(len(item.data) if item.format != "parquet" else sum(map(len, item.data)) for item in items)
+    return sum(
+        sum(map(len, item.data)) if item.format == "parquet" else item.chunk.end - item.chunk.start
+        for item in items
+    )
 
 
 def write_file(path, data):

@@ -22,9 +22,6 @@ import os
 import stat
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
-
-from .dataset import is_dataset
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -36,30 +33,38 @@ BLOCK = 1 << 20  # bytes read at a time
 
 @dataclass(frozen=True)
 class Source:
-    """One file of a corpus: its path, what it holds (text, jsonl, parquet) and how it is compressed."""
+    """One file of a corpus: its path, what it holds (text, jsonl, parquet), how it is compressed,
+    and what says it is as it was when found: its size, modification and change times, inode."""
 
     path: str
     format: str
     compression: str | None = None
+    identity: tuple = ()
 
 
-def source_of(path):
-    """The Source a path names, by the endings of its name."""
-    name = Path(path).name.lower()
-    compression = next((kind for suffix, kind in COMPRESSIONS.items() if name.endswith(suffix)), None)
+def identity_of(status):
+    """What says a file is as it was, of its os.stat: its size, modification and change times, inode."""
+    return [status.st_size, status.st_mtime_ns, status.st_ctime_ns, status.st_ino]
+
+
+def source_of(path, status=None):
+    """The Source a path names, by the endings of its name (and its os.stat, where given)."""
+    name = os.path.basename(path).lower()
+    stem, dot, suffix = name.rpartition(".")
+    compression = COMPRESSIONS.get(dot + suffix)
     if compression:
-        name = name[: name.rindex(".")]
-    kind = next((kind for suffix, kind in FORMATS.items() if name.endswith(suffix)), "text")
+        stem, dot, suffix = stem.rpartition(".")
+    kind = FORMATS.get(dot + suffix, "text")
     if kind == "parquet" and compression:
         raise ValueError(f"{path}: a compressed Parquet file; Parquet compresses its own columns")
-    return Source(str(path), kind, compression)
+    return Source(str(path), kind, compression, identity_of(status) if status else ())
 
 
 def find_sources(paths, extensions=EXTENSIONS):
     """(the Sources of files, folders and globs in the order given, each folder's and glob's
     sorted; [(path, why it is not read)]). A path that names nothing, or names what is not a file
     or a corpus's folder, is an error naming it."""
-    found, skipped, seen = {}, [], set()
+    found, skipped, seen = [], [], set()
     for path in map(str, paths):
         if not path:
             raise ValueError("an empty path (an unset shell variable?)")
@@ -74,16 +79,12 @@ def find_sources(paths, extensions=EXTENSIONS):
             check_named(path)
             walk = [path]
         for start in walk:
-            entries = [(start, True)] if os.path.isfile(start) else walk_folder(start, extensions, skipped)
-            for file, named in entries:
-                identity = (os.stat(file).st_dev, os.stat(file).st_ino)
-                if identity not in seen:
-                    seen.add(identity)
-                    found[file] = named
-    sources = [source_of(path) for path in found]
-    empty = [source for source in sources if is_empty(source)]
-    skipped += [(source.path, "empty") for source in empty]
-    return [source for source in sources if source not in empty], sorted(set(skipped))
+            for file in [start] if os.path.isfile(start) else walk_folder(start, extensions, skipped):
+                status = os.stat(file)
+                if (status.st_dev, status.st_ino) not in seen:
+                    seen.add((status.st_dev, status.st_ino))
+                    found.append(source_of(file, status))
+    return found, sorted(set(skipped))
 
 
 def check_named(path):
@@ -100,34 +101,22 @@ def check_named(path):
 
 
 def walk_folder(folder, extensions, skipped):
-    """[(path, False)] of the files below `folder` that a corpus reads, in sorted order; what is
-    not read goes to `skipped`."""
-    files = []
-    for root, folders, names in os.walk(folder):
-        for name in sorted(folders):
-            below = os.path.join(root, name)
-            why = (
-                "hidden"
-                if name.startswith(".")
-                else "a link"
-                if os.path.islink(below)
-                else not_a_corpus(below)
-            )
-            if why:
-                skipped.append((below, why))
-                folders.remove(name)
-        folders.sort()
-        for name in sorted(names):
-            below = os.path.join(root, name)
-            mode = os.lstat(below).st_mode
-            if name.startswith("."):
-                skipped.append((below, "hidden"))
-            elif not stat.S_ISREG(mode):
-                skipped.append((below, "a link" if stat.S_ISLNK(mode) else what_is(mode)))
-            elif not reads(name, extensions):
-                skipped.append((below, f"not {' or '.join('*' + e for e in extensions)}"))
-            else:
-                files.append((below, False))
+    """The files below `folder` that a corpus reads, in sorted order; what is not read goes to
+    `skipped`."""
+    files, entries = [], sorted(os.scandir(folder), key=lambda entry: entry.name)
+    for entry in entries:
+        why = "hidden" if entry.name.startswith(".") else "a link" if entry.is_symlink() else None
+        if not why and entry.is_dir():
+            why = not_a_corpus(entry.path)
+            files += [] if why else walk_folder(entry.path, extensions, skipped)
+        elif not why and not entry.is_file():
+            why = what_is(entry.stat().st_mode)
+        elif not why and not reads(entry.name, extensions):
+            why = f"not {' or '.join('*' + e for e in extensions)}"
+        elif not why:
+            files.append(entry.path)
+        if why:
+            skipped.append((entry.path, why))
     return files
 
 
@@ -141,7 +130,10 @@ def reads(name, extensions):
 
 def not_a_corpus(folder):
     """Why a folder is no corpus (a prepared dataset, a run, a tokenizer), or None."""
-    from .run_folder import is_run  # not at the top: it imports the model, which prepare's workers need not
+    from .dataset import (
+        is_dataset,
+    )  # not at the top: they import the engine, which prepare's workers need not
+    from .run_folder import is_run
 
     if is_dataset(folder):
         return "a dataset train.prepare wrote"
@@ -157,17 +149,6 @@ def what_is(mode):
     kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
     kinds |= {stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder", stat.S_ISLNK: "a link"}
     return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
-
-
-def is_empty(source):
-    """Whether a source holds no text: nothing but ASCII white space, or no row."""
-    if source.format == "parquet":
-        return parquet_file(source.path).metadata.num_rows == 0
-    with open_stream(source) as stream:
-        while block := stream.read(BLOCK):
-            if not block.isspace():
-                return False
-    return True
 
 
 def needed(module, extra):
@@ -226,6 +207,21 @@ def open_stream(source, raw=None):
         raise ValueError(f"{source.path}: not a whole {source.compression} stream ({error})") from None
     finally:
         (raw.file if isinstance(raw, Hashed) else raw).close()
+
+
+def parquet_groups(path, key):
+    """[(row group, bytes)] of a Parquet file's row groups that hold rows; an error where it has no
+    text column `key`."""
+    file = parquet_file(path)
+    names = file.schema_arrow.names
+    if key not in names:
+        columns = ", ".join(names)
+        raise ValueError(f"{path}: no column {key!r} (its columns: {columns}); --json-key names the text's")
+    kind = file.schema_arrow.field(key).type
+    if str(kind) not in ("string", "large_string", "string_view"):
+        raise ValueError(f"{path}: its column {key!r} holds {kind}, not text")
+    groups = [file.metadata.row_group(i) for i in range(file.metadata.num_row_groups)]
+    return [(i, group.total_byte_size) for i, group in enumerate(groups) if group.num_rows]
 
 
 def parquet_file(path):

@@ -49,8 +49,10 @@ FAST = ["--lr", "1e-2", "--batch-size", "16", "--device", "cpu"]
 
 
 def pretrain_argv(corpus, out, *extra, size=SMALL):
-    """The flags of a pretraining run of `size` (SMALL) on `corpus` into `out`, then `extra`."""
-    return ["--data", str(corpus), "--out", str(out), *size, *extra]
+    """The flags of a pretraining run of `size` (SMALL) on `corpus` into `out`, then `extra` (with a
+    tokenizer given there, no --vocab-size: pretrain refuses it beside one)."""
+    given = {"--tokenizer", "--gpt1-tokenizer"} & set(map(str, extra))
+    return ["--data", str(corpus), "--out", str(out), *(for_dataset(size) if given else size), *extra]
 
 
 def for_dataset(size):

@@ -14,7 +14,7 @@ import pytest
 import autograd as ag
 from autograd import backend
 from tinygpt import GPT, GPTConfig
-from train import cli, evaluate, finetune, generate, prepare, pretrain, zeroshot
+from train import cli, dataset_tokenizer, evaluate, finetune, generate, pretrain, zeroshot
 from train.cli import device_name
 from train.run_folder import read_metrics
 
@@ -233,7 +233,7 @@ def test_ctrl_c_while_evaluating_or_generating_is_one_line_and_status_130(
 
 
 def test_ctrl_c_while_the_tokenizer_trains_writes_no_run_folder(corpus, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prepare, "train_tokenizer", interrupt)
+    monkeypatch.setattr(dataset_tokenizer, "trained", interrupt)
     argv = pretrain_argv(corpus, tmp_path / "run")
     assert interrupted(capsys, pretrain.main, argv) == (130, "interrupted\n")
     assert not (tmp_path / "run").exists()

@@ -235,7 +235,7 @@ def test_a_bpe_normalized_as_gpt1s_counts_the_words_of_the_whole_texts(tmp_path)
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_a_killed_prepare_goes_on_to_the_same_bytes(tmp_path, how):
-    data = corpus_of(tmp_path / "text", files=100, lines=1000)
+    data = corpus_of(tmp_path / "text", files=100, lines=2000)
     subprocess.run(prepare_argv(data, tmp_path / "whole"), capture_output=True, check=True)
     process = subprocess.Popen(
         prepare_argv(data, tmp_path / "cut", "--workers", "2"),
@@ -286,7 +286,7 @@ def test_a_new_file_moves_no_other_document_and_only_its_pack_is_encoded(tmp_pat
             run_prepare("--data", data, "--out", tmp_path / "set", "--vocab-size", 300, "--workers", 1)
     after = dataset.read_manifest(tmp_path / "set")
     kept = {pack["key"] for pack in before["packs"]} & {pack["key"] for pack in after["packs"]}
-    assert len(before["packs"]) > 8 and len(kept) >= len(before["packs"]) - 2
+    assert len(before["packs"]) > 5 and len(kept) >= len(before["packs"]) - 2
     assert 0 < sum(encoded) <= 32000 + 100  # a pack's worth at most, of 110 KB
     new = documents_of(tmp_path / "set")
     assert new[:18] + new[19:] == documents and len({d[0] for d in dataset_splits(tmp_path / "set")}) == 2

@@ -172,7 +172,7 @@ def test_an_output_on_an_input_of_the_same_command_is_a_usage_error(
     if module == "pretrain":
         data = [] if flag == "--data" else ["--data", str(tmp_path / "corpus.txt")]
         (tmp_path / "corpus.txt").write_text(TEXT)
-        main, argv = pretrain.main, [*one_step_argv(run / out, run / out, "--overwrite")[2:], *data, *given]
+        main, argv = pretrain.main, [*one_step_argv(run / out, run / out, "--overwrite", *given)[2:], *data]
     else:
         splits = {
             "--init-from": str(run if flag == "--init-from" else base[0]),
