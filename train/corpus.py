@@ -22,6 +22,7 @@ Line ends (CRLF, CR) are read as "\\n", as Python's text mode reads them.
 """
 
 import codecs
+import contextlib
 import functools
 import hashlib
 import json
@@ -108,7 +109,7 @@ class Planner:
         if self.decoder and not self.problem:
             self.problem = decoding_problem(self.decoder, block, self.offset, self.lines)
         self.angle = self.angle or b"<" in block
-        self.blank = self.blank and block.isspace()
+        self.blank = self.blank and (block.isspace() or not block)
         self.lines += block.count(b"\n")
         self.offset += len(block)
         self.tail = data[-8:]
@@ -195,6 +196,11 @@ def read_pieces(data, start, cuts, encoding="utf-8", errors="strict", where=("",
     before a cut (last_cut) or at the end: a BOM at the stream's start dropped, line ends made "\\n".
     A byte that does not decode (errors="strict") is a ValueError naming the file (where: its path
     and the chunk's first line), its line and byte."""
+    if len(data) <= PIECE:  # the whole chunk at once: a small file, most of a corpus of many
+        with undecodable(where, data, start, encoding, 0):
+            text = data.decode(encoding, errors)
+        yield (text.removeprefix("\ufeff") if start == 0 else text).replace("\r\n", "\n").replace("\r", "\n")
+        return
     decoder = codecs.getincrementaldecoder(encoding)(errors)
     pending, offset, fresh = "", 0, start == 0  # fresh: a BOM may come yet
 
@@ -206,13 +212,8 @@ def read_pieces(data, start, cuts, encoding="utf-8", errors="strict", where=("",
     while offset < len(data):
         block = data[offset : offset + PIECE]
         waiting = len(decoder.getstate()[0])  # bytes of a character the last block cut
-        try:
+        with undecodable(where, data, start, encoding, offset - waiting):
             text = decoder.decode(block, final=offset + len(block) == len(data))
-        except UnicodeDecodeError as error:
-            line = where[1] + data.count(b"\n", 0, offset - waiting + error.start)
-            byte = start + offset - waiting + error.start
-            why = f"not valid {encoding.upper()} at byte {byte} ({error.reason})"
-            raise ValueError(f"{where[0]}: line {line}: {why}") from None
         if fresh and text:
             text, fresh = text.removeprefix("\ufeff"), False
         offset += len(block)
@@ -223,6 +224,19 @@ def read_pieces(data, start, cuts, encoding="utf-8", errors="strict", where=("",
         if cut:
             yield pending[:cut]
         pending = pending[cut:] + held
+
+
+@contextlib.contextmanager
+def undecodable(where, data, start, encoding, at):
+    """Within: a byte that does not decode, `at` bytes into the chunk `data` where the error's offset
+    begins, is a ValueError naming the file (where: its path and the chunk's first line), line, byte."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        line, byte = where[1] + data.count(b"\n", 0, at + error.start), start + at + error.start
+        raise ValueError(
+            f"{where[0]}: line {line}: not valid {encoding.upper()} at byte {byte} ({error.reason})"
+        ) from None
 
 
 def pieces_of(text, cuts):

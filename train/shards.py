@@ -68,13 +68,19 @@ def read_source(record, encoding, errors, documents, json_key, cuts, chunk_bytes
     if source.format == "parquet":
         groups = sources.parquet_groups(source.path, json_key)
         chunks = [[number, number + 1, True, False, 1, size] for number, size in groups]
-        return {"sha256": raw.rest(), "chunks": chunks, "blank": not groups}, None
+        with raw.file:
+            return {"sha256": raw.rest(), "chunks": chunks, "blank": not groups}, None
     kind = "records" if source.format == "jsonl" else "paragraphs" if documents == "paragraphs" else cuts
     planner = corpus.Planner(kind, cuts, encoding, errors, chunk_bytes)
-    with sources.open_stream(source, raw) as stream:
-        while block := stream.read(corpus.PIECE):
-            planner.feed(block)
-        digest = raw.rest()
+    if source.compression is None and record["stat"][0] <= corpus.PIECE:  # a small file: at once
+        with raw.file:
+            planner.feed(raw.read())
+            digest = raw.rest()
+    else:
+        with sources.open_stream(source, raw) as stream:
+            while block := stream.read(corpus.PIECE):
+                planner.feed(block)
+            digest = raw.rest()
     chunks = [[c.start, c.end, c.begins, c.angle, c.line, c.end - c.start] for c in planner.finish()]
     problem = planner.problem and planner.problem.replace("ENCODING", encoding.upper())
     return {
