@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--make", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(json.loads(args.child))
@@ -135,10 +137,17 @@ def main():
     from tinygpt.tokenizer import BPETokenizer
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    shapes = make_shapes(args.workdir, args.mb, args.files, args.documents, args.seed)
     bpe = args.workdir / "bpe-8192"
-    if not bpe.is_dir():
-        BPETokenizer.train([(args.workdir / "one.txt").read_text(encoding="utf-8")[: 10**7]], 8192).save(bpe)
+    if (
+        args.make
+    ):  # in a process of its own: a process forked from a large one starts with its size (ru_maxrss)
+        make_shapes(args.workdir, args.mb, args.files, args.documents, args.seed)
+        if not bpe.is_dir():
+            text = (args.workdir / "one.txt").read_text(encoding="utf-8")[: 10**7]
+            BPETokenizer.train([text], 8192).save(bpe)
+        return None
+    subprocess.run([sys.executable, __file__, *sys.argv[1:], "--make"], check=True)
+    shapes = make_shapes(args.workdir, args.mb, args.files, args.documents, args.seed)
     results = {"machine": {"cpus": os.cpu_count(), "tokenizers": tokenizers.__version__}, "shapes": {}}
     rows = []
     for shape, paths in shapes.items():

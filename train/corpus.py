@@ -24,7 +24,6 @@ Line ends (CRLF, CR) are read as "\\n", as Python's text mode reads them.
 import codecs
 import contextlib
 import functools
-import hashlib
 import json
 from typing import NamedTuple
 
@@ -37,13 +36,13 @@ PIECE = 1 << 20  # characters (and bytes) read and encoded at a time
 PARAGRAPH_BREAK = regex.compile(r"\n(?:[^\S\n]*\n)+")  # a line end, then one or more blank lines
 CUTS = {  # searched from the end
     "words": regex.compile(r"(?<=\S)(?=\s)", flags=regex.REVERSE),
-    "lines": regex.compile(r"(?<=\S)(?=[^\S\n]*\n)", flags=regex.REVERSE),
+    "lines": regex.compile(r"(?<=[!-~])(?=[ \t]*\n)", flags=regex.REVERSE),
 }
 SPACE_CUT = regex.compile(r"(?<=[!-~])(?= [!-~])", flags=regex.REVERSE)
 BOUND_CUT = regex.compile(r"(?<=[A-Za-z0-9])(?=[!-&(-/:-@\[-`{-~])", flags=regex.REVERSE)
 BYTE_CUTS = {  # the same in bytes (ASCII white space only), and JSON lines' record ends
     "words": regex.compile(rb"(?<=[^\t-\r ])(?=[\t-\r ])"),
-    "lines": regex.compile(rb"(?<=[^\t-\r ])(?=[\t\v\f ]*[\r\n])"),
+    "lines": regex.compile(rb"(?<=[!-~])(?=[\t ]*[\r\n])"),
     "paragraphs": regex.compile(
         rb"(?<=[^\t-\r ])(?=(?:\r\n|\r(?!\n)|\n)(?:[\t\v\f ]*(?:\r\n|\r(?!\n)|\n))+)"
     ),
@@ -75,10 +74,16 @@ def cuts_of(tokenizer):
 
 @functools.lru_cache
 def cuttable(encoding):
-    """Whether a file in `encoding` may be cut at the bytes of an ASCII character: UTF-8, or one byte
-    a character (elsewhere such bytes may sit inside a character)."""
-    name = codecs.lookup(encoding).name
-    return name in ("utf-8", "utf-8-sig") or len(bytes(range(256)).decode(name, "replace")) == 256
+    """Whether a file in `encoding` may be cut at the bytes of an ASCII character: UTF-8, or one byte a
+    character that spells ASCII as ASCII does (elsewhere such bytes may sit inside a character, or
+    stand for another: EBCDIC's)."""
+    name, ascii_bytes = codecs.lookup(encoding).name, bytes(range(128))
+    one_byte = len(bytes(range(256)).decode(name, "replace")) == 256
+    return (
+        name in ("utf-8", "utf-8-sig")
+        or one_byte
+        and ascii_bytes.decode(name, "replace") == ascii_bytes.decode()
+    )
 
 
 class Planner:
@@ -270,27 +275,28 @@ def records(data, key, cuts, encoding, errors, where):
     """(text, begins_a_document) of the pieces of each record of a chunk of JSON lines: the string
     under `key` of each line's object; a blank line, and a record whose text is null or empty, are
     left out. A line that is not such a record is a ValueError naming the file and line."""
-    for number, line in enumerate(data.splitlines(), start=where[1]):
+    for number, line in enumerate(data.split(b"\n"), start=where[1]):
+        at = f"{where[0]}: line {number}"
         try:
             text = line.decode(encoding, errors).removeprefix("\ufeff")
-            record = json.loads(text) if text.strip() else None
+            record = json.loads(text) if text.strip() else {key: None}
         except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{where[0]}: line {number}: not valid {encoding.upper()} ({error.reason})"
-            ) from None
+            raise ValueError(f"{at}: not valid {encoding.upper()} ({error.reason})") from None
         except (ValueError, RecursionError) as error:
-            raise ValueError(f"{where[0]}: line {number}: not a JSON record ({error})") from None
-        if record is None:
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get(key, ""), (str, type(None))):
-            shown = type(record.get(key)).__name__ if isinstance(record, dict) and key in record else None
-            why = f"its {key!r} is a {shown}, not text" if shown else f"no {key!r} in it"
-            raise ValueError(f"{where[0]}: line {number}: {why} (--json-key names the text's field)")
+            raise ValueError(f"{at}: not a JSON record ({error})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{at}: a JSON {json_kind(record)}, not a record (an object)")
         if key not in record:
-            raise ValueError(
-                f"{where[0]}: line {number}: no {key!r} in it (--json-key names the text's field)"
-            )
+            raise ValueError(f"{at}: no {key!r} in it (--json-key names the text's field)")
+        if not isinstance(record[key], (str, type(None))):
+            raise ValueError(f"{at}: its {key!r} is a JSON {json_kind(record[key])}, not text")
         yield from text_parts(record[key] or "", cuts)
+
+
+def json_kind(value):
+    """The JSON name of a value's kind."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
 
 
 def text_parts(text, cuts):
@@ -298,8 +304,3 @@ def text_parts(text, cuts):
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     for index, piece in enumerate(pieces_of(text, cuts) if text else []):
         yield piece, index == 0
-
-
-def text_digest(text):
-    """The digest that splits a document held whole (a JSON record, a Parquet row, a paragraph)."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -20,12 +20,14 @@ KEY = "[0-9a-f]{32}"  # the names of a dataset's packs: <KEY>.bin and <KEY>.idx
 
 PARTIAL = r"(\.partial-\d+|\.tmp\d+)?"
 OWN = {  # the names prepare writes, in the folder and in each folder of it
-    "": re.compile(rf"(manifest\.json|sources\.jsonl|tokenizer\.json|\.lock){PARTIAL}|tokenizer|shards|work"),
+    "": re.compile(
+        rf"(manifest\.json|sources\.jsonl|tokenizer\.json|\.lock){PARTIAL}|tokenizer(\.partial)?|shards|work"
+    ),
     "tokenizer": re.compile(rf"({'|'.join(map(re.escape, TOKENIZER_FILES))}){PARTIAL}"),
     "shards": re.compile(rf"{KEY}\.(bin|idx|json){PARTIAL}"),  # .json: a shard of the first format
     "work": re.compile(rf"({KEY}\.(bin|json)|\d+\.json){PARTIAL}|bpe|counts"),
 }
-OWN["work/bpe"] = OWN["tokenizer"]
+OWN["work/bpe"] = OWN["tokenizer.partial"] = OWN["tokenizer"]
 OWN["work/counts"] = OWN["work"]
 
 
@@ -51,7 +53,15 @@ def foreign(folder):
 
 def remove_own(folder):
     """Remove what prepare wrote in `folder` (--overwrite), which holds nothing else (see foreign)."""
-    for name in ("manifest.json", "sources.jsonl", "tokenizer.json", "tokenizer", "shards", "work"):
+    for name in (
+        "manifest.json",
+        "sources.jsonl",
+        "tokenizer.json",
+        "tokenizer",
+        "tokenizer.partial",
+        "shards",
+        "work",
+    ):
         path = os.path.join(folder, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
@@ -63,7 +73,7 @@ def remove_own(folder):
 def held(folder, wait=False):
     """Hold folder/.lock within: exclusively where no other process holds it, else shared (where
     `wait`, once the process writing it is done). Yields the processes that held it, in words, or
-    None where it is held exclusively. A folder another prepare writes is an OutTaken naming it,
+    None where it is held exclusively. A folder another prepare writes is an InUse naming it,
     where not `wait`."""
     with open(os.path.join(folder, ".lock"), "a") as lock:
         try:
@@ -75,7 +85,7 @@ def held(folder, wait=False):
             try:
                 fcntl.flock(lock, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
-                raise OutTaken(f"{folder}: another prepare is writing this dataset ({others})") from None
+                raise InUse(f"{folder}: another prepare is writing this dataset ({others})") from None
         yield others
 
 
@@ -102,7 +112,11 @@ def hold_shared(folder):
 
 
 class OutTaken(Exception):
-    """--out cannot take this dataset: another process holds it, or it holds another tokenizer's."""
+    """--out cannot take this dataset: it holds another tokenizer's, or another process holds it."""
+
+
+class InUse(OutTaken):
+    """--out is held by another process: a prepare that writes it, or a run that reads it."""
 
 
 def holders(path):
@@ -130,6 +144,6 @@ def command_of(pid):
     """The command line of process `pid`, or "?" where it cannot be read."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as file:
-            return file.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
+            return " ".join(file.read().replace(b"\0", b" ").decode(errors="replace").split())[:120] or "?"
     except OSError:
         return "?"

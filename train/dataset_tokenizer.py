@@ -29,7 +29,7 @@ def request_of(args, given):
     }
 
 
-def held(args, request):
+def kept(args, request):
     """The tokenizer --out holds for `request`, where it is the one prepare saved there (the
     fingerprint tokenizer.json records); None where there is none to reuse. An OutTaken where
     --out holds the dataset of another tokenizer."""

@@ -115,10 +115,16 @@ def write_pack(pack, work, folder, carried):
     os.replace(temporary, bin_path)
     index = {"ends": np.array(ends, np.int64), "begins": np.array(begins, np.uint8)}
     index["digests"] = np.array(digests, np.uint64)
-    save_file(
-        index, os.path.join(folder, f"{pack.key}.idx"), {"sha256": digest.hexdigest(), "tokens": offset}
-    )
+    recorded = {"sha256": digest.hexdigest(), "tokens": offset, "index": index_digest(index)}
+    save_file(index, os.path.join(folder, f"{pack.key}.idx"), recorded)
     return pack_record(folder, pack.key), carried
+
+
+def index_digest(index):
+    """The SHA-256 of an index's arrays, which its own metadata records: a damaged index is found."""
+    return hashlib.sha256(
+        b"".join(index[name].astype(index[name].dtype.newbyteorder("<")).tobytes() for name in sorted(index))
+    ).hexdigest()
 
 
 def pack_record(folder, key):
@@ -132,17 +138,19 @@ def pack_record(folder, key):
 
 
 def pack_problem(folder, key, itemsize):
-    """None where a pack is whole: its index readable, its ids of the size and SHA-256 it records;
-    else what is wrong."""
+    """None where a pack is whole: its index readable and of the SHA-256 it records, its ids of the
+    size and SHA-256 it records; else what is wrong."""
     stem = os.path.join(folder, key)
     try:
-        _, metadata = load_file_with_metadata(stem + ".idx")
+        index, metadata = load_file_with_metadata(stem + ".idx")
         tokens, recorded = int(metadata["tokens"]), metadata["sha256"]
         size = os.path.getsize(stem + ".bin")
     except FileNotFoundError:
         return "missing"
     except (OSError, ValueError, KeyError) as error:
         return f"unreadable ({error})"
+    if index_digest(index) != metadata.get("index"):
+        return "its index does not match its SHA-256"
     if size != tokens * itemsize:
         return f"{size:,} bytes where its index records {tokens * itemsize:,}"
     return None if file_digest(stem + ".bin") == recorded else "its ids do not match their SHA-256"

@@ -2,7 +2,7 @@
 its SHA-256 and chunks), the units of work the records make, and a task's bytes, read for a worker.
 
 The records are kept in the dataset's sources.jsonl, one line a file and a last line that holds the
-SHA-256 of the lines before it and the settings that cut the files. A record is trusted while its
+SHA-256 of the lines before it and the settings that read and cut the files. A record is trusted while its
 file's size, modification time, change time (which no program can set back) and inode are those
 recorded; a file is read again, hashed and cut anew, where any differs, where those settings
 changed, where sources.jsonl is not whole, and with --verify.
@@ -57,7 +57,7 @@ def plan(args, found, previous, cuts):
     """(the record of each source `found`, the settings that cut them, where files do not decode):
     the previous record where it can be trusted (see the module's docstring), else the file read,
     hashed and cut into chunks, by the workers, a batch of files each. `args`: prepare's flags."""
-    settings = {"encoding": args.encoding, "documents": args.documents, "cuts": cuts}
+    settings = {"encoding": args.encoding, "errors": args.errors, "documents": args.documents, "cuts": cuts}
     settings["chunk_bytes"] = corpus.CHUNK_BYTES
     known = previous[1] if previous[0] == settings and not args.verify else {}
     records, todo = [], []

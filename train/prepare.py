@@ -8,7 +8,9 @@ command again goes on from what is done, and after files are added, removed or e
 only the packs they fall in. prepare writes and removes only its own files (train/dataset_folder.py).
 """
 
+import argparse
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -71,7 +73,9 @@ def parse_args(argv):
             )
     args.json_key_given = "json_key" in given
     cli.check_writable(parser, "--out", args.out)
-    cli.check_apart_from_inputs(parser, "--out", args.out, args)
+    read = [m for p in args.data for m in (glob.glob(p) if any(c in p for c in "*?[") else [p])]
+    read = [m for m in read if not (os.path.isdir(m) and dataset.is_dataset(m))]  # never read: skipped
+    cli.check_apart_from_inputs(parser, "--out", args.out, argparse.Namespace(**{**vars(args), "data": read}))
     if os.path.isdir(args.out) and (path := dataset_folder.foreign(args.out)):
         parser.error(
             f"--out: {args.out} holds {path}, which prepare did not write: choose a new or empty folder"
@@ -127,14 +131,14 @@ def encode(args, planned, loader, reading, tokenizer, dtype):
     folder, work = os.path.join(args.out, "shards"), os.path.join(args.out, "work")
     os.makedirs(folder, exist_ok=True)
     os.makedirs(work, exist_ok=True)
-    kept, todo, needed = set(), {}, Counter()
+    kept, todo, wanted = set(), {}, Counter()
     for pack in planned:
         problem = packs.pack_problem(folder, pack.key, dtype.itemsize)
         if problem not in (None, "missing"):
             print(f"{os.path.join(folder, pack.key)}.bin: damaged ({problem}); writing it again")
         if problem:
             todo |= {task.key: task for task in packs.tasks_to_do(pack, work)}
-            needed.update(task.key for task in pack.tasks)
+            wanted.update(task.key for task in pack.tasks)
         else:
             kept.add(pack.key)
     waiting, records, carried = set(todo), [], None
@@ -149,8 +153,8 @@ def encode(args, planned, loader, reading, tokenizer, dtype):
                 continue
             record, carried = packs.write_pack(pack, work, folder, carried)
             records.append(record)
-            needed.subtract(task.key for task in pack.tasks)
-            for key in {task.key for task in pack.tasks if not needed[task.key]}:
+            wanted.subtract(task.key for task in pack.tasks)
+            for key in {task.key for task in pack.tasks if not wanted[task.key]}:
                 os.remove(os.path.join(work, f"{key}.json"))
                 os.remove(os.path.join(work, f"{key}.bin"))
 
@@ -169,19 +173,22 @@ def encode(args, planned, loader, reading, tokenizer, dtype):
     return records
 
 
-def write_manifest(args, records, tokenizer, dtype, sources_digest):
-    """Write manifest.json (whole, or not at all), then remove the packs it does not name and the work."""
+def manifest_of(args, records, tokenizer, dtype, sources_digest):
+    """The manifest of a dataset: its settings, the packs' records in order, the sources' digest."""
+    settings = {
+        name: getattr(args, name) for name in ("val_fraction", "documents", "encoding", "errors", "json_key")
+    }
     manifest = {
         "format": dataset.FORMAT,
         "tokenizer": data.tokenizer_fingerprint(tokenizer),
         "dtype": dtype.name,
-        **{
-            name: getattr(args, name)
-            for name in ("val_fraction", "documents", "encoding", "errors", "json_key")
-        },
-        "packs": records,
-        "sources": sources_digest,
     }
+    return manifest | settings | {"packs": records, "sources": sources_digest}
+
+
+def write_manifest(args, records, tokenizer, dtype, sources_digest):
+    """Write manifest.json (whole, or not at all), then remove the packs it does not name and the work."""
+    manifest = manifest_of(args, records, tokenizer, dtype, sources_digest)
     write_whole(os.path.join(args.out, dataset.MANIFEST), json.dumps(manifest).encode())
     named = {f"{record['key']}{suffix}" for record in records for suffix in (".bin", ".idx")}
     folder = os.path.join(args.out, "shards")
@@ -199,27 +206,19 @@ def check_unchanged(records):
             now = sources.identity_of(os.stat(record["path"]))
         except FileNotFoundError:
             now = None
-        if now is None or now[:2] != record["stat"][:2]:
+        if now != record["stat"]:
             how = "vanished" if now is None else "changed"
             raise ValueError(f"{record['path']}: {how} while it was prepared; run the same command again")
 
 
 def is_current(manifest, args, planned, tokenizer, dtype):
-    """Whether the dataset holds already what prepare would write: the same settings and packs, whole."""
-    same = manifest and [
-        manifest.get(name) for name in ("val_fraction", "documents", "encoding", "errors")
-    ] == [getattr(args, name) for name in ("val_fraction", "documents", "encoding", "errors")]
-    if (
-        not same
-        or manifest["tokenizer"] != data.tokenizer_fingerprint(tokenizer)
-        or manifest["dtype"] != dtype.name
-    ):
-        return False
+    """Whether the dataset holds already what prepare would write: a manifest of the same settings
+    and of the packs planned, each whole."""
     folder = os.path.join(args.out, "shards")
-    keys = [pack.key for pack in planned]
-    return keys == [p["key"] for p in manifest["packs"]] and not any(
-        packs.pack_problem(folder, key, dtype.itemsize) for key in keys
-    )
+    if not manifest or any(packs.pack_problem(folder, pack.key, dtype.itemsize) for pack in planned):
+        return False
+    records = [packs.pack_record(folder, pack.key) for pack in planned]
+    return manifest == manifest_of(args, records, tokenizer, dtype, manifest.get("sources"))
 
 
 def make_dataset(args, wait=False, given=None):
@@ -228,6 +227,7 @@ def make_dataset(args, wait=False, given=None):
     process preparing the same folder, and then take its dataset as it is, if it is this one."""
     found, skipped = sources.find_sources(args.data, tuple(args.extensions))
     if not found:
+        report_skipped(skipped)
         raise ValueError(f"no files to read in {' '.join(map(str, args.data))}")
     if getattr(args, "json_key_given", False) and all(source.format == "text" for source in found):
         raise ValueError(
@@ -255,7 +255,7 @@ def make_dataset(args, wait=False, given=None):
         )
         units, loader.records = plan.units_of(records, reading), records
         request = dataset_tokenizer.request_of(args, given)
-        tokenizer = None if args.overwrite else dataset_tokenizer.held(args, request)
+        tokenizer = None if args.overwrite else dataset_tokenizer.kept(args, request)
         manifest = dataset.read_manifest(args.out)
         if tokenizer and manifest:
             dtype = np.dtype("uint16" if tokenizer.vocab_size <= 2**16 else "uint32")
@@ -267,8 +267,7 @@ def make_dataset(args, wait=False, given=None):
                 print(f"{args.out}: up to date, nothing to encode")
                 return manifest
         if others is not None:
-            readers = f"a run reads this dataset ({others})"
-            raise OutTaken(f"{args.out}: {readers}; wait for it to end, or choose another --out")
+            raise dataset_folder.InUse(f"{args.out}: a run reads this dataset ({others})")
         sources_digest = plan.write_records(args.out, records, settings)
         if tokenizer is None:
             tokenizer = given or dataset_tokenizer.trained(args, units, loader, reading)
@@ -325,6 +324,8 @@ def of_text(paths, args, given=None):
         open(os.path.join(settings.out, ".lock"), "a").close()
         try:
             make_dataset(settings, wait=True, given=given)
+        except dataset_folder.InUse as error:  # a run reads the cached dataset of this text, since changed
+            raise ValueError(f"{error}, and the text has changed since: wait for it to end") from None
         except OutTaken:  # a cache folder changed by hand: it is only a cache
             settings.overwrite = True
             make_dataset(settings, wait=True, given=given)
@@ -367,6 +368,8 @@ def main(parser, args):
     try:
         with cli.reading(parser, "--data"), writing_out(parser, args.out):
             manifest = make_dataset(args, given=given)
+    except dataset_folder.InUse as error:
+        parser.error(f"--out: {error}; wait for it to end, or choose another --out")
     except OutTaken as error:
         parser.error(f"--out: {error}")
     summary(manifest, args.out, time.monotonic() - began)

@@ -7,6 +7,7 @@ BPE trained on the same text, in a few minutes on a CPU. See --help for the rest
 import os
 import time
 from itertools import islice
+from pathlib import Path
 
 import autograd as ag
 from autograd import functional as F
@@ -181,9 +182,9 @@ def dataset_given(parser, args):
     dataset beside other paths, a file in one, or a dataset with flags that only text takes."""
     paths = args.data or []
     for path in paths:
-        inside = os.path.dirname(os.path.abspath(path))
-        if os.path.isfile(path) and dataset.is_dataset(inside):
-            parser.error(f"--data: {path} is a file of the dataset {inside}: give the folder")
+        for inside in Path(os.path.abspath(path)).parents:
+            if dataset.is_dataset(inside):
+                parser.error(f"--data: {path} lies in the dataset {inside}: give the folder")
     datasets = [path for path in paths if os.path.isdir(path) and dataset.is_dataset(path)]
     if datasets and len(paths) > 1:
         parser.error(
@@ -241,6 +242,9 @@ def cut_windows(parser, args, prepared, n_ctx):
     tokens is held out instead, and one line says so."""
     train_ids, val_ids = prepared.train, prepared.val
     try:
+        if len(train_ids) < n_ctx + 1 < len(val_ids):  # a corpus of one document, held out by its hash
+            print("every document fell in the validation split (by its hash): the run trains on them")
+            train_ids, val_ids = val_ids, train_ids
         if len(val_ids) < n_ctx + 1:
             print(
                 f"the validation documents hold {len(val_ids):,} tokens, less than a window of "

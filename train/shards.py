@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from tinygpt.tokenizer import BPETokenizer, load_tokenizer
 from tinygpt.tokenizer.bpe import GPT2_PATTERN, make_normalizer
+from tinygpt.tokenizer.text import mend_surrogates
 
 from . import corpus, sources
 from .progress import Progress
@@ -39,7 +40,7 @@ class Reading:
     errors: str = "strict"
     paragraphs: bool = False
     json_key: str = "text"
-    cuts: str = "lines"
+    cuts: str = "words"
 
 
 class Item(NamedTuple):
@@ -130,7 +131,8 @@ def count_task(task):
     items, reading, normalizer, out = task
     pattern, normalize = regex.compile(GPT2_PATTERN), make_normalizer(normalizer)
 
-    def split(text):
+    def split(text):  # as BPETokenizer.train splits it (tinygpt.tokenizer.bpe.count_words)
+        text = mend_surrogates(text)
         return pattern.findall(normalize(text) if normalize else text)
 
     counts = Counter()
@@ -218,7 +220,9 @@ def close_part(records, text_hash):
 def task_bytes(items):
     """The bytes a task reads: of its chunks, or its Parquet rows' text."""
     return sum(
-        sum(map(len, item.data)) if item.format == "parquet" else item.chunk.end - item.chunk.start
+        sum(len(text or "") for text in item.data)
+        if item.format == "parquet"
+        else item.chunk.end - item.chunk.start
         for item in items
     )
 

@@ -13,6 +13,7 @@ whatever its name. A file reached by two spellings is read once.
 
 import bz2
 import contextlib
+import functools
 import glob
 import gzip
 import hashlib
@@ -22,6 +23,7 @@ import os
 import stat
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -63,7 +65,7 @@ def source_of(path, status=None):
 def find_sources(paths, extensions=EXTENSIONS):
     """(the Sources of files, folders and globs in the order given, each folder's and glob's
     sorted; [(path, why it is not read)]). A path that names nothing, or names what is not a file
-    or a corpus's folder, is an error naming it."""
+    or a corpus's folder, is an error naming it; a glob's matches are taken as a folder's entries."""
     found, skipped, seen = [], [], set()
     for path in map(str, paths):
         if not path:
@@ -72,19 +74,39 @@ def find_sources(paths, extensions=EXTENSIONS):
             matches = sorted(glob.glob(path, recursive=True))
             if not matches:
                 raise ValueError(f"{path}: the pattern matches no file")
-            below = [(match, "a link") if os.path.islink(match) else (match, None) for match in matches]
-            skipped += [entry for entry in below if entry[1]]
-            walk = [match for match, why in below if not why]
+            walk = [match for match in matches if read_below(match, skipped)]
         else:
             check_named(path)
             walk = [path]
         for start in walk:
             for file in [start] if os.path.isfile(start) else walk_folder(start, extensions, skipped):
                 status = os.stat(file)
-                if (status.st_dev, status.st_ino) not in seen:
-                    seen.add((status.st_dev, status.st_ino))
+                if (status.st_dev, status.st_ino) in seen:
+                    continue
+                seen.add((status.st_dev, status.st_ino))
+                try:
                     found.append(source_of(file, status))
+                except ValueError as error:  # a compressed Parquet file
+                    if file == path:
+                        raise
+                    skipped.append((file, str(error).split(": ", 1)[1]))
     return found, sorted(set(skipped))
+
+
+def read_below(match, skipped):
+    """Whether a glob's match is read (a file) or walked (a folder), as a folder's entry would be;
+    one that is not goes to `skipped`, and so does one inside a dataset, a run or a tokenizer."""
+    why = "a link" if os.path.islink(match) else None
+    for folder in [] if why else Path(os.path.abspath(match)).parents:
+        if reason := not_a_corpus(str(folder)):
+            why = f"in {folder}, {reason}"
+            break
+    if not why:
+        mode = os.stat(match).st_mode
+        why = not_a_corpus(match) if stat.S_ISDIR(mode) else None if stat.S_ISREG(mode) else what_is(mode)
+    if why:
+        skipped.append((match, why))
+    return not why
 
 
 def check_named(path):
@@ -128,17 +150,17 @@ def reads(name, extensions):
     return name.endswith(tuple(extension.lower() for extension in extensions))
 
 
+@functools.lru_cache(maxsize=4096)
 def not_a_corpus(folder):
     """Why a folder is no corpus (a prepared dataset, a run, a tokenizer), or None."""
-    from .dataset import (
-        is_dataset,
-    )  # not at the top: they import the engine, which prepare's workers need not
+    from .dataset import is_dataset  # here: they import the engine, which prepare's workers need not
     from .run_folder import is_run
 
     if is_dataset(folder):
         return "a dataset train.prepare wrote"
-    if is_run(folder):
-        return "a run's folder"
+    with contextlib.suppress(OSError):  # a folder that cannot be read says so when it is walked
+        if is_run(folder):
+            return "a run's folder"
     if any(all(os.path.isfile(os.path.join(folder, name)) for name in pair) for pair in TOKENIZER_FILES):
         return "a tokenizer's folder"
     return None
@@ -197,7 +219,7 @@ def open_stream(source, raw=None):
         elif source.compression == "xz":
             yield lzma.LZMAFile(raw)
         else:
-            yield needed(*EXTRAS["zstd"]).ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            yield ZstdFrames(raw, needed(*EXTRAS["zstd"]).ZstdDecompressor())
     except Exception as error:  # a decompressor's, among others, which go on as they are
         damaged = (
             isinstance(error, (EOFError, lzma.LZMAError, zlib.error)) or type(error).__name__ == "ZstdError"
@@ -207,6 +229,33 @@ def open_stream(source, raw=None):
         raise ValueError(f"{source.path}: not a whole {source.compression} stream ({error})") from None
     finally:
         (raw.file if isinstance(raw, Hashed) else raw).close()
+
+
+class ZstdFrames:
+    """The frames of a .zst file, decompressed one after another, read as a binary file; a frame cut
+    short is an EOFError (zstandard's stream_reader ends there without a word)."""
+
+    def __init__(self, raw, decompressor):
+        self.raw, self.decompressor, self.held = raw, decompressor, bytearray()
+        self.frame, self.fed = decompressor.decompressobj(), False
+
+    def read(self, size=-1):
+        while size < 0 or len(self.held) < size:
+            data = self.raw.read(BLOCK)
+            if not data:
+                if self.fed and not self.frame.eof:
+                    raise EOFError("the last frame ends before its end")
+                break
+            self.fed, out = True, self.frame.decompress(data)
+            while self.frame.eof and (rest := self.frame.unused_data):  # a frame ended: the next one
+                self.frame = self.decompressor.decompressobj()
+                out += self.frame.decompress(rest)
+            if self.frame.eof:
+                self.frame, self.fed = self.decompressor.decompressobj(), False
+            self.held += out
+        data = bytes(self.held[: len(self.held) if size < 0 else size])
+        del self.held[: len(data)]
+        return data
 
 
 def parquet_groups(path, key):

@@ -103,8 +103,9 @@ def test_a_json_record_without_its_text_is_an_error_naming_the_file_and_line():
     ]
     for data, why in [
         (b'{"body": "a"}\n', "f.jsonl: line 7: no 'text' in it (--json-key names the text's field)"),
-        (b'{"text": 3}\n', "f.jsonl: line 7: its 'text' is a int, not text"),
-        (b'{"text": "a"}\n[1]\n', "f.jsonl: line 8: no 'text' in it"),
+        (b'{"text": 3}\n', "f.jsonl: line 7: its 'text' is a JSON number, not text"),
+        (b'{"text": "a"}\n[1]\n', "f.jsonl: line 8: a JSON array, not a record"),
+        (b"null\n", "f.jsonl: line 7: a JSON null, not a record"),
         (b"{not json\n", "f.jsonl: line 7: not a JSON record"),
     ]:
         with pytest.raises(ValueError, match=why.replace("(", r"\(").replace(")", r"\)")):

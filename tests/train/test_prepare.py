@@ -6,6 +6,7 @@ can check; bad input is one line."""
 import bz2
 import errno
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -36,7 +37,14 @@ NORMALIZED = BPETokenizer.train(TEXT * 3, 300, normalizer="gpt1")
 TOKENIZERS = [BPE, NORMALIZED] + ([GPT1Tokenizer.from_folder(GPT1_FILES)] if GPT1_FILES.is_dir() else [])
 PIECES = ["a", "Z", ".", ",", "'", "!", "<", ">", "&amp;", " ", "  ", "\t", "\n", "\n\n", "\r\n", "\r", "é"]
 PIECES += ["’", "It's", "don't", "\u00a0", "…", "日本", "😀", "Mr.", "--", "...", "_start_", "_classify_"]
-documents = st.lists(st.sampled_from(PIECES), min_size=1, max_size=40).map("".join)
+PIECES += ["\x85", "\x1c", "\ufeff"]  # white space to the regex module, not to GPT-1's unicode fix
+ASCII = [piece for piece in PIECES if piece.isascii() and piece not in ("\x1c",)] + ["word", "Words"]
+# a document of any pieces, or of ASCII alone (whose long lines GPT-1's tokenizer lets cut at a space)
+documents = (
+    st.sampled_from([PIECES, ASCII])
+    .flatmap(lambda pieces: st.lists(st.sampled_from(pieces), min_size=1, max_size=40))
+    .map("".join)
+)
 SMALL_SIZES = {"CHUNK_BYTES": 4000, "PIECE": 1000}  # several chunks a file, and pieces a chunk
 # a prepare with small chunks, tasks and packs, run as a command (for the tests that stop it)
 SMALL_PREPARE = """import sys
@@ -49,33 +57,52 @@ with mock.patch.multiple(corpus, CHUNK_BYTES=4000, PIECE=1000), mock.patch.multi
 """
 
 
-def documents_of(folder):
-    """[the ids of each document] of a prepared dataset, in order, read through its packs' indexes."""
+def documents_of(folder, with_digests=False):
+    """[the ids of each document] of a prepared dataset, in order, read through its packs' indexes;
+    `with_digests`: [(ids, the digest of each of its parts)]."""
     manifest, found = dataset.read_manifest(folder), []
     for pack in manifest["packs"]:
         ids = np.fromfile(Path(folder, "shards", f"{pack['key']}.bin"), dtype=manifest["dtype"]).tolist()
-        ends, begins, _ = dataset.read_index(Path(folder, "shards", f"{pack['key']}.idx"))
-        for start, end, begin in zip([0, *ends[:-1]], ends, begins):
+        ends, begins, digests = dataset.read_index(Path(folder, "shards", f"{pack['key']}.idx"))
+        for start, end, begin, digest in zip([0, *ends[:-1]], ends, begins, digests.tolist()):
             if begin or not found:
-                found.append([])
-            found[-1] += ids[start:end]
-    return found
+                found.append(([], []))
+            found[-1][0].extend(ids[start:end])
+            found[-1][1].append(digest)
+    return found if with_digests else [document for document, _ in found]
+
+
+def paragraphs_of(text):
+    """A text's documents with --documents paragraphs, worked out line by line: a run of blank
+    lines (of nothing but white space), each after a line end and before one, ends a document."""
+    lines, found, current = text.split("\n"), [], [text.split("\n")[0]]
+    for number, line in enumerate(lines[1:], start=1):
+        if number < len(lines) - 1 and all(
+            char.isspace() and char not in "\x1c\x1d\x1e\x1f" for char in line
+        ):
+            found.append("\n".join(current or []))
+            current = None
+        else:
+            current = [line] if current is None else [*current, line]
+    return [part for part in [*found, "\n".join(current or [])] if part]
 
 
 def texts_of(path, paragraphs):
-    """The documents of a file, read whole: as prepare defines them."""
+    """(the documents of a file, read whole, as prepare defines them; the digest of the file)."""
     data = Path(path).read_bytes()
+    digest = int(hashlib.sha256(data).hexdigest()[:16], 16)
     data = gzip.decompress(data) if path.suffix == ".gz" else data
     if data.isspace():
-        return []  # named and not read
+        return [], None  # named and not read
     text = data.decode("utf-8").removeprefix("\ufeff")
     if ".jsonl" in path.name:
-        return [
+        records = [
             record["text"].replace("\r\n", "\n").replace("\r", "\n")
-            for record in map(json.loads, text.splitlines())
+            for record in map(json.loads, text.split("\n")[:-1])
         ]
+        return [record for record in records if record], digest
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return [part for part in corpus.PARAGRAPH_BREAK.split(text) if part] if paragraphs else [text]
+    return (paragraphs_of(text) if paragraphs else [text] if text else []), digest
 
 
 def run_prepare(*argv):
@@ -123,9 +150,16 @@ def test_the_ids_of_each_document_are_its_encoding_however_it_is_cut(
             gzip.compress(data) if compressed else data
         )
     paths = sorted(path for path in folder.iterdir() if path.is_file())
-    expected = [text for path in paths for text in texts_of(path, paragraphs)]
+    expected = []  # (a document's text, the digest that splits it: its file's, its own, or (paragraphs) any)
+    for path in paths:
+        texts, file_digest = texts_of(path, paragraphs)
+        own = ".jsonl" in path.name
+        expected += [
+            (text, text_digest(text) if own else None if paragraphs else file_digest) for text in texts
+        ]
     assume(expected)
     with mock.patch.multiple(corpus, **sizes), mock.patch.multiple(packs, **pack_sizes):
+        documents = "paragraphs" if paragraphs else "files"
         run_prepare(
             "--data",
             *paths,
@@ -136,10 +170,21 @@ def test_the_ids_of_each_document_are_its_encoding_however_it_is_cut(
             "--workers",
             1,
             "--documents",
-            "paragraphs" if paragraphs else "files",
+            documents,
+            "--val-fraction",
+            0.5,
         )
-    start = [tokenizer.special_tokens["_start_"]]
-    assert documents_of(folder / "data") == [start + tokenizer.encode_ordinary(text) for text in expected]
+    found, start = documents_of(folder / "data", with_digests=True), [tokenizer.special_tokens["_start_"]]
+    assert [ids for ids, _ in found] == [start + tokenizer.encode_ordinary(text) for text, _ in expected]
+    for (_, digests), (_, digest) in zip(found, expected):
+        assert len(set(digests)) == 1 and digest in (None, digests[0])  # one split for all its parts
+    held_out = sum(len(ids) for ids, digests in found if digests[0] < 2**63)  # a digest below half of 2**64
+    assert len(dataset.Dataset(str(folder / "data")).val) == held_out
+
+
+def text_digest(text):
+    """The first 64 bits of a text's SHA-256, which split a document of its own."""
+    return int(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16], 16)
 
 
 def corpus_of(folder, files=12, lines=300, seed=0):
@@ -594,7 +639,7 @@ def test_only_corpus_is_read_and_a_dataset_is_taken_as_one(tmp_path, capsys):
         ([tmp_path / "set", data / "00.txt"], "is a dataset: give it alone"),
         (
             [tmp_path / "set" / "manifest.json"],
-            f"is a file of the dataset {tmp_path / 'set'}: give the folder",
+            f"lies in the dataset {tmp_path / 'set'}: give the folder",
         ),
     ]:
         with pytest.raises(SystemExit):
